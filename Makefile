@@ -1,0 +1,28 @@
+# The two commands of the README:
+#   make quickstart   install into .venv, then run the main job
+#   make test         install into .venv, then run every test, the slow-marked ones included
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_WORKERS ?= 2
+
+.PHONY: install quickstart test test-fast clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+quickstart: install
+	$(BIN)/python experiments/sample.py --config configs/sample.py
+
+test: install
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
+
+test-fast: install
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,36 @@
+"""Pytrees shared across the package, and the shape-letter legend used in every docstring.
+
+Shape legend:
+  B  batch rows (B = P * G in a rollout)     P  prompts in a step
+  G  completions per prompt (a group)        T  time (tokens)
+  V  vocabulary                              K  arms (curriculum categories)
+  N  prompts in the pool                     D  feature width
+"""
+
+from typing import NamedTuple, Optional
+
+import jax
+
+
+class Selection(NamedTuple):
+  """What a curriculum chose for one step."""
+  prompt_ids: jax.Array  # i32[P] indices into the prompt pool
+  arms: jax.Array        # i32[P] arm (category) of each chosen prompt
+
+
+class Feedback(NamedTuple):
+  """What a step taught about the prompts it used; the input of `Curriculum.update`."""
+  prompt_ids: jax.Array  # i32[P] indices into the prompt pool
+  arms: jax.Array        # i32[P] arm of each prompt
+  rewards: jax.Array     # f32[P, G] shaped scalar reward per completion
+  correct: jax.Array     # bool[P, G] raw correctness (never the shaped reward)
+  advantages: jax.Array  # f32[P, G] per-completion advantage (masked token mean if token-level)
+  valid: Optional[jax.Array] = None  # bool[P, G] completion slots that exist; None = all
+
+
+class Rollout(NamedTuple):
+  """Sampler output for B = P * G rows."""
+  prompt_tokens: jax.Array  # i32[B, Tp] left-padded prompts
+  tokens: jax.Array         # i32[B, T] completion tokens (pad after a row stops)
+  logprobs: jax.Array       # f32[B, T] log-prob of each sampled token under the policy
+  mask: jax.Array           # f32[B, T] 1 on completion tokens that count, 0 after stop

@@ -1,0 +1,4 @@
+"""Thin shim: metadata and dependencies live in pyproject.toml."""
+import setuptools
+
+setuptools.setup()
