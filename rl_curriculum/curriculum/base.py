@@ -12,6 +12,7 @@ Every state is a pytree of arrays (Orbax can save it); `select` is deterministic
 
 from typing import Any, Callable, NamedTuple
 
+from flax import struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,11 +22,15 @@ from rl_curriculum.types import Feedback, Selection
 __all__ = ["Curriculum", "PromptPool", "Feedback", "Selection"]
 
 
-class PromptPool(NamedTuple):
-  """Arrays describing the training pool of N prompts in K categories (arms)."""
+@struct.dataclass
+class PromptPool:
+  """Arrays describing the training pool of N prompts in K categories (arms).
+
+  A pytree whose `num_arms` is static, so pools can be passed through `jax.jit`.
+  """
   arms: jax.Array        # i32[N] arm (category) of each prompt, in [0, K)
   difficulty: jax.Array  # f32[N] scalar difficulty when known (else the arm index)
-  num_arms: int          # K, static
+  num_arms: int = struct.field(pytree_node=False)  # K
 
   @classmethod
   def from_arms(cls, arms, num_arms=None, difficulty=None) -> "PromptPool":
