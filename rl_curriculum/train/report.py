@@ -1,0 +1,118 @@
+"""End-of-run report: a PNG of the run's curves, an HTML page around it, a before/after table.
+
+Reads the rows of metrics.jsonl. Expected names: `reward_mean`, `correct_mean`,
+`nonzero_adv_frac` per step; `eval/acc/<bin>` on evaluation steps; `curriculum/probs/<k>` (arm
+sampling probabilities) or `curriculum/arm_frac/<k>` (fraction of the batch drawn from arm k).
+"""
+
+import html
+import os
+from typing import Mapping, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _series(rows, name):
+  steps = [r["step"] for r in rows if isinstance(r.get(name), (int, float))]
+  values = [r[name] for r in rows if isinstance(r.get(name), (int, float))]
+  return np.asarray(steps), np.asarray(values, dtype=float)
+
+
+def _smooth(values, width):
+  if values.size < width or width <= 1:
+    return values
+  kernel = np.ones(width) / width
+  padded = np.concatenate([np.full(width - 1, values[0]), values])
+  return np.convolve(padded, kernel, mode="valid")
+
+
+def accuracy_table(before: Mapping[str, float], after: Mapping[str, float],
+                   ood: Sequence[str] = ()) -> str:
+  """A plain-text table of held-out accuracy per bin, before and after training."""
+  names = list(before)
+  width = max([len(n) for n in names] + [8])
+  lines = [f"{'bin':<{width}}  before   after   change",
+           "-" * (width + 27)]
+  for name in names:
+    b, a = before[name], after.get(name, float("nan"))
+    tag = "  (ood)" if name in ood else ""
+    lines.append(f"{name:<{width}}  {100 * b:6.1f}  {100 * a:6.1f}  {100 * (a - b):+7.1f}{tag}")
+  return "\n".join(lines)
+
+
+def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str],
+                 arm_names: Sequence[str], title: str = "rl_curriculum run",
+                 table: Optional[str] = None) -> dict:
+  """Writes workdir/report.png and workdir/report.html; returns their paths."""
+  fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+  cmap = plt.get_cmap("viridis")
+
+  ax = axes[0, 0]
+  for i, name in enumerate(bin_names):
+    steps, values = _series(rows, f"eval/acc/{name}")
+    if steps.size:
+      ax.plot(steps, 100 * values, marker="o", ms=3, label=name,
+              color=cmap(i / max(len(bin_names) - 1, 1)))
+  ax.set(title="Held-out accuracy per bin (greedy)", xlabel="RL step", ylabel="accuracy (%)",
+         ylim=(-2, 102))
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2)
+
+  ax = axes[0, 1]
+  key = "curriculum/probs" if any(f"curriculum/probs/0" in r for r in rows) else "curriculum/arm_frac"
+  curves = []
+  for k in range(len(arm_names)):
+    steps, values = _series(rows, f"{key}/{k}")
+    curves.append((steps, values))
+  if curves and curves[0][0].size:
+    steps = curves[0][0]
+    stack = np.stack([_smooth(v, 5) for _, v in curves])
+    ax.stackplot(steps, stack, labels=list(arm_names),
+                 colors=[cmap(i / max(len(arm_names) - 1, 1)) for i in range(len(arm_names))])
+    ax.set_ylim(0, 1)
+  ax.set(title="Curriculum: arm probabilities" if key.endswith("probs") else
+         "Curriculum: batch share per arm", xlabel="RL step", ylabel="probability")
+  ax.legend(fontsize=7, loc="upper right")
+
+  ax = axes[1, 0]
+  for name, label in [("reward_mean", "reward"), ("correct_mean", "correct")]:
+    steps, values = _series(rows, name)
+    if steps.size:
+      (line,) = ax.plot(steps, _smooth(values, 10), label=f"{label} (10-step mean)")
+      ax.plot(steps, values, alpha=0.25, color=line.get_color())
+  ax.set(title="Training reward", xlabel="RL step", ylabel="mean over batch")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+
+  ax = axes[1, 1]
+  steps, values = _series(rows, "nonzero_adv_frac")
+  if steps.size:
+    ax.plot(steps, values, alpha=0.25, color="tab:red")
+    ax.plot(steps, _smooth(values, 10), color="tab:red", label="groups with signal")
+  steps, values = _series(rows, "kl")
+  if steps.size:
+    twin = ax.twinx()
+    twin.plot(steps, values, color="tab:gray", alpha=0.7, label="KL to reference")
+    twin.set_ylabel("KL to reference (gray)")
+  ax.set(title="Share of groups with non-zero advantage (red)", xlabel="RL step", ylabel="fraction",
+         ylim=(-0.02, 1.02))
+  ax.grid(alpha=0.3)
+
+  fig.suptitle(title)
+  fig.tight_layout()
+  png = os.path.join(workdir, "report.png")
+  fig.savefig(png, dpi=110)
+  plt.close(fig)
+
+  page = os.path.join(workdir, "report.html")
+  with open(page, "w") as f:
+    f.write(f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
+            f"<h1>{html.escape(title)}</h1><img src='report.png' style='max-width:100%'>")
+    if table:
+      f.write(f"<h2>Held-out accuracy</h2><pre>{html.escape(table)}</pre>")
+    f.write("</body></html>\n")
+  return {"png": png, "html": page}

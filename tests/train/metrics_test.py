@@ -1,0 +1,62 @@
+"""Tests for metrics.jsonl writing, resume truncation and the end-of-run report."""
+
+import io
+import json
+import os
+
+import numpy as np
+
+from rl_curriculum.train import metrics as metrics_lib
+from rl_curriculum.train import report as report_lib
+
+
+def test_flatten_nests_and_expands_small_arrays():
+  row = metrics_lib.flatten({"a": 1.5, "b": {"c": np.float32(2.0)}, "p": np.array([0.25, 0.75]),
+                             "big": np.zeros(100), "flag": np.bool_(True)})
+  assert row == {"a": 1.5, "b/c": 2.0, "p/0": 0.25, "p/1": 0.75, "flag": 1.0}
+
+
+def test_resume_drops_rows_past_the_restored_step(tmp_path):
+  workdir = str(tmp_path)
+  writer = metrics_lib.MetricsWriter(workdir, total_steps=5, stream=io.StringIO())
+  for step in range(1, 6):
+    writer.write(step, {"reward_mean": step / 10})
+  writer.close()
+  with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 6, "rew')  # a torn line from a killed process
+  assert [r["step"] for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == [1, 2, 3, 4, 5]
+  writer = metrics_lib.MetricsWriter(workdir, total_steps=5, resume_step=3, stream=io.StringIO())
+  writer.write(4, {"reward_mean": 0.9})
+  writer.close()
+  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [(r["step"], r["reward_mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.9)]
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+  writer = metrics_lib.MetricsWriter(str(tmp_path / "w"), total_steps=2, enabled=False)
+  writer.write(1, {"x": 1.0})
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_report_writes_a_real_png_and_html(tmp_path):
+  rows = []
+  for step in range(1, 41):
+    row = {"step": step, "reward_mean": step / 40, "correct_mean": step / 50,
+           "nonzero_adv_frac": 0.5, "kl": 0.01 * step,
+           "curriculum/probs/0": 0.7, "curriculum/probs/1": 0.3}
+    if step % 10 == 0:
+      row.update({"eval/acc/easy": 0.5 + step / 100, "eval/acc/hard": step / 200})
+    rows.append(row)
+  table = report_lib.accuracy_table({"easy": 0.5, "hard": 0.1}, {"easy": 0.9, "hard": 0.2},
+                                    ood=["hard"])
+  assert "+40.0" in table and "(ood)" in table
+  paths = report_lib.write_report(str(tmp_path), rows, bin_names=["easy", "hard"],
+                                  arm_names=["easy", "hard"], table=table)
+  with open(paths["png"], "rb") as f:
+    head = f.read(24)
+  assert head[:8] == b"\x89PNG\r\n\x1a\n"
+  width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+  assert width > 500 and height > 400
+  assert os.path.getsize(paths["png"]) > 20_000  # four populated panels, not a blank canvas
+  assert "+40.0" in open(paths["html"]).read()
