@@ -1,1 +1,5 @@
-"""rl_curriculum.sampling."""
+"""rl_curriculum.sampling: the jitted KV-cache sampler and its token-selection strategies."""
+
+from rl_curriculum.sampling import strategies
+from rl_curriculum.sampling.sampler import sample
+from rl_curriculum.sampling.sampler import SamplingState

@@ -1,0 +1,402 @@
+"""Decoder-only transformer of the Llama / Qwen2 / Qwen3 family in Flax NNX.
+
+Block (pre-norm, as in Llama):  x += o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))
+                                x += down(silu(gate(n2(x))) * up(n2(x)))
+with RMSNorm n(x) = x / sqrt(mean(x^2) + eps) * w, rotary embeddings (Su et al. 2021, "RoFormer",
+rotate-half layout as in HF Llama), grouped-query attention (Ainslie et al. 2023), optional q/k/v
+bias (Qwen2) and optional RMSNorm of q and k over head_dim (Qwen3).
+
+Every parameter carries logical axis names in its `out_sharding` metadata (`vocab`, `embed`,
+`heads`, `kv_heads`, `head_dim`, `mlp`; `None` for LoRA ranks and norm scales when unsharded);
+`nnx.get_partition_spec(state)` reads them and `parallel/mesh.py` maps them to mesh axes. The
+model knows no mesh.
+
+Padding is LEFT padding: the real tokens of every row end at the last column. A row's rotary
+positions come from its padding mask (`positions_from_mask`), and padded keys are masked out, so a
+left-padded row gives the same logits as the same row unpadded.
+
+Functional use (DESIGN.md): split once, then call the module-level functions with the state:
+
+  graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)))
+  logits = forward(graphdef, params, tokens, mask)              # f32[B, T, V]
+  hidden = forward_hidden(graphdef, params, tokens, mask)       # [B, T, D], post final norm
+  logits = logits_from_hidden(graphdef, params, hidden)         # the output head alone
+
+`params` may be one `nnx.State` or a tuple of states from a filtered split, e.g.
+`(lora_state, base_state)` from `nnx.split(model, lora.LoRAWeight, ...)`.
+"""
+
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rl_curriculum.model.config import ModelConfig
+
+Params = Union[nnx.State, Tuple[nnx.State, ...]]
+
+
+class KVCache(NamedTuple):
+  """Keys and values of every layer for S cache slots (prompt slots first, then generated)."""
+  k: Tuple[jax.Array, ...]  # L x [B, S, Hkv, head_dim] in config.dtype, rotary already applied
+  v: Tuple[jax.Array, ...]  # L x [B, S, Hkv, head_dim] in config.dtype
+
+
+def _param(value: jax.Array, axes: Sequence[Optional[str]]) -> nnx.Param:
+  # eager_sharding=False: the names are logical; parallel/mesh.py turns them into shardings.
+  return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x^2, last axis) + eps) * scale, computed in float32."""
+
+  def __init__(self, dim: int, axis_name: str, *, eps: float, dtype: str, param_dtype: str):
+    self.scale = _param(jnp.ones((dim,), param_dtype), (axis_name,))
+    self.eps = eps
+    self.dtype = dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    scale = self.scale[...].astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
+    return (y * scale).astype(self.dtype)
+
+
+class Projection(nnx.Module):
+  """A linear map contracting the trailing input axes: y[..., out] = x[..., in] . W[in, out] + b.
+
+  `lora_a` (f32[*in, r]) and `lora_b` (f32[r, *out]) are None until `lora.attach` sets them; then
+  y += s * (x . A) . B with s = alpha / r read from the `lora_scale` metadata of `lora_b`.
+  """
+
+  def __init__(self, in_shape: Tuple[int, ...], out_shape: Tuple[int, ...],
+               in_axes: Tuple[str, ...], out_axes: Tuple[str, ...], *, use_bias: bool,
+               config: ModelConfig, rngs: nnx.Rngs):
+    self.in_shape = tuple(in_shape)
+    self.out_shape = tuple(out_shape)
+    self.in_axes = tuple(in_axes)
+    self.out_axes = tuple(out_axes)
+    self.dtype = config.dtype
+    init = nnx.initializers.normal(config.init_std)
+    self.kernel = _param(init(rngs.params(), self.in_shape + self.out_shape, config.param_dtype),
+                         self.in_axes + self.out_axes)
+    self.bias = (_param(jnp.zeros(self.out_shape, config.param_dtype), self.out_axes)
+                 if use_bias else nnx.data(None))
+    self.lora_a = nnx.data(None)
+    self.lora_b = nnx.data(None)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    n = len(self.in_shape)
+    x = x.astype(self.dtype)
+    y = jnp.tensordot(x, self.kernel[...].astype(self.dtype), axes=n)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype).reshape((1,) * (y.ndim - len(self.out_shape))
+                                                        + self.out_shape)
+    if self.lora_a is not None:
+      scale = self.lora_b.get_metadata("lora_scale")
+      low = jnp.tensordot(x, self.lora_a[...].astype(self.dtype), axes=n)
+      y = y + scale * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
+    return y
+
+
+def rope_frequencies(config: ModelConfig) -> np.ndarray:
+  """Inverse rotary frequencies f32[head_dim / 2]: theta^(-2i / head_dim), Llama-3 scaled if set.
+
+  Llama 3 scaling (Meta 2024, as in HF `_compute_llama3_parameters`): wavelengths longer than
+  L / low_freq_factor are divided by `factor`, shorter than L / high_freq_factor kept, and the band
+  between interpolated smoothly, with L = rope_original_max_len.
+  """
+  d = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+  if config.rope_scaling_factor is not None:
+    factor = config.rope_scaling_factor
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    old_len = config.rope_original_max_len
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    inv_freq = np.where(medium, smoothed, scaled)
+  return inv_freq.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotates x[B, T, H, D] by angle positions[B, T] * inv_freq[D / 2] (rotate-half layout)."""
+  angles = positions.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq)[None, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  cos = jnp.cos(angles)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _attention_mask(key_mask: jax.Array, q_slots: jax.Array, num_slots: int) -> jax.Array:
+  """bool[B, T, S]: query slot t sees key slot s iff s <= t and the key is valid."""
+  causal = q_slots[:, None] >= jnp.arange(num_slots, dtype=jnp.int32)[None, :]
+  if key_mask.ndim == 2:
+    return causal[None, :, :] & key_mask[:, None, :]
+  return causal[None, :, :] & key_mask
+
+
+class Attention(nnx.Module):
+  """Grouped-query causal self-attention with rotary embeddings and an optional KV cache."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.config = config
+    embed = ("embed",)
+    self.q = Projection((c.d_model,), (c.num_heads, c.head_dim), embed, ("heads", "head_dim"),
+                        use_bias=c.qkv_bias, config=c, rngs=rngs)
+    self.k = Projection((c.d_model,), (c.num_kv_heads, c.head_dim), embed,
+                        ("kv_heads", "head_dim"), use_bias=c.qkv_bias, config=c, rngs=rngs)
+    self.v = Projection((c.d_model,), (c.num_kv_heads, c.head_dim), embed,
+                        ("kv_heads", "head_dim"), use_bias=c.qkv_bias, config=c, rngs=rngs)
+    self.o = Projection((c.num_heads, c.head_dim), (c.d_model,), ("heads", "head_dim"), embed,
+                        use_bias=False, config=c, rngs=rngs)
+    if c.qk_norm:
+      kw = dict(eps=c.rms_eps, dtype=c.dtype, param_dtype=c.param_dtype)
+      self.q_norm = RMSNorm(c.head_dim, "head_dim", **kw)
+      self.k_norm = RMSNorm(c.head_dim, "head_dim", **kw)
+    else:
+      self.q_norm = nnx.data(None)
+      self.k_norm = nnx.data(None)
+
+  def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None):
+    """x[B, T, D] -> (y[B, T, D], (k, v) cache of this layer or None)."""
+    c = self.config
+    b, t, _ = x.shape
+    q, k, v = self.q(x), self.k(x), self.v(x)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+    if cache is None:
+      keys, values, new_cache = k, v, None
+      q_slots = jnp.arange(t, dtype=jnp.int32)
+    else:
+      cache_k, cache_v = cache
+      start = (0, cache_index, 0, 0)
+      keys = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
+      values = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
+      new_cache = (keys, values)
+      q_slots = cache_index + jnp.arange(t, dtype=jnp.int32)
+    mask = _attention_mask(key_mask, q_slots, keys.shape[1])
+    group = c.num_heads // c.num_kv_heads
+    q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
+    # A finite floor, not -inf: a padding query with no valid key gets a finite (unused) output.
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(c.dtype))
+    return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x)) (Shazeer 2020)."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    kw = dict(use_bias=False, config=c, rngs=rngs)
+    self.gate = Projection((c.d_model,), (c.mlp_dim,), ("embed",), ("mlp",), **kw)
+    self.up = Projection((c.d_model,), (c.mlp_dim,), ("embed",), ("mlp",), **kw)
+    self.down = Projection((c.mlp_dim,), (c.d_model,), ("mlp",), ("embed",), **kw)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder block: attention then SwiGLU, each with a residual connection."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    kw = dict(eps=config.rms_eps, dtype=config.dtype, param_dtype=config.param_dtype)
+    self.attn_norm = RMSNorm(config.d_model, "embed", **kw)
+    self.attn = Attention(config, rngs=rngs)
+    self.mlp_norm = RMSNorm(config.d_model, "embed", **kw)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None):
+    h, cache = self.attn(self.attn_norm(x), positions, key_mask, inv_freq, cache, cache_index)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model; see the module docstring for the block and the conventions."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.config = config
+    init = nnx.initializers.normal(c.init_std)
+    self.embed = _param(init(rngs.params(), (c.vocab_size, c.d_model), c.param_dtype),
+                        ("vocab", "embed"))
+    self.blocks = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+    self.final_norm = RMSNorm(c.d_model, "embed", eps=c.rms_eps, dtype=c.dtype,
+                              param_dtype=c.param_dtype)
+    if c.tie_embeddings:
+      self.head = nnx.data(None)
+    else:
+      self.head = _param(init(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype),
+                         ("embed", "vocab"))
+
+  def hidden(self, tokens: jax.Array, positions: jax.Array, key_mask: jax.Array,
+             cache: Optional[KVCache] = None, cache_index: Optional[jax.Array] = None
+             ) -> Tuple[jax.Array, Optional[KVCache]]:
+    """Final hidden states (after the final norm, before the head) and the updated cache.
+
+    Args:
+      tokens: i32[B, T] token ids.
+      positions: i32[B, T] rotary positions (see `positions_from_mask`).
+      key_mask: bool[B, S] validity of each key slot (S = T without a cache, S = cache length
+        with one), or bool[B, T, S] for an arbitrary mask; causality is always added.
+      cache: None for a full forward pass, else the KVCache to write T new slots into.
+      cache_index: i32[] first cache slot written (the tokens occupy slots index .. index+T-1).
+
+    Returns:
+      ([B, T, D] in config.dtype, new KVCache or None).
+    """
+    if (cache is None) != (cache_index is None):
+      raise ValueError("cache and cache_index must be given together.")
+    c = self.config
+    inv_freq = rope_frequencies(c)
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
+    new_k, new_v = [], []
+    for i, block in enumerate(self.blocks):
+      layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+      x, layer_cache = block(x, positions, key_mask, inv_freq, layer_cache, cache_index)
+      if cache is not None:
+        new_k.append(layer_cache[0])
+        new_v.append(layer_cache[1])
+    x = self.final_norm(x)
+    return x, (None if cache is None else KVCache(tuple(new_k), tuple(new_v)))
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """Output head: f32[..., V] = hidden[..., D] . W_head (the embedding transposed if tied)."""
+    dtype = self.config.dtype
+    if self.head is None:
+      return jnp.einsum("...d,vd->...v", hidden.astype(dtype), self.embed[...].astype(dtype),
+                        preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", hidden.astype(dtype), self.head[...].astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens, positions, key_mask, cache=None, cache_index=None):
+    """f32[B, T, V] logits and the updated cache; arguments as in `hidden`."""
+    hidden, cache = self.hidden(tokens, positions, key_mask, cache, cache_index)
+    return self.logits(hidden), cache
+
+
+# ---------------------------------------------------------------------------------------------
+# Functional API: pure functions of (graphdef, params, arrays).
+
+
+def init_model(config: ModelConfig, seed: int = 0) -> Tuple[nnx.GraphDef, nnx.State]:
+  """Random-initialised model, split: (graphdef, params)."""
+  return nnx.split(Transformer(config, rngs=nnx.Rngs(seed)))
+
+
+def merge_params(graphdef: nnx.GraphDef, params: Params) -> Transformer:
+  """The module back from its graphdef and one state or a tuple of states."""
+  if isinstance(params, (tuple, list)):
+    return nnx.merge(graphdef, *params)
+  return nnx.merge(graphdef, params)
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """Rotary positions i32[B, T] of a left-padded batch: the first real token of a row is 0.
+
+  positions[b, t] = max(sum_{t' <= t} mask[b, t'] - 1, 0); padding slots get 0 (they are masked).
+  """
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward_hidden(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
+                   mask: jax.Array) -> jax.Array:
+  """Final hidden states [B, T, D] (post final norm) of a left-padded batch, no cache.
+
+  Args:
+    tokens: i32[B, T]; mask: bool[B, T], True on real tokens (left padding).
+  """
+  model = merge_params(graphdef, params)
+  mask = mask.astype(bool)
+  hidden, _ = model.hidden(tokens, positions_from_mask(mask), mask)
+  return hidden
+
+
+def logits_from_hidden(graphdef: nnx.GraphDef, params: Params, hidden: jax.Array) -> jax.Array:
+  """The output head alone: f32[..., V] from hidden[..., D]."""
+  return merge_params(graphdef, params).logits(hidden)
+
+
+def forward(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
+            mask: jax.Array) -> jax.Array:
+  """Logits f32[B, T, V] of a left-padded batch (tokens i32[B, T], mask bool[B, T]).
+
+  logits[b, t] is the next-token distribution after tokens[b, :t+1]; rows at padding slots are
+  finite but meaningless. Equal to the unpadded row's logits at the real slots.
+  """
+  model = merge_params(graphdef, params)
+  mask = mask.astype(bool)
+  logits, _ = model(tokens, positions_from_mask(mask), mask)
+  return logits
+
+
+def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
+  """An all-zero KVCache of `length` slots for `batch` rows, in the activation dtype."""
+  shape = (batch, length, config.num_kv_heads, config.head_dim)
+  zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_layers))
+  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype)
+                                  for _ in range(config.num_layers)))
+
+
+def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax.Array,
+            cache_length: int) -> Tuple[jax.Array, KVCache]:
+  """Runs a left-padded prompt batch into a fresh cache.
+
+  Args:
+    tokens: i32[B, Tp] prompts, left-padded; mask: bool[B, Tp] True on real tokens (every row
+      needs at least one).
+    cache_length: S >= Tp, total slots (prompt plus tokens to generate); static.
+
+  Returns:
+    (f32[B, V] logits of the token after each prompt, KVCache with slots 0..Tp-1 written).
+  """
+  model = merge_params(graphdef, params)
+  b, tp = tokens.shape
+  if cache_length < tp:
+    raise ValueError(f"cache_length {cache_length} is shorter than the prompt ({tp}).")
+  mask = mask.astype(bool)
+  cache = init_cache(model.config, b, cache_length)
+  key_mask = cache_key_mask(mask, cache_length)
+  hidden, cache = model.hidden(tokens, positions_from_mask(mask), key_mask, cache,
+                               jnp.zeros((), jnp.int32))
+  return model.logits(hidden[:, -1, :]), cache
+
+
+def cache_key_mask(prompt_mask: jax.Array, cache_length: int) -> jax.Array:
+  """bool[B, S]: prompt slots valid where the prompt mask is, every later slot valid."""
+  b, tp = prompt_mask.shape
+  return jnp.concatenate(
+      [prompt_mask.astype(bool), jnp.ones((b, cache_length - tp), bool)], axis=1)
+
+
+def decode_step(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
+                positions: jax.Array, key_mask: jax.Array, cache: KVCache,
+                cache_index: jax.Array) -> Tuple[jax.Array, KVCache]:
+  """One token per row through the cache.
+
+  Args:
+    tokens: i32[B] the newest token of each row; positions: i32[B] its rotary position.
+    key_mask: bool[B, S] from `cache_key_mask`; cache: KVCache of S slots.
+    cache_index: i32[] the slot this token is written to (same for every row).
+
+  Returns:
+    (f32[B, V] logits of the following token, updated KVCache).
+  """
+  model = merge_params(graphdef, params)
+  logits, cache = model(tokens[:, None], positions[:, None], key_mask, cache, cache_index)
+  return logits[:, 0, :], cache

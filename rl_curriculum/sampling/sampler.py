@@ -1,0 +1,151 @@
+"""KV-cache sampler: prefill the left-padded prompts, then decode in a `lax.while_loop`.
+
+Two device programs per call, each compiled once per (graphdef, batch B, prompt length Tp,
+max_new_tokens N, strategy) and cached by `jax.jit`:
+
+  prefill   prompts i32[B, Tp] -> SamplingState (cache of S = Tp + N slots, first logits)
+  decode    SamplingState -> SamplingState, donated: while step < N and some row is running,
+            sample a token per row, record it, feed it through the cache (one slot per step,
+            `dynamic_update_slice`), so decoding costs O(S) attention per token, not O(S^2).
+
+Log-probs: `Rollout.logprobs[b, t] = log_softmax(logits)[token]` of the RAW policy logits, i.e.
+before temperature, top-k and top-p. These are the log-probs of the policy being trained (what
+the RL losses and the KL term need as log pi_old); they are not the log-probs of the filtered
+distribution the tokens were drawn from, which differ whenever temperature != 1 or a filter is on.
+
+Stopping: a row stops at the first token in {eos_id} | stop_ids. The stop token is kept and
+counted (mask 1); every later slot of the row holds pad_id with log-prob 0 and mask 0. The loop
+exits early once every row has stopped; slots never reached also hold pad_id, 0, 0.
+"""
+
+import functools
+from typing import NamedTuple, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rl_curriculum.model import transformer
+from rl_curriculum.sampling import strategies
+from rl_curriculum.types import Rollout
+
+
+class SamplingState(NamedTuple):
+  """Everything the decode loop carries; donated to the decode program."""
+  tokens: jax.Array     # i32[B, N] completion buffer, pad_id where nothing counts
+  logprobs: jax.Array   # f32[B, N] raw-policy log-prob of each recorded token, 0 where masked
+  mask: jax.Array       # f32[B, N] 1 on recorded tokens (stop token included), else 0
+  logits: jax.Array     # f32[B, V] raw logits of each row's next token
+  cache: transformer.KVCache  # L x [B, S, Hkv, head_dim] keys/values, S = Tp + N
+  key_mask: jax.Array   # bool[B, S] valid cache slots (prompt padding False)
+  positions: jax.Array  # i32[B] rotary position of the next token of each row
+  done: jax.Array       # bool[B] row has emitted a stop token
+  step: jax.Array       # i32[] tokens generated so far (= next column of the buffers)
+  key: jax.Array        # PRNG key; step t draws with jax.random.fold_in(key, t)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "pad_id"))
+def _prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, pad_id):
+  b, tp = prompt_tokens.shape
+  cache_length = tp + max_new_tokens
+  prompt_mask = prompt_mask.astype(bool)
+  logits, cache = transformer.prefill(graphdef, params, prompt_tokens, prompt_mask, cache_length)
+  return SamplingState(
+      tokens=jnp.full((b, max_new_tokens), pad_id, jnp.int32),
+      logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
+      mask=jnp.zeros((b, max_new_tokens), jnp.float32),
+      logits=logits,
+      cache=cache,
+      key_mask=transformer.cache_key_mask(prompt_mask, cache_length),
+      positions=jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32),
+      done=jnp.zeros((b,), bool),
+      step=jnp.zeros((), jnp.int32),
+      key=key)
+
+
+@functools.partial(
+    jax.jit, static_argnums=(0,),
+    static_argnames=("top_k", "top_p", "use_greedy", "stop_ids", "pad_id"),
+    donate_argnames=("state",))
+def _decode(graphdef, params, state, temperature, *, top_k, top_p, use_greedy, stop_ids,
+            pad_id):
+  num_new = state.tokens.shape[1]
+  prompt_len = state.key_mask.shape[1] - num_new
+  stop = jnp.asarray(stop_ids, jnp.int32)
+
+  def running(s):
+    return (s.step < num_new) & ~jnp.all(s.done)
+
+  def advance(s):
+    token = strategies.sample_token(
+        s.logits, jax.random.fold_in(s.key, s.step), temperature=temperature, top_k=top_k,
+        top_p=top_p, use_greedy=use_greedy)
+    logprob = jnp.take_along_axis(jax.nn.log_softmax(s.logits, axis=-1), token[:, None],
+                                  axis=-1)[:, 0]
+    live = ~s.done
+    token = jnp.where(live, token, pad_id)
+    column = (0, s.step)
+    tokens = jax.lax.dynamic_update_slice(s.tokens, token[:, None], column)
+    logprobs = jax.lax.dynamic_update_slice(
+        s.logprobs, jnp.where(live, logprob, 0.0)[:, None], column)
+    mask = jax.lax.dynamic_update_slice(s.mask, live.astype(jnp.float32)[:, None], column)
+    done = s.done | (live & jnp.any(token[:, None] == stop[None, :], axis=-1))
+    logits, cache = transformer.decode_step(graphdef, params, token, s.positions, s.key_mask,
+                                            s.cache, prompt_len + s.step)
+    return s._replace(tokens=tokens, logprobs=logprobs, mask=mask, logits=logits, cache=cache,
+                      positions=s.positions + 1, done=done, step=s.step + 1)
+
+  return jax.lax.while_loop(running, advance, state)
+
+
+def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: jax.Array,
+           prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int, eos_id: int,
+           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+           stop_ids: Sequence[int] = (), pad_id: int = 0) -> Rollout:
+  """Samples up to `max_new_tokens` tokens after each left-padded prompt.
+
+  Args:
+    graphdef, params: the policy, from `nnx.split` (params may be a tuple of states, e.g.
+      `(lora_params, base_params)`, or `lora.disable(params)` for the reference model).
+    prompt_tokens: i32[B, Tp], left-padded; prompt_mask: bool[B, Tp], True on real tokens, at
+      least one per row.
+    key: PRNG key of this call (e.g. `fold_in(root_key, step)`); unused when greedy.
+    max_new_tokens: N, static (one compile per B, Tp, N).
+    eos_id, stop_ids: a row stops at the first token among them (kept, counted in the mask).
+    temperature: > 0, traced (changing it does not recompile); ignored when greedy.
+    top_k: static; 0 = off. top_p: static, in (0, 1]; 1 = off. greedy: static; argmax.
+    pad_id: written after a row stops.
+
+  Returns:
+    Rollout(prompt_tokens i32[B, Tp], tokens i32[B, N], logprobs f32[B, N] under the raw policy
+    logits (see the module docstring), mask f32[B, N]).
+
+  Raises:
+    ValueError: bad shapes or settings (non-positive max_new_tokens or temperature, top_k < 0,
+      top_p outside (0, 1]).
+  """
+  if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}.")
+  if prompt_tokens.ndim != 2 or prompt_tokens.shape != prompt_mask.shape:
+    raise ValueError(f"prompt_tokens {prompt_tokens.shape} and prompt_mask {prompt_mask.shape} "
+                     "must both be [B, Tp].")
+  if not greedy and isinstance(temperature, (int, float)) and temperature <= 0:
+    raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}.")
+  if not isinstance(top_k, int) or top_k < 0:
+    raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}.")
+  if not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
+  stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
+  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+  state = _prefill(graphdef, params, prompt_tokens, prompt_mask, key,
+                   max_new_tokens=max_new_tokens, pad_id=int(pad_id))
+  state = _decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
+                  top_k=top_k, top_p=float(top_p), use_greedy=bool(greedy), stop_ids=stop,
+                  pad_id=int(pad_id))
+  return Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
+                 mask=state.mask)
+
+
+def compiled_programs() -> Tuple[int, int]:
+  """Number of (prefill, decode) programs compiled so far in this process (for tests)."""
+  return _prefill._cache_size(), _decode._cache_size()  # pylint: disable=protected-access

@@ -1,0 +1,68 @@
+"""Token-selection strategies: small pure functions of next-token logits f32[B, V].
+
+Filters return logits with the excluded tokens set to -inf, so they compose (temperature, then
+top-k, then top-p, the order HF transformers uses) and feed `jax.random.categorical` directly.
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def greedy(logits: jax.Array) -> jax.Array:
+  """i32[B]: argmax_v logits[b, v] (the lowest index among ties)."""
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def apply_temperature(logits: jax.Array, temperature) -> jax.Array:
+  """logits / temperature; temperature is a positive scalar (Python or traced f32[])."""
+  return logits / jnp.asarray(temperature, logits.dtype)
+
+
+def top_k_filter(logits: jax.Array, k: int) -> jax.Array:
+  """Keeps the k largest logits of each row (and any tied with the k-th), others -> -inf.
+
+  Args:
+    logits: f32[B, V].
+    k: static int; k <= 0 or k >= V leaves the logits unchanged.
+  """
+  if k <= 0 or k >= logits.shape[-1]:
+    return logits
+  kth = jax.lax.top_k(logits, k)[0][:, -1:]
+  return jnp.where(logits >= kth, logits, -jnp.inf)
+
+
+def top_p_filter(logits: jax.Array, p) -> jax.Array:
+  """Nucleus filter (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration").
+
+  Keeps the smallest set of most probable tokens whose total probability reaches p: sorting
+  pi = softmax(logits) in decreasing order, token j of the sorted row stays iff
+  sum_{i < j} pi_(i) < p (so the most probable token always stays); ties with the last kept logit
+  stay too. p >= 1 returns the logits unchanged, exactly.
+
+  Args:
+    logits: f32[B, V]; p: scalar in (0, 1] (Python or traced f32[]).
+  """
+  sorted_logits = -jnp.sort(-logits, axis=-1)
+  sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+  mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+  keep = mass_before < p
+  num_kept = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
+  threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
+  filtered = jnp.where(logits >= threshold, logits, -jnp.inf)
+  return jnp.where(jnp.asarray(p) >= 1.0, logits, filtered)
+
+
+def sample_token(logits: jax.Array, key: jax.Array, *, temperature=1.0, top_k: int = 0,
+                 top_p: float = 1.0, use_greedy: bool = False) -> jax.Array:
+  """i32[B] next tokens drawn from logits f32[B, V].
+
+  Greedy ignores the other settings. Otherwise: temperature, then top-k (static k, 0 = off),
+  then top-p (static p; p >= 1 skips the sort entirely), then a categorical draw with `key`.
+  """
+  if use_greedy:
+    return greedy(logits)
+  logits = apply_temperature(logits, temperature)
+  logits = top_k_filter(logits, top_k)
+  if top_p < 1.0:
+    logits = top_p_filter(logits, top_p)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)

@@ -1,0 +1,273 @@
+"""Tests of rl_curriculum/model/transformer.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_curriculum.model import transformer
+from rl_curriculum.model.config import ModelConfig
+
+BASE = dict(vocab_size=48, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=48)
+VARIANTS = {
+    "llama_gqa": dict(BASE),
+    "qwen2_bias_untied": dict(BASE, qkv_bias=True, tie_embeddings=False),
+    "qwen3_qknorm_mqa": dict(BASE, qk_norm=True, num_kv_heads=1),
+    "mha": dict(BASE, num_kv_heads=4, rope_theta=500.0),
+}
+LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp"}
+# Jitted once per module so tests with equal configs and shapes share the compiled programs.
+_forward = jax.jit(transformer.forward, static_argnums=0)
+_prefill = jax.jit(transformer.prefill, static_argnums=(0, 4))
+_decode_step = jax.jit(transformer.decode_step, static_argnums=0)
+
+
+def _config(name, **overrides):
+  return ModelConfig.tiny(**{**VARIANTS[name], **overrides})
+
+
+def _randomised(config, seed=0, std=0.2):
+  """A model whose every parameter (norm scales and biases too) is random, split."""
+  graphdef, params = transformer.init_model(config, seed)
+  flat = dict(nnx.to_flat_state(params))
+  key = jax.random.key(seed + 100)
+  for i, (path, var) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
+    noise = std * jax.random.normal(jax.random.fold_in(key, i), var[...].shape)
+    value = 1.0 + noise if path[-1] == "scale" else noise
+    flat[path] = var.replace(value.astype(var[...].dtype))
+  return graphdef, nnx.from_flat_state(flat)
+
+
+def _left_padded_batch(seed, vocab, lengths, width):
+  """tokens i32[B, width] (garbage in the padding), mask bool[B, width], right-aligned rows."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, vocab, size=(len(lengths), width)).astype(np.int32)
+  mask = np.zeros((len(lengths), width), bool)
+  for b, n in enumerate(lengths):
+    mask[b, width - n:] = True
+  return tokens, mask
+
+
+# --- NumPy reference, written with loops over rows, positions and heads --------------------------
+
+
+def _np_rms(x, scale, eps):
+  return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def _np_rope(x, position, theta):
+  """x[H, D] rotated at one position: pair (i, i + D/2) by angle position * theta^(-2i/D)."""
+  out = x.copy()
+  d = x.shape[-1]
+  for i in range(d // 2):
+    angle = position * theta ** (-2.0 * i / d)
+    a, b = x[:, i], x[:, i + d // 2]
+    out[:, i] = a * np.cos(angle) - b * np.sin(angle)
+    out[:, i + d // 2] = b * np.cos(angle) + a * np.sin(angle)
+  return out
+
+
+def _np_forward(c, params, tokens, mask):
+  """float64 logits [B, T, V]; each row computed on its unpadded tokens, NaN at padding."""
+  w = jax.tree.map(lambda x: np.asarray(x, np.float64), nnx.to_pure_dict(params))
+  out = np.full(tokens.shape + (c.vocab_size,), np.nan)
+  group = c.num_heads // c.num_kv_heads
+  for row in range(tokens.shape[0]):
+    idx = [t for t in range(tokens.shape[1]) if mask[row, t]]
+    n = len(idx)
+    x = w["embed"][tokens[row, idx]]
+    for layer in range(c.num_layers):
+      p = w["blocks"][layer]
+      a = p["attn"]
+      h = _np_rms(x, p["attn_norm"]["scale"], c.rms_eps)
+      q = np.zeros((n, c.num_heads, c.head_dim))
+      k = np.zeros((n, c.num_kv_heads, c.head_dim))
+      v = np.zeros((n, c.num_kv_heads, c.head_dim))
+      for t in range(n):
+        for head in range(c.num_heads):
+          q[t, head] = h[t] @ a["q"]["kernel"][:, head, :]
+          if c.qkv_bias:
+            q[t, head] += a["q"]["bias"][head]
+        for head in range(c.num_kv_heads):
+          k[t, head] = h[t] @ a["k"]["kernel"][:, head, :]
+          v[t, head] = h[t] @ a["v"]["kernel"][:, head, :]
+          if c.qkv_bias:
+            k[t, head] += a["k"]["bias"][head]
+            v[t, head] += a["v"]["bias"][head]
+        if c.qk_norm:
+          q[t] = _np_rms(q[t], a["q_norm"]["scale"], c.rms_eps)
+          k[t] = _np_rms(k[t], a["k_norm"]["scale"], c.rms_eps)
+        q[t] = _np_rope(q[t], t, c.rope_theta)
+        k[t] = _np_rope(k[t], t, c.rope_theta)
+      attended = np.zeros((n, c.num_heads, c.head_dim))
+      for head in range(c.num_heads):
+        kv = head // group
+        for t in range(n):
+          scores = np.array([q[t, head] @ k[j, kv] / np.sqrt(c.head_dim) for j in range(t + 1)])
+          probs = np.exp(scores - scores.max())
+          probs /= probs.sum()
+          attended[t, head] = sum(probs[j] * v[j, kv] for j in range(t + 1))
+      for t in range(n):
+        x[t] = x[t] + sum(attended[t, head] @ a["o"]["kernel"][head]
+                          for head in range(c.num_heads))
+      h = _np_rms(x, p["mlp_norm"]["scale"], c.rms_eps)
+      gate = h @ p["mlp"]["gate"]["kernel"]
+      x = x + (gate / (1.0 + np.exp(-gate)) * (h @ p["mlp"]["up"]["kernel"])) @ p["mlp"]["down"][
+          "kernel"]
+    x = _np_rms(x, w["final_norm"]["scale"], c.rms_eps)
+    head_w = w["embed"].T if c.tie_embeddings else w["head"]
+    out[row, idx] = x @ head_w
+  return out
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_forward_matches_numpy_reference(variant):
+  config = _config(variant)
+  graphdef, params = _randomised(config)
+  tokens, mask = _left_padded_batch(1, config.vocab_size, lengths=[9, 4, 1], width=9)
+  logits = _forward(graphdef, params, tokens, mask)
+  expected = _np_forward(config, params, tokens, mask)
+  assert logits.dtype == jnp.float32 and logits.shape == (3, 9, config.vocab_size)
+  np.testing.assert_allclose(np.asarray(logits)[mask], expected[mask], atol=1e-4, rtol=0)
+
+
+def test_forward_jit_and_no_jit_agree():
+  config = _config("qwen3_qknorm_mqa")
+  graphdef, params = _randomised(config, seed=3)
+  tokens, mask = _left_padded_batch(2, config.vocab_size, lengths=[5, 2], width=5)
+  eager = transformer.forward(graphdef, params, tokens, mask)
+  jitted = jax.jit(transformer.forward, static_argnums=0)(graphdef, params, tokens, mask)
+  np.testing.assert_allclose(eager, jitted, atol=1e-5, rtol=0)
+
+
+def test_left_padded_row_equals_unpadded_row():
+  config = _config("llama_gqa")
+  graphdef, params = _randomised(config, seed=4)
+  row = np.array([[5, 17, 3, 40, 8, 1]], np.int32)
+  unpadded = transformer.forward(graphdef, params, row, np.ones_like(row, bool))
+  garbage = np.array([[47, 0, 12]], np.int32)
+  padded_tokens = np.concatenate([garbage, row], axis=1)
+  padded_mask = np.concatenate([np.zeros((1, 3), bool), np.ones((1, 6), bool)], axis=1)
+  padded = transformer.forward(graphdef, params, padded_tokens, padded_mask)
+  np.testing.assert_allclose(padded[:, 3:], unpadded, atol=1e-4, rtol=0)
+  assert np.all(np.isfinite(padded))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_kv_cache_decoding_equals_full_forward(variant):
+  config = _config(variant)
+  graphdef, params = _randomised(config, seed=5)
+  prompt_len, num_new = 5, 4
+  prompts, prompt_mask = _left_padded_batch(6, config.vocab_size, lengths=[5, 2, 4], width=5)
+  new_tokens = np.random.default_rng(7).integers(0, config.vocab_size, size=(3, num_new))
+  logits, cache = _prefill(graphdef, params, prompts, prompt_mask, prompt_len + num_new)
+  decoded = [logits]
+  key_mask = transformer.cache_key_mask(jnp.asarray(prompt_mask), prompt_len + num_new)
+  positions = prompt_mask.sum(axis=1).astype(np.int32)
+  for t in range(num_new - 1):
+    logits, cache = _decode_step(graphdef, params, new_tokens[:, t], positions + t, key_mask, cache,
+                         jnp.int32(prompt_len + t))
+    decoded.append(logits)
+
+  full_tokens = np.concatenate([prompts, new_tokens], axis=1)
+  full_mask = np.concatenate([prompt_mask, np.ones((3, num_new), bool)], axis=1)
+  full = _forward(graphdef, params, full_tokens, full_mask)
+  for t, logits in enumerate(decoded):
+    np.testing.assert_allclose(logits, full[:, prompt_len - 1 + t], atol=1e-4, rtol=0)
+
+
+def test_hidden_states_then_head_equal_forward():
+  config = _config("qwen2_bias_untied")
+  graphdef, params = _randomised(config, seed=8)
+  tokens, mask = _left_padded_batch(9, config.vocab_size, lengths=[4, 2], width=4)
+  hidden = transformer.forward_hidden(graphdef, params, tokens, mask)
+  assert hidden.shape == (2, 4, config.d_model)
+  np.testing.assert_allclose(transformer.logits_from_hidden(graphdef, params, hidden),
+                             transformer.forward(graphdef, params, tokens, mask),
+                             atol=1e-6, rtol=0)
+  # The final norm has been applied: rms of each hidden row equals that of final_norm's scale.
+  scale = np.asarray(params["final_norm"]["scale"][...])
+  unit = np.asarray(hidden)[mask] / scale[None, :]
+  np.testing.assert_allclose(np.sqrt(np.mean(unit ** 2, axis=-1)), 1.0, atol=1e-4)
+
+
+def test_every_parameter_gets_a_gradient():
+  config = _config("qwen2_bias_untied", qk_norm=True)
+  graphdef, params = _randomised(config, seed=10)
+  tokens, mask = _left_padded_batch(11, config.vocab_size, lengths=[4, 3], width=4)
+
+  def loss(params):
+    logits = transformer.forward(graphdef, params, tokens, mask)
+    return jnp.sum(jnp.where(mask[:, :, None], jax.nn.log_softmax(logits)[..., :7], 0.0))
+
+  grads = jax.grad(loss)(params)
+  for path, grad in nnx.to_flat_state(grads):
+    assert np.all(np.isfinite(grad[...])), path
+    assert np.any(grad[...] != 0), path
+
+
+def test_parameters_carry_logical_axis_names():
+  config = _config("qwen3_qknorm_mqa", qkv_bias=True, tie_embeddings=False)
+  _, params = transformer.init_model(config)
+  for path, var in nnx.to_flat_state(params):
+    names = var.get_metadata("out_sharding")
+    assert len(names) == var[...].ndim, path
+    assert set(names) <= LOGICAL_AXES, (path, names)
+  specs = nnx.get_partition_spec(params)
+  assert specs["blocks"][0]["attn"]["k"]["kernel"].get_value() == jax.sharding.PartitionSpec(
+      "embed", "kv_heads", "head_dim")
+  assert specs["embed"].get_value() == jax.sharding.PartitionSpec("vocab", "embed")
+
+
+def test_bfloat16_params_and_activations_give_finite_logits():
+  config = _config("qwen3_qknorm_mqa", dtype="bfloat16", param_dtype="bfloat16")
+  graphdef, params = transformer.init_model(config)
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
+  tokens, mask = _left_padded_batch(12, config.vocab_size, lengths=[4, 2], width=4)
+  logits = _forward(graphdef, params, tokens, mask)
+  hidden = transformer.forward_hidden(graphdef, params, tokens, mask)
+  assert logits.dtype == jnp.float32 and hidden.dtype == jnp.bfloat16
+  assert np.all(np.isfinite(logits))
+  last, cache = transformer.prefill(graphdef, params, tokens, mask, 6)
+  assert cache.k[0].dtype == jnp.bfloat16 and np.all(np.isfinite(last))
+
+
+def test_positions_from_mask():
+  mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]], bool)
+  expected = np.array([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(transformer.positions_from_mask(mask), expected)
+
+
+def test_llama3_rope_scaling_matches_reference():
+  config = ModelConfig.tiny(vocab_size=8, d_model=256, num_heads=2, rope_theta=500_000.0,
+                            rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
+                            rope_high_freq_factor=4.0, rope_original_max_len=8192)
+  d = config.head_dim
+  expected = []
+  for i in range(d // 2):
+    freq = 1.0 / 500_000.0 ** (2 * i / d)
+    wavelen = 2 * np.pi / freq
+    if wavelen < 8192 / 4.0:
+      expected.append(freq)
+    elif wavelen > 8192 / 1.0:
+      expected.append(freq / 8.0)
+    else:
+      smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+      expected.append((1 - smooth) * freq / 8.0 + smooth * freq)
+  np.testing.assert_allclose(transformer.rope_frequencies(config), expected, rtol=1e-6)
+  unscaled = transformer.rope_frequencies(ModelConfig.tiny(vocab_size=8, d_model=256,
+                                                           num_heads=2, rope_theta=500_000.0))
+  assert unscaled[0] == expected[0] and unscaled[-1] > expected[-1]
+
+
+def test_cache_without_index_raises():
+  config = _config("llama_gqa")
+  model = transformer.Transformer(config, rngs=nnx.Rngs(0))
+  cache = transformer.init_cache(config, 1, 4)
+  with pytest.raises(ValueError, match="cache_index"):
+    model(jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 4), bool),
+          cache=cache)
