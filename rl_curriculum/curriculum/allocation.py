@@ -17,6 +17,7 @@ then uniformly. Allocations are deterministic.
   difficulty: w[p] = 1 - success_prob[p]                    (more rollouts where success is rare)
 """
 
+import functools
 from typing import NamedTuple
 
 import chex
@@ -95,9 +96,17 @@ def allocate_proportional(weights: jax.Array, *, budget: int, max_per_prompt: in
   p = weights.shape[0]
   budget, max_per_prompt, min_per_prompt = int(budget), int(max_per_prompt), int(min_per_prompt)
   _check(p, budget, max_per_prompt, min_per_prompt)
+  return _allocate(weights, jnp.int32(budget), jnp.int32(min_per_prompt), max_per_prompt)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _allocate(weights: jax.Array, budget: jax.Array, min_per_prompt: jax.Array,
+              max_per_prompt: int) -> Allocation:
+  """The arithmetic of `allocate_proportional` once the arguments are checked."""
+  p = weights.shape[0]
   w = jnp.maximum(weights, 0.0)
-  cap = jnp.full((p,), float(max_per_prompt - min_per_prompt), jnp.float32)
-  total = jnp.float32(budget - p * min_per_prompt)
+  cap = jnp.full((p,), max_per_prompt - min_per_prompt, jnp.float32)
+  total = (budget - p * min_per_prompt).astype(jnp.float32)
   positive = w > 0
   first = jnp.minimum(total, jnp.where(positive, cap, 0.0).sum())
   x = _water_fill(first, jnp.where(positive, cap, 0.0), w)

@@ -1,0 +1,151 @@
+"""Tests of rl_curriculum/curriculum/filters.py."""
+
+import functools
+
+from hypothesis import given, settings, strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_curriculum.curriculum import filters
+from rl_curriculum.types import Feedback
+
+
+def _feedback(correct, valid=None, rewards=None):
+  correct = np.asarray(correct, bool)
+  p = correct.shape[0]
+  return Feedback(prompt_ids=jnp.arange(p, dtype=jnp.int32) + 100,
+                  arms=jnp.arange(p, dtype=jnp.int32) % 3,
+                  rewards=jnp.asarray(correct if rewards is None else rewards, jnp.float32),
+                  correct=jnp.asarray(correct),
+                  advantages=jnp.arange(correct.size, dtype=jnp.float32).reshape(correct.shape),
+                  valid=None if valid is None else jnp.asarray(valid, bool))
+
+
+_all_equal = jax.jit(functools.partial(filters.dynamic_filter, mode="all_equal"))
+_band = jax.jit(functools.partial(filters.dynamic_filter, mode="accuracy_band", lo=0.25, hi=0.5))
+_compact4 = jax.jit(functools.partial(filters.compact_indices, batch_size=4))
+
+GROUPS = [[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [1, 1, 1, 0]]
+
+
+@pytest.mark.parametrize("use_jit", [True, False])
+def test_all_equal_drops_all_right_and_all_wrong(use_jit):
+  fn = _all_equal if use_jit else functools.partial(filters.dynamic_filter, mode="all_equal")
+  out = fn(_feedback(GROUPS))
+  np.testing.assert_array_equal(out.keep, [False, False, True, True, True])
+  assert int(out.num_kept) == 3
+
+
+def test_accuracy_band_is_closed():
+  out = _band(_feedback(GROUPS))  # accuracies 1, 0, .5, .25, .75
+  np.testing.assert_array_equal(out.keep, [False, False, True, True, False])
+  assert int(out.num_kept) == 2
+
+
+def test_valid_mask_restricts_the_group():
+  # Row 0: only the correct completion is valid -> all equal. Row 1: nothing valid -> dropped
+  # in both modes. Row 2: mixed among valid ones.
+  fb = _feedback([[1, 0, 0], [1, 0, 1], [1, 1, 0]], valid=[[1, 0, 0], [0, 0, 0], [1, 0, 1]])
+  np.testing.assert_array_equal(_all_equal(fb).keep, [False, False, True])
+  band = filters.dynamic_filter(fb, mode="accuracy_band", lo=0.0, hi=1.0)
+  np.testing.assert_array_equal(band.keep, [True, False, True])
+
+
+def test_filter_reads_correctness_not_shaped_reward():
+  correct = np.array([[0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+  fmt = np.array([[1, 0, 1, 0], [0, 1, 1, 1], [1, 1, 1, 1]])  # format bonus varies inside groups
+  shaped = correct + 0.1 * fmt  # rewards differ in groups 0 and 1 although correctness does not
+  fb = _feedback(correct, rewards=shaped)
+  assert np.ptp(shaped[0]) > 0 and np.ptp(shaped[1]) > 0
+  np.testing.assert_array_equal(_all_equal(fb).keep, [False, False, True])
+  np.testing.assert_array_equal(_all_equal(_feedback(correct)).keep, _all_equal(fb).keep)
+
+
+def test_compact_pads_with_masked_groups_when_short():
+  keep = jnp.array([False, True, False, False, True, False])
+  idx, ok = _compact4(keep)
+  np.testing.assert_array_equal(ok, [True, True, False, False])
+  np.testing.assert_array_equal(np.asarray(idx)[:2], [1, 4])
+  fb = _feedback(np.ones((6, 3)))
+  out = jax.jit(filters.gather_groups)(fb, idx, ok)
+  np.testing.assert_array_equal(out.prompt_ids[:2], [101, 104])
+  np.testing.assert_array_equal(out.valid, [[True] * 3, [True] * 3, [False] * 3, [False] * 3])
+  np.testing.assert_array_equal(out.advantages[1], np.asarray(fb.advantages)[4])
+
+
+def test_compact_takes_first_kept_when_more_than_batch():
+  keep = jnp.array([True, False, True, True, True, True, False, True])
+  idx, ok = _compact4(keep)
+  np.testing.assert_array_equal(idx, [0, 2, 3, 4])
+  assert bool(ok.all())
+
+
+def test_gather_keeps_existing_invalid_slots():
+  fb = _feedback(np.ones((3, 2)), valid=[[1, 0], [1, 1], [0, 1]])
+  out = filters.gather_groups(fb, jnp.array([2, 0]), jnp.array([True, True]))
+  np.testing.assert_array_equal(out.valid, [[False, True], [True, False]])
+
+
+def test_oversampled_size_and_bad_arguments():
+  assert filters.oversampled_size(8) == 16
+  assert filters.oversampled_size(10, 1.5) == 15
+  assert filters.oversampled_size(3, 1.1) == 4
+  with pytest.raises(ValueError, match="factor"):
+    filters.oversampled_size(8, 0.5)
+  fb = _feedback(GROUPS)
+  with pytest.raises(ValueError, match="mode"):
+    filters.dynamic_filter(fb, mode="variance")
+  with pytest.raises(ValueError, match="lo and hi"):
+    filters.dynamic_filter(fb, mode="accuracy_band", lo=0.2)
+  with pytest.raises(ValueError, match="lo <= hi"):
+    filters.dynamic_filter(fb, mode="accuracy_band", lo=0.6, hi=0.2)
+  with pytest.raises(ValueError, match="accuracy_band"):
+    filters.dynamic_filter(fb, mode="all_equal", lo=0.2, hi=0.3)
+  with pytest.raises(ValueError, match="batch_size"):
+    filters.compact_indices(jnp.ones(3, bool), batch_size=4)
+
+
+_band_wide = jax.jit(functools.partial(filters.dynamic_filter, mode="accuracy_band", lo=0.25,
+                                      hi=0.75))
+_compact = jax.jit(filters.compact_indices, static_argnames="batch_size")
+_gather = jax.jit(filters.gather_groups)
+
+
+# Fixed array shapes (12 groups of 5 slots) keep compilation to a few programs; the valid mask
+# varies the effective group sizes and the prefix `num_groups` the effective batch.
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.sampled_from([1, 4, 12]), st.integers(0, 2**31 - 1),
+       st.sampled_from(["all_equal", "band"]))
+def test_filter_and_compact_properties(num_groups, batch_size, seed, mode):
+  total, group_size = 12, 5
+  rng = np.random.default_rng(seed)
+  correct = rng.random((total, group_size)) < rng.random((total, 1))
+  valid = rng.random((total, group_size)) < rng.random((total, 1))
+  valid[num_groups:] = False  # groups past num_groups do not exist
+  fb = _feedback(correct, valid=valid)
+  res = (_all_equal if mode == "all_equal" else _band_wide)(fb)
+  # Loop reference of the keep rule.
+  want = []
+  for p in range(total):
+    vals = [bool(correct[p, g]) for g in range(group_size) if valid[p, g]]
+    if not vals:
+      want.append(False)
+    elif mode == "all_equal":
+      want.append(0 < sum(vals) < len(vals))
+    else:
+      want.append(0.25 <= sum(vals) / len(vals) <= 0.75)
+  np.testing.assert_array_equal(res.keep, want)
+  assert int(res.num_kept) == sum(want)
+  idx, ok = _compact(res.keep, batch_size=batch_size)
+  idx, ok = np.asarray(idx), np.asarray(ok)
+  assert idx.shape == ok.shape == (batch_size,)
+  kept_positions = [p for p in range(total) if want[p]]
+  n_ok = min(len(kept_positions), batch_size)
+  np.testing.assert_array_equal(ok, np.arange(batch_size) < n_ok)
+  np.testing.assert_array_equal(idx[:n_ok], kept_positions[:n_ok])  # distinct, kept, in order
+  assert np.all((idx >= 0) & (idx < total))
+  out = _gather(fb, jnp.asarray(idx), jnp.asarray(ok))
+  assert not np.asarray(out.valid)[~ok].any()
+  np.testing.assert_array_equal(np.asarray(out.valid)[ok], valid[idx[ok]])
