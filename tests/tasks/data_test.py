@@ -1,0 +1,58 @@
+"""Tests for rl_curriculum/tasks/data.py: left padding, arms, and the PromptPool hand-off."""
+
+import numpy as np
+import pytest
+
+from rl_curriculum.curriculum.base import PromptPool
+from rl_curriculum.tasks import data, get_task
+
+
+def _encode(text):
+  return [ord(c) for c in text]
+
+
+def test_left_pad_reference():
+  tokens, mask = data.left_pad([[5, 6, 7], [8], [9, 10]], pad_id=0)
+  np.testing.assert_array_equal(tokens, [[5, 6, 7], [0, 0, 8], [0, 9, 10]])
+  np.testing.assert_array_equal(mask, [[1, 1, 1], [0, 0, 1], [0, 1, 1]])
+  assert tokens.dtype == np.int32 and mask.dtype == bool
+  tokens, _ = data.left_pad([[1]], pad_id=-1, length=3)
+  np.testing.assert_array_equal(tokens, [[-1, -1, 1]])
+  with pytest.raises(ValueError, match="max_prompt_len"):
+    data.left_pad([[1, 2, 3]], pad_id=0, length=2)
+  with pytest.raises(ValueError):
+    data.left_pad([[]], pad_id=0)
+
+
+def test_make_pool_from_task():
+  task = get_task("arithmetic")
+  problems = [task.generate(s, b) for b in task.train_bins for s in range(3)]
+  pool = data.make_pool(problems, _encode, pad_id=0, num_arms=len(task.train_bins))
+  n = len(problems)
+  assert pool.tokens.shape[0] == n and pool.mask.shape == pool.tokens.shape
+  np.testing.assert_array_equal(pool.arms, [p.difficulty for p in problems])
+  for i, p in enumerate(problems):
+    row = pool.tokens[i][pool.mask[i]]
+    assert "".join(map(chr, row)) == p.prompt
+    assert not pool.mask[i, :pool.mask.shape[1] - len(p.prompt)].any()
+  pp = pool.prompt_pool()
+  assert isinstance(pp, PromptPool) and pp.num_arms == len(task.train_bins) and pp.size == n
+  np.testing.assert_array_equal(np.asarray(pp.difficulty), pool.arms.astype(np.float32))
+
+
+def test_make_pool_bins_map_and_errors():
+  task = get_task("arithmetic")
+  problems = [task.generate(0, 4), task.generate(0, 2), task.generate(1, 4)]
+  pool = data.make_pool(problems, _encode, pad_id=0, bins=(2, 4))
+  np.testing.assert_array_equal(pool.arms, [1, 0, 1])
+  assert pool.num_arms == 2
+  with pytest.raises(ValueError, match="bins"):
+    data.make_pool(problems, _encode, pad_id=0, bins=(2,))
+  with pytest.raises(ValueError):
+    data.make_pool([], _encode, pad_id=0)
+  with pytest.raises(ValueError):
+    data.make_pool(problems, _encode, pad_id=0, max_prompt_len=2)
+  pool = data.make_pool(problems, _encode, pad_id=0, difficulty=[0.5, 0.1, 0.9],
+                        prompt_fn=lambda p: "Q:" + p.prompt)
+  np.testing.assert_allclose(pool.difficulty, [0.5, 0.1, 0.9])
+  assert "".join(map(chr, pool.tokens[0][pool.mask[0]])) == "Q:" + problems[0].prompt
