@@ -1,0 +1,28 @@
+"""Train and evaluate: `python experiments/train.py --config configs/quickstart.py --workdir DIR`.
+
+Overrides follow the config's field names, e.g. `--config.rl.steps=50
+--config.curriculum.name=uniform`. Running the same command again resumes from the workdir.
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from rl_curriculum.train import loop
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, logs, report.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # library INFO lines (checkpoint I/O) drown the progress
+  loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

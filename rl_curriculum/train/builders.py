@@ -1,0 +1,163 @@
+"""From a config to the run's parts, and the checks that reject a bad config before compiling.
+
+`validate(config)` raises `ConfigError` naming the offending field; it touches no device and
+compiles nothing, so a typo costs a second, not a compile. The curricula a config can name are the
+one plain dict `CURRICULA` below.
+"""
+
+import inspect
+from typing import Callable, Optional
+
+import ml_collections
+import numpy as np
+import optax
+
+from rl_curriculum import curriculum as cur
+from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.model.config import PRESETS
+from rl_curriculum.train import rl_step
+
+
+class ConfigError(ValueError):
+  """A config field has a value the run cannot use; the message names the field."""
+
+
+# name -> (constructor, whether it takes the pool as first argument). Prompt-level curricula get
+# the pool in `init` instead.
+CURRICULA: dict[str, tuple[Callable, bool]] = {
+    "sec": (cur.sec, True),
+    "uniform": (cur.uniform, True),
+    "easy_to_hard": (cur.easy_to_hard, True),
+    "hard_to_easy": (cur.hard_to_easy, True),
+    "linear_pacing": (cur.linear_pacing, True),
+    "cyclical": (cur.cyclical, True),
+    "mixed_replay": (cur.mixed_replay, True),
+    "dump": (cur.dump, True),
+    "alp_teacher": (cur.alp_teacher, True),
+    "mastering_rate": (cur.mastering_rate, True),
+    "vcrl": (cur.vcrl, False),
+    "vade": (cur.vade, False),
+    "greso": (cur.greso, False),
+    "adarft": (cur.adarft, False),
+    "pcl": (cur.pcl, False),
+    "hard_focus": (cur.hard_focus, False),
+}
+
+FILTERS = ("none", "all_equal", "accuracy_band")
+_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def _fail(field: str, message: str):
+  raise ConfigError(f"config.{field}: {message}")
+
+
+def _options_of(fn: Callable) -> dict[str, inspect.Parameter]:
+  params = inspect.signature(fn).parameters
+  return {n: p for n, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY
+          and n != "batch_size"}
+
+
+def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] = None,
+             eval_only_bins=()) -> None:
+  """Raises ConfigError for a config the run cannot use; returns None otherwise."""
+  c = config
+  if c.model.preset not in PRESETS:
+    _fail("model.preset", f"unknown preset {c.model.preset!r}; choose from {sorted(PRESETS)}")
+  if c.model.dtype not in ("float32", "bfloat16"):
+    _fail("model.dtype", f"must be float32 or bfloat16, got {c.model.dtype!r}")
+  if c.model.lora_rank < 0:
+    _fail("model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {c.model.lora_rank}")
+  if c.model.lora_rank > 0:
+    unknown = [t for t in c.model.lora_targets if t not in lora_lib.TARGETS]
+    if unknown or not c.model.lora_targets:
+      _fail("model.lora_targets", f"{list(unknown) or 'empty'}: the model has the projections "
+            f"{sorted(lora_lib.TARGETS)}")
+  rl = c.rl
+  if rl.algorithm not in rl_step.ADVANTAGES:
+    _fail("rl.algorithm", f"unknown algorithm {rl.algorithm!r}; choose from "
+          f"{sorted(rl_step.ADVANTAGES)}")
+  for field in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
+                "minibatches"):
+    if getattr(rl, field) < 1:
+      _fail(f"rl.{field}", f"must be >= 1, got {getattr(rl, field)}")
+  if rl.group_size < 2 and rl.algorithm in ("rloo", "grpo", "dr_grpo"):
+    _fail("rl.group_size", f"{rl.algorithm} needs at least 2 completions per prompt")
+  if rl.prompts_per_step % rl.minibatches:
+    _fail("rl.minibatches", f"rl.prompts_per_step={rl.prompts_per_step} does not divide into "
+          f"{rl.minibatches} minibatches of whole groups")
+  if rl.temperature <= 0:
+    _fail("rl.temperature", f"must be > 0, got {rl.temperature}")
+  if rl.level not in ("token", "sequence"):
+    _fail("rl.level", f"must be 'token' or 'sequence', got {rl.level!r}")
+  if rl.aggregation not in _AGGREGATIONS:
+    _fail("rl.aggregation", f"must be one of {_AGGREGATIONS}, got {rl.aggregation!r}")
+  if rl.kl_estimator not in ("k1", "k2", "k3"):
+    _fail("rl.kl_estimator", f"must be k1, k2 or k3, got {rl.kl_estimator!r}")
+  if rl.learning_rate <= 0:
+    _fail("rl.learning_rate", f"must be > 0, got {rl.learning_rate}")
+
+  name = c.curriculum.name
+  if name not in CURRICULA:
+    _fail("curriculum.name", f"unknown curriculum {name!r}; choose from {sorted(CURRICULA)}")
+  allowed = _options_of(CURRICULA[name][0])
+  for key in c.curriculum.options:
+    if key not in allowed:
+      _fail(f"curriculum.options.{key}", f"{name} takes no option {key!r}; it takes "
+            f"{sorted(allowed)}")
+  if c.curriculum.filter not in FILTERS:
+    _fail("curriculum.filter", f"unknown filter {c.curriculum.filter!r}; choose from {FILTERS}")
+  if c.curriculum.oversample < 1:
+    _fail("curriculum.oversample", f"must be >= 1, got {c.curriculum.oversample}")
+  if c.curriculum.filter == "none" and c.curriculum.oversample != 1:
+    _fail("curriculum.oversample", "over-sampling only makes sense with a post-rollout filter")
+
+  if c.sft.steps < 0:
+    _fail("sft.steps", f"must be >= 0, got {c.sft.steps}")
+  if c.eval.every < 1 or c.checkpoint.every < 1:
+    _fail("eval.every" if c.eval.every < 1 else "checkpoint.every", "must be >= 1")
+  if num_task_bins is not None:
+    bad = [b for b in c.task.train_bins if not 0 <= b < num_task_bins or b in eval_only_bins]
+    if bad or not c.task.train_bins:
+      _fail("task.train_bins", f"{list(bad) or 'empty'}: training bins must lie in "
+            f"[0, {num_task_bins}) and not be evaluation-only {tuple(eval_only_bins)}")
+    bad = [b for b in c.task.eval_bins if not 0 <= b < num_task_bins]
+    if bad:
+      _fail("task.eval_bins", f"{bad} outside [0, {num_task_bins})")
+
+
+def build_curriculum(config: ml_collections.ConfigDict, pool: cur.PromptPool, batch_size: int,
+                     features: Optional[np.ndarray] = None) -> cur.Curriculum:
+  """The configured curriculum for `batch_size` prompt slots a step."""
+  fn, takes_pool = CURRICULA[config.curriculum.name]
+  options = dict(config.curriculum.options)
+  if config.curriculum.name == "pcl":
+    if features is None:
+      raise ConfigError("config.curriculum.name: pcl needs per-prompt features")
+    return fn(features, batch_size=batch_size, **options)
+  if takes_pool:
+    return fn(pool, batch_size=batch_size, **options)
+  return fn(batch_size=batch_size, **options)
+
+
+def build_optimizer(learning_rate: float, *, max_grad_norm: float, warmup_steps: int = 0,
+                    total_steps: int = 0) -> optax.GradientTransformation:
+  """AdamW (no weight decay on a fine-tune by default) with global-norm clipping and warmup."""
+  if warmup_steps and total_steps:
+    warmup_steps = min(warmup_steps, total_steps // 2)  # a short run still decays
+    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, total_steps,
+                                                  end_value=0.1 * learning_rate)
+  else:
+    schedule = learning_rate
+  chain = [optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=0.0)]
+  if max_grad_norm and max_grad_norm > 0:
+    chain.insert(0, optax.clip_by_global_norm(max_grad_norm))
+  return optax.chain(*chain)
+
+
+def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
+  rl = config.rl
+  return rl_step.LearnConfig(
+      algorithm=rl.algorithm, epochs=rl.epochs, minibatches=rl.minibatches,
+      eps_low=rl.eps_low, eps_high=rl.eps_high, level=rl.level, aggregation=rl.aggregation,
+      max_tokens=rl.max_new_tokens, kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator,
+      ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None, whiten_rewards=rl.whiten_rewards)

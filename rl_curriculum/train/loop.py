@@ -1,0 +1,327 @@
+"""`train_and_evaluate(config, workdir)`: the whole experiment, in labelled phases.
+
+  1. config checks       (before anything compiles)
+  2. data                (task problems per bin: RL pool, SFT set, held-out sets; tokenizer)
+  3. model               (tiny preset from scratch; SFT warm start cached in the workdir)
+  4. RL state            (optimizer, curriculum, checkpoint restore)
+  5. loop                select -> sample -> score (host) -> learn (one jit) -> log / eval / save
+  6. report              (before/after table, report.png, report.html, summary.json)
+
+Per-step randomness is `fold_in(root_key, step)`, and every piece of state that evolves (train
+state, curriculum state with its data cursors) is in the checkpoint, so a run killed at any point
+and started again with the same command finishes with the same parameters and metrics.
+"""
+
+import json
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from rl_curriculum import tasks as tasks_lib
+from rl_curriculum.curriculum import filters
+from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.model import transformer
+from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.model.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from rl_curriculum.sampling import sampler
+from rl_curriculum.tasks.data import TaskPool, make_pool
+from rl_curriculum.train import builders, checkpointing, evaluation, report, rl_step, sft
+from rl_curriculum.train.metrics import MetricsWriter, read_jsonl
+from rl_curriculum.types import Feedback
+
+# Seed offsets that keep the RL pool, the SFT set and the held-out sets apart.
+_SEED_BASE = {"rl": 0, "sft": 10_000_000, "eval": 20_000_000}
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks between steps (save, then exit cleanly)."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _problems(task, bins, per_bin: int, split: str, exclude=frozenset()) -> list:
+  """`per_bin` problems per bin with distinct prompts, skipping prompts in `exclude`.
+
+  Small bins (one-digit addition has 100 problems) may yield fewer; generation stops after a
+  bounded number of draws.
+  """
+  out = []
+  for b in bins:
+    seen = set()
+    seed = _SEED_BASE[split] + 100_000 * int(b)
+    for attempt in range(20 * per_bin):
+      problem = task.generate(seed + attempt, int(b))
+      if problem.prompt in seen or problem.prompt in exclude:
+        continue
+      seen.add(problem.prompt)
+      out.append(problem)
+      if len(seen) == per_bin:
+        break
+  return out
+
+
+def _tokenizer(workdir: str, corpus, vocab_size: int) -> SentencePieceTokenizer:
+  path = os.path.join(workdir, "tokenizer.model")
+  if os.path.exists(path):
+    return SentencePieceTokenizer.load(path)
+  tok = train_sentencepiece(corpus, vocab_size=vocab_size)
+  tok.save(path)
+  return tok
+
+
+def _model_config(config, vocab_size: int) -> ModelConfig:
+  preset = getattr(ModelConfig, config.model.preset)
+  if config.model.preset == "tiny":
+    return preset(vocab_size=vocab_size, dtype=config.model.dtype)
+  return preset(dtype=config.model.dtype)
+
+
+def _sft_params(config, workdir, graphdef, params, sft_pool, targets, target_mask, log):
+  """SFT warm start, cached in workdir/sft (restored when present)."""
+  manager = checkpointing.make_manager(os.path.join(workdir, "sft"), max_to_keep=1,
+                                       enable_async=False)
+  restored = checkpointing.restore_latest(manager, params)
+  if restored is not None:
+    log(f"SFT warm start restored from {os.path.join(workdir, 'sft')}")
+    manager.close()
+    return restored[1], None
+  optimizer = builders.build_optimizer(config.sft.learning_rate, max_grad_norm=1.0,
+                                       warmup_steps=config.sft.warmup_steps,
+                                       total_steps=config.sft.steps)
+  params, curve = sft.run_sft(params, graphdef, sft_pool, targets, target_mask,
+                              steps=config.sft.steps, batch_size=config.sft.batch_size,
+                              optimizer=optimizer, seed=config.seed, log=log)
+  checkpointing.save(manager, config.sft.steps, params, {"loss_curve": curve[-10:]}, wait=True)
+  manager.close()
+  return params, curve
+
+
+def _scored_batch(task, pool: TaskPool, selection, rollout, decode, group: int):
+  """Host side: decode and score B = P * G completions; returns rewards/correct f32/bool[P, G]."""
+  ids = np.asarray(selection.prompt_ids)
+  texts = [decode(row) for row in np.asarray(rollout.tokens)]
+  problems = [pool.problems[i] for i in ids for _ in range(group)]
+  rewards, correct, _ = task.score_batch(problems, texts)
+  return rewards.reshape(len(ids), group), correct.reshape(len(ids), group)
+
+
+def _select_groups(config, correct, p: int):
+  """Post-rollout filter on raw correctness: indices of the P groups to train on and whether each
+  slot holds a real group (short batches are padded with masked slots, never duplicates)."""
+  if config.curriculum.filter == "none":
+    return np.arange(p, dtype=np.int32), np.ones(p, bool)
+  s, g = correct.shape
+  fb = Feedback(prompt_ids=jnp.zeros(s, jnp.int32), arms=jnp.zeros(s, jnp.int32),
+                rewards=jnp.zeros((s, g)), correct=jnp.asarray(correct),
+                advantages=jnp.zeros((s, g)))
+  kwargs = {}
+  if config.curriculum.filter == "accuracy_band":
+    kwargs = dict(lo=config.curriculum.band[0], hi=config.curriculum.band[1])
+  result = filters.dynamic_filter(fb, mode=config.curriculum.filter, **kwargs)
+  indices, slot_valid = filters.compact_indices(result.keep, p)
+  return np.asarray(indices, np.int32), np.asarray(slot_valid, bool)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) the experiment described by `config` in `workdir`; returns a summary."""
+  # 1. Config checks: nothing below compiles until these pass.
+  builders.validate(config)
+  task = tasks_lib.get_task(config.task.name, format_bonus=config.task.format_bonus)
+  builders.validate(config, num_task_bins=task.num_difficulties,
+                    eval_only_bins=task.eval_only_bins)
+  os.makedirs(workdir, exist_ok=True)
+  is_main = jax.process_index() == 0
+
+  def log(text):
+    if is_main:
+      print(text, flush=True)
+
+  # 2. Data.
+  train_bins, eval_bins = tuple(config.task.train_bins), tuple(config.task.eval_bins)
+  eval_problems = {b: _problems(task, [b], config.task.eval_per_bin, "eval") for b in eval_bins}
+  held_out = frozenset(p.prompt for ps in eval_problems.values() for p in ps)
+  rl_problems = _problems(task, train_bins, config.task.train_per_bin, "rl", held_out)
+  sft_problems = _problems(task, train_bins, config.task.sft_per_bin, "sft", held_out)
+  corpus = [p.prompt + p.target for p in rl_problems + sft_problems]
+  corpus += [p.prompt for ps in eval_problems.values() for p in ps]
+  tok = _tokenizer(workdir, corpus, config.tokenizer.vocab_size)
+  prompt_len = max(len(tok.encode(p.prompt)) for p in rl_problems + sft_problems
+                   + [p for ps in eval_problems.values() for p in ps])
+  target_len = max(len(tok.encode(p.target)) for p in sft_problems) + 1
+  pool = make_pool(rl_problems, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
+                   bins=train_bins)
+  sft_pool = make_pool(sft_problems, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
+                       bins=train_bins)
+  eval_sets = {task.bin_names[b]: make_pool(ps, tok.encode, tok.pad_id, max_prompt_len=prompt_len)
+               for b, ps in eval_problems.items()}
+  ood = [task.bin_names[b] for b in eval_bins if b in task.eval_only_bins]
+  log(f"data: {len(rl_problems)} RL prompts in {len(train_bins)} bins, {len(sft_problems)} SFT, "
+      f"{sum(len(p) for p in eval_problems.values())} held out; vocab {tok.vocab_size}, "
+      f"prompt length {prompt_len}")
+
+  # 3. Model and SFT warm start.
+  model_config = _model_config(config, tok.vocab_size)
+  graphdef, params = transformer.init_model(model_config, seed=config.seed)
+  log(f"model: {config.model.preset}, "
+      f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M parameters")
+  if config.sft.steps:
+    targets, target_mask = sft.target_tokens([p.target for p in sft_problems], tok.encode,
+                                             tok.eos_id, tok.pad_id, target_len)
+    params, _ = _sft_params(config, workdir, graphdef, params, sft_pool, targets, target_mask,
+                            log)
+  ref_params = params  # the KL reference: the warm-started model, frozen
+
+  use_lora = config.model.lora_rank > 0
+  if use_lora:
+    model = nnx.merge(graphdef, params)
+    lora_lib.attach(model, lora_lib.LoRAConfig(rank=config.model.lora_rank,
+                                               alpha=config.model.lora_alpha,
+                                               targets=tuple(config.model.lora_targets)),
+                    rngs=nnx.Rngs(config.seed + 1))
+    graphdef, trainable, frozen = lora_lib.split(model)
+    ref_params = None
+  else:
+    trainable, frozen = params, None
+
+  def policy(train_state):
+    return rl_step.model_params(train_state.params, frozen)
+
+  decode = lambda row: tok.decode(row)  # pylint: disable=unnecessary-lambda-assignment
+  eval_kwargs = dict(batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
+                     eos_id=tok.eos_id, pad_id=tok.pad_id)
+
+  # 4. RL state: optimizer, curriculum, checkpoint.
+  p, g = config.rl.prompts_per_step, config.rl.group_size
+  slots = p * config.curriculum.oversample
+  optimizer = builders.build_optimizer(config.rl.learning_rate,
+                                       max_grad_norm=config.rl.max_grad_norm)
+  features = None
+  if config.curriculum.name == "pcl":
+    hidden = transformer.forward_hidden(graphdef, rl_step.model_params(trainable, frozen),
+                                        jnp.asarray(pool.tokens), jnp.asarray(pool.mask))
+    m = jnp.asarray(pool.mask, jnp.float32)[..., None]
+    features = np.asarray((hidden * m).sum(1) / m.sum(1))
+  curriculum = builders.build_curriculum(config, pool.prompt_pool(), slots, features)
+  root = jax.random.PRNGKey(config.seed)
+  train_state = rl_step.init_train_state(trainable, optimizer)
+  cur_state = curriculum.init(pool.prompt_pool(), jax.random.fold_in(root, 0))  # steps start at 1
+  select = jax.jit(curriculum.select)
+  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
+                             curriculum_update=curriculum.update,
+                             config=builders.learn_config(config), use_lora=use_lora)
+
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
+                                       max_to_keep=config.checkpoint.keep)
+  start = 0
+  restored = checkpointing.restore_latest(manager, {"train": train_state, "curriculum": cur_state})
+  before = None
+  if restored is not None:
+    start, state, meta = restored
+    train_state, cur_state = state["train"], state["curriculum"]
+    before = meta.get("before")
+    log(f"resumed from step {start}")
+  if before is None:
+    before = evaluation.accuracy_by_bin(graphdef, policy(train_state), eval_sets, task, decode,
+                                        **eval_kwargs)
+  writer = MetricsWriter(workdir, total_steps=config.rl.steps, resume_step=start,
+                         enabled=is_main, console_keys=("reward_mean", "correct_mean",
+                                                        "nonzero_adv_frac"))
+  if start == 0:
+    writer.write(0, {f"eval/acc/{k}": v for k, v in before.items()})
+
+  def save(step, wait=False):
+    checkpointing.save(manager, step, {"train": train_state, "curriculum": cur_state},
+                       {"before": before, "step": step}, wait=wait)
+
+  # 5. The loop.
+  with _Preemption() as preemption:
+    for step in range(start + 1, config.rl.steps + 1):
+      t0 = time.time()
+      key = jax.random.fold_in(root, step)
+      k_select, k_sample, k_learn = jax.random.split(key, 3)
+      selection, cur_state = select(cur_state, k_select)
+      ids = np.asarray(selection.prompt_ids)
+      rows = np.repeat(ids, g)
+      rollout = sampler.sample(graphdef, policy(train_state), jnp.asarray(pool.tokens[rows]),
+                               jnp.asarray(pool.mask[rows]), k_sample,
+                               max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
+                               pad_id=tok.pad_id, temperature=config.rl.temperature)
+      jax.block_until_ready(rollout.tokens)
+      t1 = time.time()
+      rewards, correct = _scored_batch(task, pool, selection, rollout, decode, g)
+      t2 = time.time()
+      groups, group_valid = _select_groups(config, correct, p)
+      batch = rl_step.Batch(
+          prompt_tokens=rollout.prompt_tokens, prompt_mask=jnp.asarray(pool.mask[rows]),
+          tokens=rollout.tokens, mask=rollout.mask, sampler_logprobs=rollout.logprobs,
+          prompt_ids=selection.prompt_ids, arms=selection.arms, rewards=jnp.asarray(rewards),
+          correct=jnp.asarray(correct), valid=jnp.ones(rewards.shape, bool),
+          train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid))
+      train_state, cur_state, metrics = learn(train_state, cur_state, batch, k_learn, frozen,
+                                              ref_params)
+      metrics = jax.device_get(metrics)
+      t3 = time.time()
+      arm_counts = np.bincount(np.asarray(selection.arms), minlength=len(train_bins))
+      metrics.update({
+          "time/sample_s": t1 - t0, "time/score_s": t2 - t1, "time/learn_s": t3 - t2,
+          "tokens_per_s": float(np.asarray(rollout.mask).sum()) / max(t1 - t0, 1e-9),
+          "sampled_reward_mean": float(rewards.mean()),
+          "curriculum/arm_frac": arm_counts / arm_counts.sum(),
+          "groups_kept": float(group_valid.sum()),
+      })
+      if step % config.eval.every == 0 or step == config.rl.steps:
+        acc = evaluation.accuracy_by_bin(graphdef, policy(train_state), eval_sets, task, decode,
+                                         **eval_kwargs)
+        metrics.update({f"eval/acc/{k}": v for k, v in acc.items()})
+      writer.write(step, metrics)
+      if step % config.checkpoint.every == 0 or step == config.rl.steps or preemption.requested:
+        save(step, wait=preemption.requested)
+      if preemption.requested:
+        writer.print(f"SIGTERM: saved step {step}; run the same command to resume")
+        manager.wait_until_finished()
+        writer.close()
+        return {"preempted_at": step}
+  manager.wait_until_finished()
+  writer.close()
+
+  # 6. Report.
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  after = {k: v for k, v in rows[-1].items() if k.startswith("eval/acc/")}
+  after = {k[len("eval/acc/"):]: v for k, v in after.items()}
+  table = report.accuracy_table(before, after, ood=ood)
+  summary = {"before": before, "after": after, "ood_bins": ood, "steps": config.rl.steps,
+             "final_metrics": {k: v for k, v in rows[-1].items()
+                               if isinstance(v, (int, float))}}
+  if is_main:
+    report.write_report(workdir, rows, bin_names=list(eval_sets),
+                        arm_names=[task.bin_names[b] for b in train_bins],
+                        title=f"{config.task.name}: {config.rl.algorithm} + "
+                              f"{config.curriculum.name}", table=table)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=1)
+    log("\nHeld-out greedy accuracy per bin (%):\n" + table)
+    log(f"report: {os.path.join(workdir, 'report.png')}")
+  return summary
