@@ -5,7 +5,7 @@ A task is a family of verifiable problems split into difficulty bins (the curric
   task = get_task("arithmetic", template="plain")
   problem = task.generate(seed=3, difficulty=0)      # deterministic in (seed, difficulty, options)
   problem.prompt, problem.target                     # "4+7=", "11"  (SFT completion, no EOS)
-  task.score(problem, "11")                          # Score(reward=1.0, correct=True, formatted=True)
+  task.score(problem, "11")                       # Score(reward=1.0, correct=True, formatted=True)
 
 Templates. The caller chooses how the prompt is shown to the model:
 

@@ -47,7 +47,7 @@ _SYMBOLS = {"\u2212": "-", "\u2013": "-", "\u00d7": "*", "\u22c5": "*", "\u00b7"
             "\u00f7": "/", "\u2215": "/"}
 _NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$")
 _FRACTION = re.compile(r"^([-+]?\d+)/(\d+)$")
-# Superscripts, subscripts and vulgar fractions (kept by `normalize`): 3 squared is not the number 3.
+# Superscripts, subscripts and vulgar fractions (kept by `normalize`): 3 squared is not 3.
 _SCRIPTS = "\u00b2\u00b3\u00b9\u00bc-\u00be\u2070-\u209f\u2150-\u215f"
 _TOKEN = re.compile(r"(?<![\d.,/^" + _SCRIPTS + r"])[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)"
                     r"(?:\.\d+)?(?:/\d+)?(?![\d/^" + _SCRIPTS + r"])")

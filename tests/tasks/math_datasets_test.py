@@ -158,7 +158,7 @@ def test_fuzz_math_equal_and_scores(text, ref):
   problem = md.base.Problem(task="math", difficulty=0, prompt="", question="", answer=ref or "1",
                             target="")
   for task in (_MATH_TASK, _GSM8K_TASK):
-    s = task.score(problem if task is _MATH_TASK else problem, text)
+    s = task.score(problem, text)
     assert s.reward in (0.0, DEFAULT_FORMAT_BONUS, 1.0)
     assert s.correct == (s.reward == 1.0)
 
