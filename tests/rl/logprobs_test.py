@@ -169,8 +169,9 @@ def _walk_avals(jaxpr):
 
 
 def _has_full_f32(fn, *args, shape):
+  """Whether any float32 value as large as `shape` (in any layout, e.g. stacked chunks) appears."""
   jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-  return any(getattr(a, "shape", None) == shape and a.dtype == jnp.float32
+  return any(getattr(a, "dtype", None) == jnp.float32 and a.size >= math.prod(shape)
              for a in _walk_avals(jaxpr))
 
 
