@@ -7,7 +7,8 @@ select: draw C = ceil(oversample * P) distinct candidates uniformly; candidate i
   probability  q_i = max(p_i ** k_i, min_keep)  (p_i = p_easy or p_hard by its kind; q_i = 1 when
   k_i = 0), i.e. skipped with probability 1 - q_i. The P slots take the kept candidates in draw
   order; if fewer than P survive, the remaining slots take skipped candidates in draw order (the
-  batch never repeats a prompt; `state.last_kept` records how many slots were kept candidates).
+  batch never repeats a prompt; `state.last_kept` records how many candidates were kept, so
+  min(last_kept, P) slots hold kept candidates; 1 - last_kept / C is the skip rate).
 
 update: besides the store, adapt the two base probabilities so that the zero-variance share of the
   batch tracks its target. With z_easy (z_hard) the fraction of observed groups of the batch that
@@ -40,7 +41,7 @@ class GRESOState(NamedTuple):
   p_easy: jax.Array                # f32[] base keep probability for easy (all-correct) streaks
   p_hard: jax.Array                # f32[] base keep probability for hard (all-wrong) streaks
   arms: jax.Array                  # i32[N] arm of each pool prompt
-  last_kept: jax.Array             # i32[] slots of the last selection filled by kept candidates
+  last_kept: jax.Array             # i32[] candidates the last select kept (may exceed P)
   step: jax.Array                  # i32[] updates applied so far
 
 
@@ -122,7 +123,7 @@ def greso(*, batch_size: int, oversample: float = 2.0, target_zero_variance: flo
                      state.p_easy, state.p_hard, min_keep)
     order = jnp.argsort(skip, stable=True)[:p]
     ids = cand[order]
-    kept = jnp.minimum((~skip).sum(dtype=jnp.int32), p)
+    kept = (~skip).sum(dtype=jnp.int32)
     return Selection(prompt_ids=ids, arms=state.arms[ids]), state._replace(last_kept=kept)
 
   def update(state: GRESOState, feedback: Feedback) -> tuple[GRESOState, dict]:
