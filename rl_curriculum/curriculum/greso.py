@@ -47,7 +47,7 @@ class GRESOState(NamedTuple):
 
 def keep_probability(streak: jax.Array, kind: jax.Array, p_easy: jax.Array, p_hard: jax.Array,
                      min_keep: float = 0.01) -> jax.Array:
-  """f32[...] q = max(p ** k, min_keep), p = p_easy for easy streaks, p_hard otherwise; 1 if k = 0."""
+  """f32[...] q = max(p ** k, min_keep), p = p_easy (easy streak) or p_hard; q = 1 if k = 0."""
   p = jnp.where(kind == prompt_stats.KIND_EASY, p_easy, p_hard)
   q = jnp.maximum(p ** streak.astype(jnp.float32), min_keep)
   return jnp.where(streak > 0, q, 1.0).astype(jnp.float32)

@@ -33,7 +33,7 @@ def sample_without_replacement(key: jax.Array, num_prompts: int, k: int,
 
 
 def rows_pooled(ids: jax.Array, values: jax.Array) -> jax.Array:
-  """f32/i32[P]: for each row, the sum of `values` over all rows with the same id (P x P compare)."""
+  """f32/i32[P]: per row, the sum of `values` over all rows with the same id (a P x P compare)."""
   same = ids[:, None] == ids[None, :]
   return (same * values[None, :]).sum(axis=1).astype(values.dtype)
 
@@ -107,7 +107,7 @@ def update_memory(memory: Memory, batch_ids: jax.Array, batch_priority: jax.Arra
 def mix_memory_and_pool(key: jax.Array, memory: Memory, memory_logits: jax.Array,
                         num_from_memory: int, num_prompts: int,
                         batch_size: int) -> tuple[jax.Array, jax.Array]:
-  """Draws a batch of P distinct prompts: up to `num_from_memory` from the memory, rest from the pool.
+  """Draws P distinct prompts: up to `num_from_memory` from the memory, the rest from the pool.
 
   Memory entries are drawn without replacement with probabilities proportional to
   exp(memory_logits) (Gumbel top-k; free slots never). When the memory holds fewer than

@@ -25,7 +25,8 @@ EMPTY = prompt_level.EMPTY
 
 
 def _memory(ids, prio, age):
-  return prompt_level.Memory(ids=jnp.asarray(ids, jnp.int32), priority=jnp.asarray(prio, jnp.float32),
+  return prompt_level.Memory(ids=jnp.asarray(ids, jnp.int32),
+                             priority=jnp.asarray(prio, jnp.float32),
                              age=jnp.asarray(age, jnp.int32))
 
 
@@ -76,7 +77,8 @@ def test_mix_memory_and_pool_fills_from_pool_when_memory_is_short():
 def test_mix_memory_draws_proportional_to_weights():
   prio = np.array([1.0, 2.0, 3.0, 4.0])
   mem = _memory([10, 11, 12, 13], prio, [0] * 4)
-  fn = jax.jit(jax.vmap(lambda k: prompt_level.mix_memory_and_pool(k, mem, jnp.log(prio), 1, 30, 2)[0]))
+  draw = lambda k: prompt_level.mix_memory_and_pool(k, mem, jnp.log(prio), 1, 30, 2)[0]
+  fn = jax.jit(jax.vmap(draw))
   ids = np.asarray(fn(jax.random.split(jax.random.key(0), 4000)))
   counts = np.bincount(ids[:, 0] - 10, minlength=4)
   assert sps.chisquare(counts, 4000 * prio / prio.sum()).pvalue > 1e-3
@@ -87,7 +89,8 @@ def test_rows_pooled_and_first_occurrence():
   ids = jnp.array([3, 1, 3, 2, 1])
   np.testing.assert_array_equal(prompt_level.rows_pooled(ids, jnp.array([1, 2, 3, 4, 5])),
                                 [4, 7, 4, 4, 7])
-  np.testing.assert_array_equal(prompt_level.first_occurrence(ids), [True, True, False, True, False])
+  np.testing.assert_array_equal(prompt_level.first_occurrence(ids),
+                                [True, True, False, True, False])
 
 
 # ----- checks shared by the six curricula -----
@@ -134,6 +137,7 @@ def _run(cur, state, select, update, steps, seed=1):
 def test_select_update_jit_once_deterministic_distinct(name):
   cur, select, update = _compiled(name)
   state0 = cur.init(POOL, jax.random.key(0))
+  assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state0))  # Orbax-saveable
   state, picks, metrics = _run(cur, state0, select, update, 4)
   for ids in picks:
     assert ids.shape == (P,) and ids.dtype == np.int32
@@ -151,7 +155,8 @@ def test_orbax_round_trip_then_identical_selections(tmp_path):
   with ocp.StandardCheckpointer() as ckpt:
     ckpt.save(tmp_path / "state", state)
     ckpt.wait_until_finished()
-    restored = ckpt.restore(tmp_path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct, state))
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    restored = ckpt.restore(tmp_path / "state", abstract)
   assert type(restored) is type(state)
   jax.tree.map(np.testing.assert_array_equal, state, restored)
   _, picks_a, _ = _run(cur, state, select, update, 3, seed=9)

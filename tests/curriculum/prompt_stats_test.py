@@ -68,7 +68,8 @@ def test_update_matches_loop_reference_with_duplicates_and_masks(use_jit):
 def test_duplicate_rows_pool_into_one_observation():
   # Prompt 3 twice: 4/4 then 0/4 -> pooled 4/8, mixed, so the easy streak of 2 ends.
   store = prompt_stats.init(5)
-  store = store._replace(streak=store.streak.at[3].set(2), streak_kind=store.streak_kind.at[3].set(E))
+  store = store._replace(streak=store.streak.at[3].set(2),
+                         streak_kind=store.streak_kind.at[3].set(E))
   fb = _feedback([3, 1, 3], [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
   out = jax.jit(prompt_stats.update)(store, fb, 7)
   assert int(out.attempts[3]) == 8 and int(out.successes[3]) == 4
@@ -111,7 +112,8 @@ def test_invalid_completions_do_not_count():
                "beta_a", "beta_b"):
     np.testing.assert_array_equal(np.asarray(getattr(out, name))[1:],
                                   np.asarray(getattr(store, name))[1:], err_msg=name)
-  assert int(out.attempts[1]) == 0 and int(out.last_step[1]) == -1 and float(out.last_accuracy[1]) == -1
+  assert int(out.attempts[1]) == 0 and int(out.last_step[1]) == -1
+  assert float(out.last_accuracy[1]) == -1
 
 
 def test_decay_beta_moves_toward_prior():
@@ -123,7 +125,8 @@ def test_decay_beta_moves_toward_prior():
 
 
 def test_observed_accuracy():
-  store = prompt_stats.update(prompt_stats.init(3), _feedback([0, 2], [[1, 0, 0, 0], [1, 1, 1, 1]]), 0)
+  fb = _feedback([0, 2], [[1, 0, 0, 0], [1, 1, 1, 1]])
+  store = prompt_stats.update(prompt_stats.init(3), fb, 0)
   acc = prompt_stats.observed_accuracy(store, default=-1.0)
   np.testing.assert_allclose(acc, [0.25, -1.0, 1.0])
 
