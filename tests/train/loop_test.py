@@ -1,0 +1,157 @@
+"""End-to-end tests of the trainer at toy size: a few steps, resume, bad configs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import quickstart
+from rl_curriculum.train import builders, checkpointing, loop
+from rl_curriculum.train.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Wall-clock measurements differ between runs by nature; everything else must match exactly.
+_TIMING = ("time/", "tokens_per_s")
+
+
+def toy_config(steps=4):
+  c = quickstart.get_config()
+  c.task.train_bins = (0, 1, 2)
+  c.task.eval_bins = (0, 2, 8)
+  c.task.train_per_bin = 40
+  c.task.sft_per_bin = 40
+  c.task.eval_per_bin = 8
+  c.sft.steps = 10
+  c.sft.batch_size = 16
+  c.rl.steps = steps
+  c.rl.prompts_per_step = 4
+  c.rl.group_size = 4
+  c.rl.max_new_tokens = 4
+  c.eval.every = 2
+  c.eval.batch_size = 8
+  c.checkpoint.every = 1
+  return c
+
+
+def _deterministic(rows):
+  return [{k: v for k, v in r.items() if not k.startswith(_TIMING)} for r in rows]
+
+
+def _final_params(workdir):
+  """(step, saved state) of the newest checkpoint, read back as it was written."""
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
+  step = manager.latest_step()
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  manager.close()
+  return step, restored["state"]
+
+
+def test_quickstart_toy_runs_and_logs(tmp_path):
+  summary = loop.train_and_evaluate(toy_config(steps=3), str(tmp_path))
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [0, 1, 2, 3]
+  for key in ("reward_mean", "correct_mean", "nonzero_adv_frac", "kl", "entropy",
+              "clipfrac_high", "tokens_per_s", "time/sample_s", "time/score_s", "time/learn_s",
+              "curriculum/probs/0", "curriculum/q/2", "skipped_total"):
+    assert key in rows[-1], key
+  assert abs(sum(rows[-1][f"curriculum/probs/{k}"] for k in range(3)) - 1) < 1e-5
+  assert set(summary["before"]) == {"add_1d_1d", "add_2d_2d", "add_3d_3d"}
+  assert summary["ood_bins"] == ["add_3d_3d"]
+  assert (tmp_path / "report.png").stat().st_size > 10_000
+  assert os.listdir(tmp_path / "tensorboard")
+  assert json.load(open(tmp_path / "summary.json"))["steps"] == 3
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  loop.train_and_evaluate(toy_config(steps=4), straight)
+  loop.train_and_evaluate(toy_config(steps=2), resumed)   # stops after step 2 ...
+  loop.train_and_evaluate(toy_config(steps=4), resumed)   # ... and continues from it
+  a, b = _final_params(straight), _final_params(resumed)
+  assert a[0] == b[0] == 4
+  for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  rows_a = _deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
+  rows_b = _deterministic(read_jsonl(os.path.join(resumed, "metrics.jsonl")))
+  assert rows_a == rows_b
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("curriculum.name", "secc", "config.curriculum.name: unknown curriculum 'secc'"),
+    ("rl.minibatches", 3, "config.rl.minibatches"),
+    ("model.lora_rank", 4, None),
+    ("curriculum.options", {"alpha": 0.5, "temprature": 1.0}, "curriculum.options.temprature"),
+    ("rl.algorithm", "a2c", "config.rl.algorithm"),
+])
+def test_bad_config_fails_before_compiling(field, value, message, tmp_path):
+  c = toy_config()
+  section, name = field.split(".")
+  if field == "model.lora_rank":
+    c.model.lora_rank = 4
+    c.model.lora_targets = ("q", "qkv")
+    message = "config.model.lora_targets: ['qkv']"
+  elif isinstance(value, dict):
+    c.curriculum.options = value
+  else:
+    setattr(getattr(c, section), name, value)
+  with pytest.raises(builders.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    loop.train_and_evaluate(c, str(tmp_path))
+  assert not os.listdir(tmp_path)  # nothing was written: the check ran first
+
+
+def _cli(workdir, *overrides):
+  return [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+          "--config", os.path.join(ROOT, "configs", "quickstart.py"), "--workdir", workdir,
+          *overrides]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.rl.learning_rat=1e-3", "learning_rat"),
+    ("--config.rl.steps=many", "steps"),
+])
+def test_cli_rejects_unknown_keys_and_wrong_types(override, message, tmp_path):
+  result = subprocess.run(_cli(str(tmp_path), override), capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+  assert result.returncode != 0
+  assert message in result.stderr
+  assert not os.path.exists(tmp_path / "checkpoints")
+
+
+_TOY_FLAGS = ["--config.task.train_bins=(0,1,2)", "--config.task.eval_bins=(0,2,8)",
+              "--config.task.train_per_bin=40", "--config.task.sft_per_bin=40",
+              "--config.task.eval_per_bin=8", "--config.sft.steps=10", "--config.sft.batch_size=16",
+              "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
+              "--config.rl.max_new_tokens=4", "--config.eval.every=2", "--config.eval.batch_size=8",
+              "--config.checkpoint.every=2", "--config.rl.steps=6"]
+
+
+@pytest.mark.slow
+def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
+  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+  env = {**os.environ, "PYTHONPATH": ROOT}
+  subprocess.run(_cli(straight, *_TOY_FLAGS), check=True, capture_output=True, env=env,
+                 timeout=900)
+  proc = subprocess.Popen(_cli(killed, *_TOY_FLAGS), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, env=env)
+  deadline = time.time() + 900
+  while time.time() < deadline:  # kill between checkpoints: after step 3 is logged
+    rows = read_jsonl(os.path.join(killed, "metrics.jsonl"))
+    if rows and rows[-1]["step"] >= 3:
+      break
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  subprocess.run(_cli(killed, *_TOY_FLAGS), check=True, capture_output=True, env=env, timeout=900)
+  a, b = _final_params(straight), _final_params(killed)
+  assert a[0] == b[0] == 6
+  for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert (_deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
+          == _deterministic(read_jsonl(os.path.join(killed, "metrics.jsonl"))))
