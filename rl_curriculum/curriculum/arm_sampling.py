@@ -1,0 +1,158 @@
+"""Two-stage sampling for category-level curricula: arms i.i.d., then prompts without replacement.
+
+A category-level curriculum produces a distribution `pi: f32[K]` over arms. A step's P prompt slots
+are filled in two stages:
+
+  1. each slot draws an arm i.i.d. from pi;
+  2. each slot takes the next prompt of its arm's current random permutation; when an arm's
+     permutation is used up, the arm is reshuffled and its cursor starts again.
+
+So within an arm no prompt repeats until every prompt of that arm has been handed out once (one
+"epoch" of that arm). The state keeps one flat permutation of the pool, grouped by arm in ascending
+arm order and shuffled within each arm's segment, plus one cursor per arm.
+
+Limit: if one step asks an arm for more prompts than it holds (count > size), the slots beyond the
+first `size` come from the arm's next permutation; past two epochs within one step, that same
+permutation is read again, so a prompt can repeat within the step (unavoidable when count > size).
+
+Everything here is pure and jittable; `ArmSamplerState` is a pytree of arrays that Orbax can save.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rl_curriculum.types import Selection
+
+__all__ = [
+    "ArmSamplerState",
+    "init_arm_sampler",
+    "draw_arms",
+    "take_prompts",
+    "sample_selection",
+    "mask_empty_arms",
+]
+
+
+class ArmSamplerState(NamedTuple):
+  """Per-arm permutations of the pool and the cursors into them."""
+  perm: jax.Array      # i32[N] prompt ids grouped by arm (ascending), shuffled within each arm
+  arms: jax.Array      # i32[N] arm of the prompt at each position of `perm` (non-decreasing)
+  offsets: jax.Array   # i32[K] position in `perm` where arm k's segment starts
+  sizes: jax.Array     # i32[K] number of prompts in arm k
+  cursor: jax.Array    # i32[K] prompts of arm k's current permutation already handed out
+
+
+def _shuffle_within_arms(perm: jax.Array, arms: jax.Array, key: jax.Array) -> jax.Array:
+  """Returns `perm` with each arm's segment randomly permuted (segments stay in place)."""
+  u = jax.random.uniform(key, perm.shape)
+  # lexsort sorts by the last key first: arm, then the random tie-breaker.
+  order = jnp.lexsort((u, arms))
+  return perm[order]
+
+
+def init_arm_sampler(pool_arms: jax.Array, num_arms: int, key: jax.Array) -> ArmSamplerState:
+  """Builds the sampler for a pool whose prompt i belongs to arm `pool_arms[i]`.
+
+  Args:
+    pool_arms: i32[N] arm of each prompt, in [0, K).
+    num_arms: K (static).
+    key: PRNG key for the first permutation of every arm.
+
+  Returns:
+    ArmSamplerState with all cursors at 0.
+  """
+  pool_arms = jnp.asarray(pool_arms, jnp.int32)
+  u = jax.random.uniform(key, pool_arms.shape)
+  perm = jnp.lexsort((u, pool_arms)).astype(jnp.int32)
+  arms_at = pool_arms[perm]
+  sizes = jnp.bincount(pool_arms, length=num_arms).astype(jnp.int32)
+  offsets = (jnp.cumsum(sizes) - sizes).astype(jnp.int32)
+  return ArmSamplerState(perm=perm, arms=arms_at, offsets=offsets, sizes=sizes,
+                         cursor=jnp.zeros((num_arms,), jnp.int32))
+
+
+def mask_empty_arms(probs: jax.Array, sizes: jax.Array) -> jax.Array:
+  """Zeroes the probability of arms without prompts and renormalises.
+
+  Args:
+    probs: f32[K] probabilities (or non-negative weights).
+    sizes: i32[K] prompts per arm.
+
+  Returns:
+    f32[K] summing to 1 over the non-empty arms (uniform over them if all weights vanish).
+  """
+  nonempty = sizes > 0
+  w = jnp.where(nonempty, probs, 0.0)
+  total = jnp.sum(w)
+  uniform = nonempty.astype(probs.dtype) / jnp.maximum(jnp.sum(nonempty), 1)
+  return jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), uniform)
+
+
+def draw_arms(key: jax.Array, probs: jax.Array, batch_size: int) -> jax.Array:
+  """Draws P arms i.i.d. from `probs: f32[K]`; returns i32[P]."""
+  logits = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
+  return jax.random.categorical(key, logits, shape=(batch_size,)).astype(jnp.int32)
+
+
+def take_prompts(state: ArmSamplerState, arms: jax.Array,
+                 key: jax.Array) -> tuple[jax.Array, ArmSamplerState]:
+  """Hands out, for each slot, the next unused prompt of its arm.
+
+  Slot p gets position `cursor[a] + rank_p` of arm a's permutation, where rank_p counts the
+  earlier slots of the same arm in this call. Positions past the arm's size come from a fresh
+  permutation of that arm, which then replaces the old one (reshuffle on exhaustion).
+
+  Args:
+    state: the sampler.
+    arms: i32[P] arm of each slot; every arm used must hold at least one prompt.
+    key: PRNG key used only when some arm is exhausted.
+
+  Returns:
+    (prompt_ids i32[P], new state).
+  """
+  num_arms = state.sizes.shape[0]
+  onehot = (arms[:, None] == jnp.arange(num_arms)[None, :]).astype(jnp.int32)  # i32[P, K]
+  count = jnp.sum(onehot, axis=0)                                                # i32[K]
+  rank = jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - 1, arms[:, None], axis=1)[:, 0]
+  size = jnp.maximum(state.sizes, 1)
+  end = state.cursor + count                     # i32[K] cursor after this call, unwrapped
+  need = end > state.sizes                       # bool[K] arm runs out during this call
+
+  perm = jax.lax.cond(
+      jnp.any(need),
+      lambda: jnp.where(need[state.arms],
+                        _shuffle_within_arms(state.perm, state.arms, key), state.perm),
+      lambda: state.perm)
+
+  t = state.cursor[arms] + rank                  # i32[P] position within the arm, unwrapped
+  size_p = size[arms]
+  first = t < size_p
+  pos_old = state.offsets[arms] + jnp.minimum(t, size_p - 1)
+  pos_new = state.offsets[arms] + jnp.mod(t - size_p, size_p)
+  ids = jnp.where(first, state.perm[pos_old], perm[pos_new])
+
+  wrapped = jnp.mod(end - state.sizes - 1, size) + 1  # in [1, size] after a reshuffle
+  cursor = jnp.where(need, wrapped, end).astype(jnp.int32)
+  return ids.astype(jnp.int32), state._replace(perm=perm, cursor=cursor)
+
+
+def sample_selection(state: ArmSamplerState, probs: jax.Array, key: jax.Array,
+                     batch_size: int) -> tuple[Selection, ArmSamplerState]:
+  """Draws P arms i.i.d. from `probs: f32[K]`, then prompts without replacement within each arm.
+
+  Args:
+    state: the sampler.
+    probs: f32[K] arm probabilities; arms without prompts must have probability 0 (see
+      `mask_empty_arms`).
+    key: PRNG key; split into the arm draw and the reshuffle.
+    batch_size: P (static).
+
+  Returns:
+    (Selection(prompt_ids i32[P], arms i32[P]), new sampler state).
+  """
+  k_arms, k_shuffle = jax.random.split(key)
+  arms = draw_arms(k_arms, probs, batch_size)
+  ids, state = take_prompts(state, arms, k_shuffle)
+  return Selection(prompt_ids=ids, arms=arms), state
