@@ -1,0 +1,107 @@
+"""The jitted learn step: updates, rollback on a non-finite loss, filtered groups."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl_curriculum import curriculum as cur
+from rl_curriculum.model import transformer
+from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.train import builders, rl_step
+
+P, G, TP, T, V = 4, 4, 5, 3, 16
+
+
+def _setup(minibatches=2):
+  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                            mlp_dim=64)
+  graphdef, params = transformer.init_model(config, seed=0)
+  optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
+  curriculum = cur.sec(2, batch_size=P, alpha=1.0)
+  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
+                             curriculum_update=curriculum.update,
+                             config=rl_step.LearnConfig(minibatches=minibatches), use_lora=False)
+  state = rl_step.init_train_state(params, optimizer)
+  cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
+  return params, state, cur_state, learn
+
+
+def _batch(rewards, train_groups=None, train_valid=None):
+  key = jax.random.PRNGKey(1)
+  s = rewards.shape[0]
+  b = s * G
+  return rl_step.Batch(
+      prompt_tokens=jax.random.randint(key, (b, TP), 4, V), prompt_mask=jnp.ones((b, TP), bool),
+      tokens=jax.random.randint(jax.random.fold_in(key, 1), (b, T), 4, V),
+      mask=jnp.ones((b, T)), sampler_logprobs=jnp.zeros((b, T)),
+      prompt_ids=jnp.arange(s, dtype=jnp.int32), arms=jnp.arange(s, dtype=jnp.int32) % 2,
+      rewards=jnp.asarray(rewards, jnp.float32), correct=jnp.asarray(rewards) > 0.5,
+      valid=jnp.ones(rewards.shape, bool),
+      train_groups=jnp.arange(P, dtype=jnp.int32) if train_groups is None else train_groups,
+      train_valid=jnp.ones(P, bool) if train_valid is None else train_valid)
+
+
+def _rewards():
+  return np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1], [1, 1, 1, 1]], np.float32)
+
+
+def test_update_changes_params_and_curriculum():
+  params, state, cur_state, learn = _setup()
+  before = jax.tree.map(np.asarray, params)
+  new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
+                                      None, params)
+  assert int(new_state.step) == 1 and int(new_state.skipped) == 0
+  changed = [not np.array_equal(a, np.asarray(b))
+             for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new_state.params))]
+  assert any(changed)
+  # SEC with alpha = 1: q = mean |RLOO advantage| of the arm. Arm 0 = prompts 0, 2; arm 1 = 1, 3.
+  np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(_rewards()), atol=1e-6)
+  assert float(metrics["nonzero_adv_frac"]) == 0.5
+  # The reference is the pre-update policy: KL is 0 in the first minibatch, > 0 after an update.
+  assert 0.0 < float(metrics["kl"]) < 1.0
+
+
+def _sec_q(rewards):
+  """SEC's q after one update with alpha = 1: per arm (prompt index % 2), mean |RLOO advantage|."""
+  expected = []
+  for arm in (0, 1):
+    vals = []
+    for r in rewards[arm::2]:
+      for g in range(G):
+        vals.append(abs(r[g] - (r.sum() - r[g]) / (G - 1)))
+    expected.append(np.mean(vals))
+  return expected
+
+
+def test_non_finite_loss_skips_and_rolls_back():
+  params, state, cur_state, learn = _setup()
+  before = jax.tree.map(np.asarray, params)
+  rewards = _rewards()
+  rewards[0, 0] = np.nan
+  new_state, _, metrics = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(2), None,
+                                params)
+  assert float(metrics["update_skipped"]) == 1.0 and int(new_state.skipped) == 1
+  assert int(new_state.step) == 1
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new_state.params)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  # Training continues: the next finite batch updates normally.
+  newer, _, metrics = learn(new_state, cur_state, _batch(_rewards()), jax.random.PRNGKey(3), None,
+                            params)
+  assert float(metrics["update_skipped"]) == 0.0 and int(newer.skipped) == 1
+
+
+def test_curriculum_sees_all_groups_policy_only_kept_ones():
+  params, state, cur_state, learn = _setup(minibatches=1)
+  # Six sampled groups; the filter kept groups 0 and 2 and could not fill two slots.
+  rewards = np.concatenate([_rewards(), np.array([[1, 0, 1, 0], [0, 1, 1, 1]], np.float32)])
+  batch = _batch(rewards, train_groups=jnp.array([0, 2, 0, 0], jnp.int32),
+                 train_valid=jnp.array([True, True, False, False]))
+  _, new_cur, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
+  np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(rewards), atol=1e-6)
+  np.testing.assert_allclose(float(metrics["nonzero_adv_frac"]), 4 / 6, rtol=1e-6)  # all six
+  assert float(metrics["kl"]) == 0.0  # one minibatch: the policy equals the reference throughout
+  # Padding slots carry no weight: the same update as training on groups 0 and 2 alone.
+  _, _, alone = learn(*_setup(minibatches=1)[1:3], _batch(
+      rewards, train_groups=jnp.array([0, 2, 0, 2], jnp.int32),
+      train_valid=jnp.array([True, True, False, False])), jax.random.PRNGKey(2), None, params)
+  np.testing.assert_allclose(float(metrics["loss"]), float(alone["loss"]), atol=1e-6)
