@@ -113,6 +113,11 @@ def grpo(
 
   Returns:
     f32[P, G] dimensionless advantages; 0 on invalid slots.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> grpo(jnp.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]), eps=0.0).tolist()
+    [[1.0, -1.0, -1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
   """
   rewards, w = _prepare(rewards, valid)
   n, _, centred, constant = _group_stats(rewards, w)

@@ -201,13 +201,22 @@ def policy_loss(
       clipfrac_low   masked fraction of tokens with A < 0 and rho < 1 - eps_low (clip active)
       clipfrac_high  masked fraction of tokens with A > 0 and rho > 1 + eps_high (clip active)
       dual_clipfrac  masked fraction of tokens where the dual clip is active (0 without it)
-      approx_kl      masked mean of k3 between the policy and the sampling policy
+      approx_kl      masked mean of k3 between the policy and the sampling policy (per token; at
+                     level="sequence" from the sequence log-ratio log s[b])
       ratio_mean     masked mean of rho
       ratio_max      max of rho over masked tokens (0 if none)
 
   Raises:
     ValueError (at trace time): unknown level or aggregation, max_tokens missing for
       "seq_mean_token_sum_norm", or dual_clip <= 1.
+
+  Example (on-policy, the loss is -mean(A) and its gradient that of vanilla policy gradient):
+    >>> import jax.numpy as jnp
+    >>> logp = jnp.log(jnp.array([[0.5, 0.25, 1.0]]))
+    >>> mask = jnp.array([[1.0, 1.0, 0.0]])
+    >>> loss, metrics = policy_loss(logp, logp, jnp.array([2.0]), mask, eps_high=0.28)
+    >>> float(loss), float(metrics["ratio_mean"])
+    (-2.0, 1.0)
   """
   chex.assert_rank([logp, logp_old, mask], 2)
   chex.assert_equal_shape([logp, logp_old, mask])
