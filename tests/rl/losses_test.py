@@ -493,6 +493,14 @@ def test_value_loss_matches_reference(use_jit, clip):
                 for x in (values, values_old, returns)])
   np.testing.assert_array_equal(l1, l2)
   np.testing.assert_array_equal(g1, g2)
+
+
+@pytest.mark.parametrize("clip", [None, 0.2])
+def test_value_loss_check_grads(clip):
+  rng = np.random.default_rng(8)
+  values_old = rng.normal(size=(4, 6)).astype(np.float32)
+  returns = rng.normal(size=(4, 6)).astype(np.float32)
+  _, _, _, mask = _batch()
   # Away from the clip boundaries, finite differences agree with the gradient.
   delta = rng.choice([-0.5, -0.1, 0.1, 0.5], size=(4, 6))
   v = (values_old + delta).astype(np.float32)
