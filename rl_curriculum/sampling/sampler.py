@@ -1,7 +1,8 @@
 """KV-cache sampler: prefill the left-padded prompts, then decode in a `lax.while_loop`.
 
-Two device programs per call, each compiled once per (graphdef, batch B, prompt length Tp,
-max_new_tokens N, strategy) and cached by `jax.jit`:
+Two device programs per call (`prefill`, `decode`, both public for callers that want the state),
+each compiled once per (graphdef, batch B, prompt length Tp, max_new_tokens N, strategy) and
+cached by `jax.jit`:
 
   prefill   prompts i32[B, Tp] -> SamplingState (cache of S = Tp + N slots, first logits)
   decode    SamplingState -> SamplingState, donated: while step < N and some row is running,
@@ -45,7 +46,10 @@ class SamplingState(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "pad_id"))
-def _prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, pad_id):
+def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, pad_id=0):
+  """The first device program: prompts i32[B, Tp] (left-padded, mask bool[B, Tp]) into a fresh
+  SamplingState with S = Tp + max_new_tokens cache slots. Jitted; graphdef, max_new_tokens and
+  pad_id are static."""
   b, tp = prompt_tokens.shape
   cache_length = tp + max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
@@ -67,8 +71,12 @@ def _prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_token
     jax.jit, static_argnums=(0,),
     static_argnames=("top_k", "top_p", "use_greedy", "stop_ids", "pad_id"),
     donate_argnames=("state",))
-def _decode(graphdef, params, state, temperature, *, top_k, top_p, use_greedy, stop_ids,
-            pad_id):
+def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_greedy=False,
+           stop_ids=(), pad_id=0):
+  """The second device program: runs the decode loop on a donated SamplingState until every row
+  has stopped or max_new_tokens tokens exist; returns the final state (`state.step` = number of
+  loop iterations run). temperature is traced f32[]; the keyword arguments are static, and
+  stop_ids must be a sorted tuple of ints. `sample` wraps prefill and decode."""
   num_new = state.tokens.shape[1]
   prompt_len = state.key_mask.shape[1] - num_new
   stop = jnp.asarray(stop_ids, jnp.int32)
@@ -137,9 +145,9 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
     raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
   stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  state = _prefill(graphdef, params, prompt_tokens, prompt_mask, key,
+  state = prefill(graphdef, params, prompt_tokens, prompt_mask, key,
                    max_new_tokens=max_new_tokens, pad_id=int(pad_id))
-  state = _decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
+  state = decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
                   top_k=top_k, top_p=float(top_p), use_greedy=bool(greedy), stop_ids=stop,
                   pad_id=int(pad_id))
   return Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
@@ -148,4 +156,4 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
 
 def compiled_programs() -> Tuple[int, int]:
   """Number of (prefill, decode) programs compiled so far in this process (for tests)."""
-  return _prefill._cache_size(), _decode._cache_size()  # pylint: disable=protected-access
+  return prefill._cache_size(), decode._cache_size()  # pylint: disable=protected-access

@@ -12,10 +12,10 @@ from rl_curriculum.model.config import ModelConfig
 BASE = dict(vocab_size=48, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=48)
 VARIANTS = {
     "llama_gqa": dict(BASE),
-    "qwen2_bias_untied": dict(BASE, qkv_bias=True, tie_embeddings=False),
+    "qwen2_bias_untied": dict(BASE, qkv_bias=True, tie_embeddings=False, rope_theta=500.0),
     "qwen3_qknorm_mqa": dict(BASE, qk_norm=True, num_kv_heads=1),
-    "mha": dict(BASE, num_kv_heads=4, rope_theta=500.0),
 }
+WIDTH = 9  # every batch here is [3, WIDTH] so the jitted forward compiles once per variant
 LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp"}
 # Jitted once per module so tests with equal configs and shapes share the compiled programs.
 _forward = jax.jit(transformer.forward, static_argnums=0)
@@ -30,13 +30,16 @@ def _config(name, **overrides):
 def _randomised(config, seed=0, std=0.2):
   """A model whose every parameter (norm scales and biases too) is random, split."""
   graphdef, params = transformer.init_model(config, seed)
+  return graphdef, _randomise(params, jax.random.key(seed + 100), std)
+
+
+def _randomise(params, key, std):
   flat = dict(nnx.to_flat_state(params))
-  key = jax.random.key(seed + 100)
   for i, (path, var) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
     noise = std * jax.random.normal(jax.random.fold_in(key, i), var[...].shape)
     value = 1.0 + noise if path[-1] == "scale" else noise
     flat[path] = var.replace(value.astype(var[...].dtype))
-  return graphdef, nnx.from_flat_state(flat)
+  return nnx.from_flat_state(flat)
 
 
 def _left_padded_batch(seed, vocab, lengths, width):
@@ -128,7 +131,7 @@ def _np_forward(c, params, tokens, mask):
 def test_forward_matches_numpy_reference(variant):
   config = _config(variant)
   graphdef, params = _randomised(config)
-  tokens, mask = _left_padded_batch(1, config.vocab_size, lengths=[9, 4, 1], width=9)
+  tokens, mask = _left_padded_batch(1, config.vocab_size, lengths=[9, 4, 1], width=WIDTH)
   logits = _forward(graphdef, params, tokens, mask)
   expected = _np_forward(config, params, tokens, mask)
   assert logits.dtype == jnp.float32 and logits.shape == (3, 9, config.vocab_size)
@@ -136,25 +139,26 @@ def test_forward_matches_numpy_reference(variant):
 
 
 def test_forward_jit_and_no_jit_agree():
-  config = _config("qwen3_qknorm_mqa")
+  config = _config("llama_gqa")
   graphdef, params = _randomised(config, seed=3)
-  tokens, mask = _left_padded_batch(2, config.vocab_size, lengths=[5, 2], width=5)
+  tokens, mask = _left_padded_batch(2, config.vocab_size, lengths=[9, 5, 2], width=WIDTH)
   eager = transformer.forward(graphdef, params, tokens, mask)
-  jitted = jax.jit(transformer.forward, static_argnums=0)(graphdef, params, tokens, mask)
+  jitted = _forward(graphdef, params, tokens, mask)
   np.testing.assert_allclose(eager, jitted, atol=1e-5, rtol=0)
 
 
 def test_left_padded_row_equals_unpadded_row():
   config = _config("llama_gqa")
   graphdef, params = _randomised(config, seed=4)
-  row = np.array([[5, 17, 3, 40, 8, 1]], np.int32)
-  unpadded = transformer.forward(graphdef, params, row, np.ones_like(row, bool))
-  garbage = np.array([[47, 0, 12]], np.int32)
-  padded_tokens = np.concatenate([garbage, row], axis=1)
-  padded_mask = np.concatenate([np.zeros((1, 3), bool), np.ones((1, 6), bool)], axis=1)
-  padded = transformer.forward(graphdef, params, padded_tokens, padded_mask)
-  np.testing.assert_allclose(padded[:, 3:], unpadded, atol=1e-4, rtol=0)
-  assert np.all(np.isfinite(padded))
+  row = np.array([5, 17, 3, 40, 8, 1, 33, 21, 9], np.int32)
+  # Row 0 unpadded; rows 1 and 2 hold its first 6 and 1 tokens behind garbage padding. By
+  # causality row 0's first n logits are those of its n-token prefix.
+  tokens = np.stack([row, np.r_[[47, 0, 12], row[:6]], np.r_[[7] * 8, row[:1]]]).astype(np.int32)
+  mask = np.stack([np.ones(WIDTH, bool), np.arange(WIDTH) >= 3, np.arange(WIDTH) >= 8])
+  logits = np.asarray(_forward(graphdef, params, tokens, mask))
+  np.testing.assert_allclose(logits[1, 3:], logits[0, :6], atol=1e-4, rtol=0)
+  np.testing.assert_allclose(logits[2, 8:], logits[0, :1], atol=1e-4, rtol=0)
+  assert np.all(np.isfinite(logits))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -162,7 +166,9 @@ def test_kv_cache_decoding_equals_full_forward(variant):
   config = _config(variant)
   graphdef, params = _randomised(config, seed=5)
   prompt_len, num_new = 5, 4
-  prompts, prompt_mask = _left_padded_batch(6, config.vocab_size, lengths=[5, 2, 4], width=5)
+  prompts, prompt_mask = _left_padded_batch(6, config.vocab_size, lengths=[5, 2, 4],
+                                            width=prompt_len)
+  assert prompt_len + num_new == WIDTH
   new_tokens = np.random.default_rng(7).integers(0, config.vocab_size, size=(3, num_new))
   logits, cache = _prefill(graphdef, params, prompts, prompt_mask, prompt_len + num_new)
   decoded = [logits]
@@ -183,12 +189,16 @@ def test_kv_cache_decoding_equals_full_forward(variant):
 def test_hidden_states_then_head_equal_forward():
   config = _config("qwen2_bias_untied")
   graphdef, params = _randomised(config, seed=8)
-  tokens, mask = _left_padded_batch(9, config.vocab_size, lengths=[4, 2], width=4)
-  hidden = transformer.forward_hidden(graphdef, params, tokens, mask)
-  assert hidden.shape == (2, 4, config.d_model)
-  np.testing.assert_allclose(transformer.logits_from_hidden(graphdef, params, hidden),
-                             transformer.forward(graphdef, params, tokens, mask),
-                             atol=1e-6, rtol=0)
+  tokens, mask = _left_padded_batch(9, config.vocab_size, lengths=[9, 4, 2], width=WIDTH)
+
+  @jax.jit
+  def hidden_then_head(params):
+    hidden = transformer.forward_hidden(graphdef, params, tokens, mask)
+    return hidden, transformer.logits_from_hidden(graphdef, params, hidden)
+
+  hidden, logits = hidden_then_head(params)
+  assert hidden.shape == (3, WIDTH, config.d_model)
+  np.testing.assert_allclose(logits, _forward(graphdef, params, tokens, mask), atol=1e-6, rtol=0)
   # The final norm has been applied: rms of each hidden row equals that of final_norm's scale.
   scale = np.asarray(params["final_norm"]["scale"][...])
   unit = np.asarray(hidden)[mask] / scale[None, :]
@@ -196,7 +206,7 @@ def test_hidden_states_then_head_equal_forward():
 
 
 def test_every_parameter_gets_a_gradient():
-  config = _config("qwen2_bias_untied", qk_norm=True)
+  config = _config("qwen2_bias_untied", qk_norm=True, num_layers=1)  # every kind of parameter
   graphdef, params = _randomised(config, seed=10)
   tokens, mask = _left_padded_batch(11, config.vocab_size, lengths=[4, 3], width=4)
 
@@ -204,7 +214,7 @@ def test_every_parameter_gets_a_gradient():
     logits = transformer.forward(graphdef, params, tokens, mask)
     return jnp.sum(jnp.where(mask[:, :, None], jax.nn.log_softmax(logits)[..., :7], 0.0))
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   for path, grad in nnx.to_flat_state(grads):
     assert np.all(np.isfinite(grad[...])), path
     assert np.any(grad[...] != 0), path
@@ -225,15 +235,34 @@ def test_parameters_carry_logical_axis_names():
 
 def test_bfloat16_params_and_activations_give_finite_logits():
   config = _config("qwen3_qknorm_mqa", dtype="bfloat16", param_dtype="bfloat16")
-  graphdef, params = transformer.init_model(config)
-  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
-  tokens, mask = _left_padded_batch(12, config.vocab_size, lengths=[4, 2], width=4)
-  logits = _forward(graphdef, params, tokens, mask)
-  hidden = transformer.forward_hidden(graphdef, params, tokens, mask)
-  assert logits.dtype == jnp.float32 and hidden.dtype == jnp.bfloat16
-  assert np.all(np.isfinite(logits))
-  last, cache = transformer.prefill(graphdef, params, tokens, mask, 6)
-  assert cache.k[0].dtype == jnp.bfloat16 and np.all(np.isfinite(last))
+  # Random float32 weights of the same shapes, stored in bfloat16 (cheaper than a bfloat16 init).
+  graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(config,
+                                                                      rngs=nnx.Rngs(0))))[0]
+  graphdef_f32, params_f32 = _randomised(_config("qwen3_qknorm_mqa"), seed=12)
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params_f32)
+  tokens, mask = _left_padded_batch(12, config.vocab_size, lengths=[5, 2, 4], width=5)
+
+  @jax.jit
+  def run(params):
+    hidden = transformer.forward_hidden(graphdef, params, tokens, mask)
+    logits = transformer.logits_from_hidden(graphdef, params, hidden)
+    last, cache = transformer.prefill(graphdef, params, tokens, mask, WIDTH)
+    key_mask = transformer.cache_key_mask(jnp.asarray(mask), WIDTH)
+    step, cache = transformer.decode_step(graphdef, params, jnp.argmax(last, -1).astype(jnp.int32),
+                                          jnp.asarray(mask.sum(1), jnp.int32), key_mask, cache,
+                                          jnp.int32(5))
+    return hidden, logits, last, step, cache
+
+  hidden, logits, last, step, cache = run(params)
+  assert hidden.dtype == jnp.bfloat16 and cache.k[0].dtype == jnp.bfloat16
+  for out in (logits, last, step):
+    assert out.dtype == jnp.float32 and np.all(np.isfinite(out))
+  # A sanity bound, not a parity test: bfloat16 keeps 8 mantissa bits, so logits of a few units
+  # move by a few hundredths; a wrong cast or mask would move them by units.
+  f32 = _forward(graphdef_f32, params_f32, np.pad(tokens, ((0, 0), (4, 0))),
+                 np.pad(mask, ((0, 0), (4, 0))))
+  err = np.max(np.abs(np.asarray(f32)[:, 4:][mask] - np.asarray(logits)[mask]))
+  assert err < 0.25
 
 
 def test_positions_from_mask():
