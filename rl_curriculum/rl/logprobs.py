@@ -4,8 +4,9 @@ The vocabulary of a language model makes `logits` the largest activation of an R
 values. Converting all of them to float32 at once doubles (bfloat16) that memory. With
 `chunk_size=c` both functions walk the time axis in chunks of c tokens under `lax.scan`, converting
 and normalising one [B, c, V] block at a time; the backward pass recomputes each block
-(`jax.checkpoint`), so neither direction holds the full float32 [B, T, V] tensor. Chunked and
-unchunked results agree to float32 rounding, and gradients flow through both.
+(`jax.checkpoint`), so neither direction holds a float32 copy of all B * T * V logits (the
+gradient with respect to the logits has the logits' own dtype). Chunked and unchunked results agree
+to float32 rounding, and gradients flow through both.
 
 Shape legend: B rows, T tokens, V vocabulary.
 """

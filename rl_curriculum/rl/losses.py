@@ -123,8 +123,8 @@ def kl_divergence(
     k2 = x^2 / 2                  (biased, low variance, >= 0)
     k3 = exp(x) - x - 1           (unbiased, >= 0)
 
-  Reference: Schulman 2020, "Approximating KL Divergence" (joschu.net/blog/kl-approx.html); k3 is the
-  KL penalty of GRPO (Shao et al. 2024, arXiv:2402.03300). Beyond the clamp the estimate is
+  Reference: Schulman 2020, "Approximating KL Divergence" (joschu.net/blog/kl-approx.html); k3
+  is the KL penalty of GRPO (Shao et al. 2024, arXiv:2402.03300). Beyond the clamp the estimate is
   constant and its gradient 0.
 
   Args:
@@ -170,7 +170,8 @@ def policy_loss(
 
   Ratio (float32, from the clamped log-ratio):
     level="token":     rho[b, t] = exp(clip(logp[b, t] - logp_old[b, t], -clamp, clamp))
-    level="sequence":  rho[b, t] = s[b] = exp(clip(sum_t m (logp - logp_old) / sum_t m, ...))  (GSPO)
+    level="sequence":  rho[b, t] = s[b] = exp(clip(sum_t m (logp - logp_old) / sum_t m, ...))
+                       (GSPO: one ratio per completion, the geometric mean of its token ratios)
   Per-token loss:
     l = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
     with dual_clip = c > 1, for A < 0:  l = min(l, -c A)
@@ -381,7 +382,8 @@ def advantage_sign_mask(
 
   Steps 0 .. positive_only_steps - 1 learn from positive advantages only; negative advantages are
   then phased in over ramp_steps steps (weights 1/ramp_steps, 2/ramp_steps, ..., 1); ramp_steps 0
-  or 1 is a hard switch at step positive_only_steps. Multiply the advantages (or the loss mask) by w.
+  or 1 is a hard switch at step positive_only_steps. Multiply the advantages (or the loss mask)
+  by w.
 
   Reference: CAPO, "Curriculum Advantage Policy Optimization" (2025): positive-only advantages
   first, negative ones introduced afterwards (METHODS.md section 5).

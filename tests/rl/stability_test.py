@@ -1,4 +1,4 @@
-"""Tests for rl_curriculum.rl.stability: whitening, ratio guard, rollback, temperature, LoRA health."""
+"""Tests for rl_curriculum.rl.stability: whitening, ratio guard, rollback, temperature, LoRA."""
 
 import functools
 import math
