@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make quickstart   install into .venv, then run the main job
+#   make quickstart   install into .venv, then train the quickstart experiment
 #   make test         install into .venv, then run every test, the slow-marked ones included
 PY ?= python3.11
 VENV ?= .venv
@@ -16,7 +16,7 @@ install: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 
 quickstart: install
-	$(BIN)/python experiments/sample.py --config configs/sample.py
+	$(BIN)/python experiments/train.py --config configs/quickstart.py --workdir workdirs/quickstart
 
 test: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests

@@ -62,11 +62,12 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _problems(task, bins, per_bin: int, split: str, exclude=frozenset()) -> list:
-  """`per_bin` problems per bin with distinct prompts, skipping prompts in `exclude`.
+def _problems(task, bins, per_bin: int, split: str) -> list:
+  """`per_bin` problems per bin with distinct prompts, from the split's own range of seeds.
 
-  Small bins (one-digit addition has 100 problems) may yield fewer; generation stops after a
-  bounded number of draws.
+  Splits never share a seed, but a bin whose whole problem space is small (one-digit sums: 100
+  problems) necessarily repeats prompts across splits; such a bin may also yield fewer than
+  `per_bin` problems (generation stops after a bounded number of draws).
   """
   out = []
   for b in bins:
@@ -74,7 +75,7 @@ def _problems(task, bins, per_bin: int, split: str, exclude=frozenset()) -> list
     seed = _SEED_BASE[split] + 100_000 * int(b)
     for attempt in range(20 * per_bin):
       problem = task.generate(seed + attempt, int(b))
-      if problem.prompt in seen or problem.prompt in exclude:
+      if problem.prompt in seen:
         continue
       seen.add(problem.prompt)
       out.append(problem)
@@ -162,9 +163,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # 2. Data.
   train_bins, eval_bins = tuple(config.task.train_bins), tuple(config.task.eval_bins)
   eval_problems = {b: _problems(task, [b], config.task.eval_per_bin, "eval") for b in eval_bins}
-  held_out = frozenset(p.prompt for ps in eval_problems.values() for p in ps)
-  rl_problems = _problems(task, train_bins, config.task.train_per_bin, "rl", held_out)
-  sft_problems = _problems(task, train_bins, config.task.sft_per_bin, "sft", held_out)
+  rl_problems = _problems(task, train_bins, config.task.train_per_bin, "rl")
+  sft_problems = _problems(task, train_bins, config.task.sft_per_bin, "sft")
+  held_out = {p.prompt for ps in eval_problems.values() for p in ps}
+  seen = {p.prompt for p in rl_problems + sft_problems}
   corpus = [p.prompt + p.target for p in rl_problems + sft_problems]
   corpus += [p.prompt for ps in eval_problems.values() for p in ps]
   tok = _tokenizer(workdir, corpus, config.tokenizer.vocab_size)
@@ -179,8 +181,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                for b, ps in eval_problems.items()}
   ood = [task.bin_names[b] for b in eval_bins if b in task.eval_only_bins]
   log(f"data: {len(rl_problems)} RL prompts in {len(train_bins)} bins, {len(sft_problems)} SFT, "
-      f"{sum(len(p) for p in eval_problems.values())} held out; vocab {tok.vocab_size}, "
-      f"prompt length {prompt_len}")
+      f"{sum(len(p) for p in eval_problems.values())} held out "
+      f"({len(held_out & seen) / max(len(held_out), 1):.0%} of them also in training: small "
+      f"bins); vocab {tok.vocab_size}, prompt length {prompt_len}")
 
   # 3. Model and SFT warm start.
   model_config = _model_config(config, tok.vocab_size)
