@@ -32,7 +32,7 @@ ReLoRA, Lialin et al. 2023). Both keep the tree structure, so the graphdef stays
 
 import dataclasses
 import math
-from typing import Sequence, Tuple, Union
+from typing import Tuple
 
 import jax
 import jax.numpy as jnp

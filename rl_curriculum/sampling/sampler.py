@@ -7,7 +7,8 @@ cached by `jax.jit`:
   prefill   prompts i32[B, Tp] -> SamplingState (cache of S = Tp + N slots, first logits)
   decode    SamplingState -> SamplingState, donated: while step < N and some row is running,
             sample a token per row, record it, feed it through the cache (one slot per step,
-            `dynamic_update_slice`), so decoding costs O(S) attention per token, not O(S^2).
+            `dynamic_update_slice`): each token costs one position of compute plus attention
+            over the S slots; the prefix is never recomputed.
 
 Log-probs: `Rollout.logprobs[b, t] = log_softmax(logits)[token]` of the RAW policy logits, i.e.
 before temperature, top-k and top-p. These are the log-probs of the policy being trained (what

@@ -244,17 +244,16 @@ def test_bfloat16_params_and_activations_give_finite_logits():
 
   @jax.jit
   def run(params):
-    hidden = transformer.forward_hidden(graphdef, params, tokens, mask)
-    logits = transformer.logits_from_hidden(graphdef, params, hidden)
+    logits = transformer.forward(graphdef, params, tokens, mask)
     last, cache = transformer.prefill(graphdef, params, tokens, mask, WIDTH)
     key_mask = transformer.cache_key_mask(jnp.asarray(mask), WIDTH)
     step, cache = transformer.decode_step(graphdef, params, jnp.argmax(last, -1).astype(jnp.int32),
                                           jnp.asarray(mask.sum(1), jnp.int32), key_mask, cache,
                                           jnp.int32(5))
-    return hidden, logits, last, step, cache
+    return logits, last, step, cache
 
-  hidden, logits, last, step, cache = run(params)
-  assert hidden.dtype == jnp.bfloat16 and cache.k[0].dtype == jnp.bfloat16
+  logits, last, step, cache = run(params)
+  assert cache.k[0].dtype == jnp.bfloat16
   for out in (logits, last, step):
     assert out.dtype == jnp.float32 and np.all(np.isfinite(out))
   # A sanity bound, not a parity test: bfloat16 keeps 8 mantissa bits, so logits of a few units

@@ -1,9 +1,12 @@
 """Tests of rl_curriculum/sampling/sampler.py."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
@@ -147,15 +150,16 @@ def test_sampler_compiles_once_per_shape(model):
   assert sampler.compiled_programs() == (before[0] + 2, before[1] + 2)
 
 
-def test_bfloat16_model_samples_finite_logprobs():
-  config = ModelConfig.tiny(vocab_size=32, d_model=16, num_layers=1, num_heads=2,
-                            num_kv_heads=1, mlp_dim=16, dtype="bfloat16", param_dtype="bfloat16")
-  graphdef, params = transformer.init_model(config)
-  prompts, mask = np.array([[1, 2, 3], [0, 4, 5]], np.int32), np.array([[1, 1, 1], [0, 1, 1]],
-                                                                         bool)
+def test_bfloat16_model_samples_finite_logprobs(model):
+  config = dataclasses.replace(CONFIG, dtype="bfloat16", param_dtype="bfloat16")
+  graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(config,
+                                                                      rngs=nnx.Rngs(0))))[0]
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), model[1])  # the float32 weights, cast
+  prompts, mask = _prompts(seed=11)
   rollout = sampler.sample(graphdef, params, prompts, mask, jax.random.key(0), max_new_tokens=3,
-                           eos_id=32)
+                           eos_id=NEVER)
   assert np.all(np.isfinite(rollout.logprobs)) and np.all(np.asarray(rollout.logprobs) < 0)
+  np.testing.assert_array_equal(rollout.mask, 1.0)
 
 
 @pytest.mark.parametrize("kwargs, match", [
