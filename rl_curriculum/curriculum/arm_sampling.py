@@ -91,9 +91,17 @@ def mask_empty_arms(probs: jax.Array, sizes: jax.Array) -> jax.Array:
 
 
 def draw_arms(key: jax.Array, probs: jax.Array, batch_size: int) -> jax.Array:
-  """Draws P arms i.i.d. from `probs: f32[K]`; returns i32[P]."""
-  logits = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
-  return jax.random.categorical(key, logits, shape=(batch_size,)).astype(jnp.int32)
+  """Draws P arms i.i.d. from `probs: f32[K]` (weights, need not be normalised); returns i32[P].
+
+  Inverse-CDF sampling: one uniform per slot (a Gumbel-max draw would need K per slot). Arms with
+  probability 0 are never drawn.
+  """
+  cdf = jnp.cumsum(probs)
+  u = jax.random.uniform(key, (batch_size,), dtype=cdf.dtype) * cdf[-1]
+  idx = jnp.searchsorted(cdf, u, side="right")
+  # Rounding can put u on cdf[-1]; fall back to the last arm with positive probability.
+  last = probs.shape[0] - 1 - jnp.argmax(probs[::-1] > 0)
+  return jnp.minimum(idx, last).astype(jnp.int32)
 
 
 def take_prompts(state: ArmSamplerState, arms: jax.Array,

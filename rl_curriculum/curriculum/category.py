@@ -112,6 +112,22 @@ def _check_init_pool(pool: PromptPool, num_arms: int) -> None:
 # Per-arm statistics of a feedback.
 # ------------------------------------------------------------------------------------------------
 
+def _check_feedback(feedback: Feedback) -> None:
+  """Checks static shapes at trace time: rewards, correct, advantages (and valid) f32[P, G]."""
+  shape = feedback.rewards.shape
+  if len(shape) != 2:
+    raise ValueError(f"Feedback.rewards must be [P, G], got shape {shape}")
+  others = [("correct", feedback.correct), ("advantages", feedback.advantages)]
+  if feedback.valid is not None:
+    others.append(("valid", feedback.valid))
+  for name, x in others:
+    if x.shape != shape:
+      raise ValueError(f"Feedback.{name} has shape {x.shape}, expected {shape} like rewards")
+  for name, x in [("arms", feedback.arms), ("prompt_ids", feedback.prompt_ids)]:
+    if x.shape != shape[:1]:
+      raise ValueError(f"Feedback.{name} has shape {x.shape}, expected ({shape[0]},)")
+
+
 def _valid(feedback: Feedback) -> jax.Array:
   """f32[P, G] weight 1 on completion slots that exist."""
   if feedback.valid is None:
@@ -369,6 +385,7 @@ def sec(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, alpha: float = 0.5,
     return sel, state._replace(sampler=sampler)
 
   def update(state: SECState, feedback: Feedback) -> tuple[SECState, dict]:
+    _check_feedback(feedback)
     r, sampled, mean_reward = sec_arm_rewards(feedback, num_arms, objective,
                                               state.last_mean_reward, state.visits)
     q = sec_update_q(state.q, r, sampled, alpha, unsampled)
@@ -455,6 +472,7 @@ def uniform(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
     return sel, UniformState(sampler=sampler)
 
   def update(state: UniformState, feedback: Feedback) -> tuple[UniformState, dict]:
+    _check_feedback(feedback)
     return state, {"probs": probs_of(state),
                    "arm_counts": _arm_counts(feedback.arms, num_arms)}
 
@@ -503,6 +521,7 @@ def _schedule(num_arms, batch_size, order, probs_fn, steps_per_arm, accuracy_thr
     return sel, state._replace(sampler=sampler)
 
   def update(state: ScheduleState, feedback: Feedback) -> tuple[ScheduleState, dict]:
+    _check_feedback(feedback)
     acc_obs, n = arm_mean(feedback.correct.astype(jnp.float32), feedback.arms, _valid(feedback),
                           num_arms)
     accuracy, seen = _ema_update(state.accuracy, state.seen, acc_obs, n > 0, accuracy_rate)
@@ -732,6 +751,7 @@ def dump(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int = 300,
     return sel, state._replace(sampler=sampler)
 
   def update(state: DUMPState, feedback: Feedback) -> tuple[DUMPState, dict]:
+    _check_feedback(feedback)
     p, g = feedback.advantages.shape
     valid = _valid(feedback) > 0
     values = jnp.abs(feedback.advantages.astype(jnp.float32)).reshape(p * g)
@@ -825,6 +845,7 @@ def alp_teacher(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int
     return sel, state._replace(sampler=sampler)
 
   def update(state: ALPState, feedback: Feedback) -> tuple[ALPState, dict]:
+    _check_feedback(feedback)
     p, g = feedback.correct.shape
     values = feedback.correct.astype(jnp.float32).reshape(p * g)
     arms = jnp.broadcast_to(feedback.arms[:, None], (p, g)).reshape(p * g)
@@ -923,6 +944,7 @@ def mastering_rate(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
     return sel, state._replace(sampler=sampler)
 
   def update(state: MasteringState, feedback: Feedback) -> tuple[MasteringState, dict]:
+    _check_feedback(feedback)
     obs, n = arm_mean(feedback.correct.astype(jnp.float32), feedback.arms, _valid(feedback),
                       num_arms)
     success, seen = _ema_update(state.success, state.seen, obs, n > 0, rate)

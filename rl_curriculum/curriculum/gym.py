@@ -37,8 +37,8 @@ from rl_curriculum.curriculum.base import Curriculum, PromptPool
 from rl_curriculum.rl.advantages import rloo
 from rl_curriculum.types import Feedback
 
-__all__ = ["GymConfig", "SETTINGS", "make_pool", "learnable_mask", "success_probs", "skill_update", "gym_step",
-           "simulate", "simulate_seeds", "steps_to_target", "late_mass"]
+__all__ = ["GymConfig", "SETTINGS", "make_pool", "learnable_mask", "success_probs", "skill_update",
+           "gym_step", "simulate", "simulate_seeds", "steps_to_target", "late_mass"]
 
 UNLEARNABLE_MODES = ("zero", "noise")
 

@@ -93,9 +93,9 @@ def test_more_slots_than_prompts_in_one_step():
 
 
 def test_jit_matches_no_jit():
-  # Two steps of 6 slots exhaust at least one arm, so the reshuffle path runs in both modes.
-  a, sa = _run(2, 6, [0.1, 0.2, 0.3, 0.4], jit=True)
-  b, sb = _run(2, 6, [0.1, 0.2, 0.3, 0.4], jit=False)
+  # One step of 12 slots exhausts at least one arm, so the reshuffle path runs in both modes.
+  a, sa = _run(1, 12, [0.1, 0.2, 0.3, 0.4], jit=True)
+  b, sb = _run(1, 12, [0.1, 0.2, 0.3, 0.4], jit=False)
   drawn = np.bincount(np.concatenate([arms for arms, _ in a]), minlength=4)
   assert np.any(drawn > np.asarray(SIZES)), "no arm was exhausted; the test misses the reshuffle"
   for (x1, y1), (x2, y2) in zip(a, b):

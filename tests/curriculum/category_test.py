@@ -418,7 +418,8 @@ def test_jit_without_retracing_and_invariants(name):
     probs = np.asarray(metrics["probs"])
     assert probs.shape == (4,) and np.all(probs >= 0)
     np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-6)
-    np.testing.assert_array_equal(metrics["arm_counts"], np.bincount(np.asarray(sel.arms), minlength=4))
+    np.testing.assert_array_equal(metrics["arm_counts"],
+                                  np.bincount(np.asarray(sel.arms), minlength=4))
 
 
 @pytest.mark.parametrize("name", ["sec", "dump"])
@@ -482,3 +483,14 @@ def test_bad_arguments_raise(build, match):
 def test_init_rejects_a_pool_with_other_arm_count():
   with pytest.raises(ValueError, match="built for 3 arms"):
     C.sec(3, batch_size=2).init(POOL, jax.random.key(0))
+
+
+def test_update_rejects_mismatched_feedback_shapes():
+  cur = C.sec(3, batch_size=4)
+  state = _sec_state(cur, Q0)
+  bad = _feedback(FB_ARMS, FB_REWARDS, FB_ADV)._replace(advantages=jnp.zeros((4, 3)))
+  with pytest.raises(ValueError, match="advantages"):
+    cur.update(state, bad)
+  bad = _feedback(FB_ARMS, FB_REWARDS, FB_ADV)._replace(arms=jnp.zeros((5,), jnp.int32))
+  with pytest.raises(ValueError, match="arms"):
+    cur.update(state, bad)
