@@ -371,12 +371,12 @@ def _read_adapter_folder(folder: str):
   cfg = _read_json(config_path)
   if cfg.get("use_rslora") or cfg.get("use_dora"):
     raise ValueError(f"{folder}: rsLoRA / DoRA adapters are not supported.")
-  by_module = {v.split(".")[-1]: k for k, v in _PEFT_MODULES.items()}
-  targets = tuple(by_module[m] for m in sorted(cfg["target_modules"], key=str)
-                  if m in by_module)
-  if len(targets) != len(cfg["target_modules"]):
-    raise ValueError(f"{folder}: target_modules {cfg['target_modules']} include modules outside "
-                     f"{sorted(by_module)}.")
+  modules = cfg.get("target_modules")
+  known = {v.split(".")[-1]: k for k, v in _PEFT_MODULES.items()}
+  if not isinstance(modules, list) or any(m not in known for m in modules):
+    raise ValueError(f"{folder}: target_modules {modules!r} must be a list of names among "
+                     f"{sorted(known)}.")
+  targets = tuple(t for t in lora_lib.TARGETS if _PEFT_MODULES[t].split(".")[-1] in modules)
   config = lora_lib.LoRAConfig(rank=int(cfg["r"]), alpha=float(cfg["lora_alpha"]),
                                targets=targets)
   from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
