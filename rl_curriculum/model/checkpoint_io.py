@@ -49,7 +49,8 @@ _FAMILY_TO_HF = {"llama": ("LlamaForCausalLM", "llama"),
                  "qwen2": ("Qwen2ForCausalLM", "qwen2"),
                  "qwen3": ("Qwen3ForCausalLM", "qwen3")}
 
-Path = Tuple[Any, ...]  # a parameter path in the model state, e.g. ("blocks", 0, "attn", "q", "kernel")
+# A parameter path in the model state, e.g. ("blocks", 0, "attn", "q", "kernel").
+Path = Tuple[Any, ...]
 
 
 class UnsupportedCheckpointError(ValueError):

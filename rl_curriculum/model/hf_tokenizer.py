@@ -173,8 +173,9 @@ class HFTokenizer:
                   add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
     """Ids of the rendered chat. BOS is prepended when the checkpoint adds one and the template
     did not already write it."""
-    ids = self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                               **kwargs))
+    text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                    **kwargs)
+    ids = self.encode(text)
     if self.add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
       ids = [self._bos_id] + ids
     return ids
@@ -249,9 +250,12 @@ class HFTokenizer:
     if template is None and os.path.isfile(jinja_path):
       with open(jinja_path) as f:
         template = f.read()
+    add_bos = config.get("add_bos_token")
+    if add_bos is None:
+      # Llama 3 style: no flag, BOS comes from tokenizer.json's post-processor.
+      add_bos = bos_id is not None and tok.encode("", add_special_tokens=True).ids[:1] == [bos_id]
     return cls(tok, eos_id=eos_id, bos_id=bos_id, pad_id=special_id("pad_token"),
-               stop_ids=gen_eos, chat_template=template,
-               add_bos=bool(config.get("add_bos_token", False)))
+               stop_ids=gen_eos, chat_template=template, add_bos=bool(add_bos))
 
 
 def _read_json(path: str) -> Optional[dict]:

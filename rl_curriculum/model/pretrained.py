@@ -221,27 +221,22 @@ def _flat(state: nnx.State) -> dict:
 
 def _placer(shardings: Shardings, flat_vars: Mapping) -> Callable:
   """(path, host array) -> device array, per the `shardings` argument of load_pretrained."""
-  table = None
-  if shardings is not None and not isinstance(shardings, jax.sharding.Sharding) and not callable(
-      shardings):
-    table = {path: (v.get_value() if isinstance(v, nnx.Variable) else v)
-             for path, v in _flat(shardings if isinstance(shardings, nnx.State)
-                                  else nnx.State(shardings)).items()}
-    any_sharding = next(iter(table.values()), None)
+  if shardings is None:
+    return lambda path, x: jax.device_put(x)
   if isinstance(shardings, jax.sharding.Sharding):
     return lambda path, x: jax.device_put(x, shardings)
-
-  def place(path, x):
-    if shardings is None:
-      return jax.device_put(x)
-    if table is not None:
-      sharding = table.get(path)
-      if sharding is None:  # adapters: replicated over the mesh of the base parameters
-        sharding = jax.sharding.NamedSharding(any_sharding.mesh, jax.sharding.PartitionSpec())
-      return jax.device_put(x, sharding)
-    axes = flat_vars[path].get_metadata().get("out_sharding") if path in flat_vars else None
-    return jax.device_put(x, shardings(path, tuple(axes) if axes else (None,) * x.ndim))
-  return place
+  if callable(shardings):
+    def place_by_axes(path, x):
+      axes = flat_vars[path].get_metadata().get("out_sharding") if path in flat_vars else None
+      return jax.device_put(x, shardings(path, tuple(axes) if axes else (None,) * x.ndim))
+    return place_by_axes
+  tree = shardings if isinstance(shardings, nnx.State) else nnx.State(shardings)
+  table = {path: (v.get_value() if isinstance(v, nnx.Variable) else v)
+           for path, v in _flat(tree).items()}
+  # Paths outside the tree (adapters) are replicated over the mesh of the base parameters.
+  replicated = jax.sharding.NamedSharding(next(iter(table.values())).mesh,
+                                          jax.sharding.PartitionSpec())
+  return lambda path, x: jax.device_put(x, table.get(path, replicated))
 
 
 def load_pretrained(source: str, *, dtype: str = "float32",

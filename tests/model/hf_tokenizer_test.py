@@ -4,6 +4,7 @@ import json
 
 import pytest
 import tokenizers
+import tokenizers.processors
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from rl_curriculum.model import hf_tokenizer
@@ -143,6 +144,24 @@ def test_folder_reads_dict_tokens_and_template_files(tmp_path, base_tokenizer):
   assert tok.chat_template == CHATML_TEMPLATE
 
 
+def test_folder_bos_from_the_post_processor(tmp_path, base_tokenizer):
+  """Llama 3 style: no add_bos_token flag, BOS added by tokenizer.json's post-processor."""
+  with_bos = tokenizers.Tokenizer.from_str(base_tokenizer.to_str())
+  with_bos.post_processor = tokenizers.processors.TemplateProcessing(
+      single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+  with_bos.save(str(tmp_path / "tokenizer.json"))
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+      "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"}))
+  tok = HFTokenizer.from_folder(str(tmp_path))
+  assert tok.add_bos and tok.bos_id == 0
+  assert tok.encode("hi") == base_tokenizer.encode("hi").ids  # encode adds BOS only on request
+  assert tok.encode("hi", add_bos=True) == [0] + base_tokenizer.encode("hi").ids
+  assert tok.encode_chat(MESSAGES[1:2])[:2] == [0, 1]  # BOS, then <|im_start|>
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+      "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False}))
+  assert not HFTokenizer.from_folder(str(tmp_path)).add_bos
+
+
 def test_folder_errors_say_what_is_missing(tmp_path, base_tokenizer):
   with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
     HFTokenizer.from_folder(str(tmp_path))
@@ -154,7 +173,7 @@ def test_folder_errors_say_what_is_missing(tmp_path, base_tokenizer):
     HFTokenizer.from_folder(str(tmp_path))
 
 
-def gguf_metadata(tok, pre="smollm"):
+def _gguf_metadata(tok, pre="smollm"):
   """The tokenizer.* metadata llama.cpp's converter writes for a byte-level BPE tokenizer."""
   spec = json.loads(tok.to_str())
   vocab = spec["model"]["vocab"]
@@ -174,7 +193,7 @@ def gguf_metadata(tok, pre="smollm"):
 def test_gguf_metadata_tokenizer_encodes_like_the_original(split_digits):
   original = _train(split_digits=split_digits)
   tok = hf_tokenizer.tokenizer_from_gguf(
-      gguf_metadata(original, pre="smollm" if split_digits else "gpt2"))
+      _gguf_metadata(original, pre="smollm" if split_digits else "gpt2"))
   for text in TEXTS + CORPUS[:5]:
     assert tok.encode(text) == original.encode(text, add_special_tokens=False).ids, text
   assert (tok.bos_id, tok.eos_id, tok.pad_id) == (1, 2, 2)
@@ -182,14 +201,14 @@ def test_gguf_metadata_tokenizer_encodes_like_the_original(split_digits):
 
 
 def test_smollm_pre_tokenizer_splits_digits():
-  tok = hf_tokenizer.tokenizer_from_gguf(gguf_metadata(_train(split_digits=False),
+  tok = hf_tokenizer.tokenizer_from_gguf(_gguf_metadata(_train(split_digits=False),
                                                        pre="smollm"))
   pieces = [tok.tokenizer.id_to_token(i) for i in tok.encode("12 plus 34")]
   assert pieces[:2] == ["1", "2"]
 
 
 def test_gguf_unsupported_tokenizers_list_the_supported_ones(base_tokenizer):
-  metadata = gguf_metadata(base_tokenizer)
+  metadata = _gguf_metadata(base_tokenizer)
   with pytest.raises(ValueError, match="gpt2"):
     hf_tokenizer.tokenizer_from_gguf(dict(metadata, **{"tokenizer.ggml.model": "llama"}))
   with pytest.raises(ValueError, match="smollm"):

@@ -60,22 +60,19 @@ def tok():
   return HFTokenizer(base, bos_id=1, eos_id=2, chat_template=CHATML)
 
 
-def _randomise(params, seed, std=0.2):
-  """Every parameter random (norm scales near 1), so a wrong mapping cannot go unnoticed."""
-  flat = dict(nnx.to_flat_state(params))
-  key = jax.random.key(seed)
-  for i, (path, var) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
-    noise = std * jax.random.normal(jax.random.fold_in(key, i), var[...].shape)
-    flat[path] = var.replace((1.0 + noise if path[-1] == "scale" else noise).astype(
-        var[...].dtype))
-  return nnx.from_flat_state(flat)
-
-
-def _random_policy(name, tokenizer=None, seed=0):
+def _random_policy(name, tokenizer=None, seed=0, std=0.2):
+  """Every parameter random (norm scales near 1), so a wrong mapping cannot go unnoticed.
+  Drawn with NumPy into the abstract state (eager jax initialisers compile per shape)."""
   fields, family = FAMILIES[name]
   config = ModelConfig(**fields)
-  graphdef, params = transformer.init_model(config, seed)
-  return pretrained.Policy(config=config, graphdef=graphdef, params=_randomise(params, seed + 1),
+  graphdef, abstract = pretrained.abstract_params(config)
+  rng = np.random.default_rng(seed)
+  flat = {}
+  for path, var in nnx.to_flat_state(abstract):
+    noise = std * rng.standard_normal(var.get_value().shape)
+    flat[path] = var.replace(jnp.asarray(1.0 + noise if path[-1] == "scale" else noise,
+                                         jnp.float32))
+  return pretrained.Policy(config=config, graphdef=graphdef, params=nnx.from_flat_state(flat),
                            tokenizer=tokenizer, family=family)
 
 
@@ -133,10 +130,11 @@ def test_fresh_lora_keeps_the_function_and_splits_params(tmp_path):
 def _with_random_b(policy, seed=5, std=0.3):
   lora_state, base_state = policy.params
   flat = dict(nnx.to_flat_state(lora_state))
-  for i, (path, var) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
+  rng = np.random.default_rng(seed)
+  for path, var in sorted(flat.items(), key=lambda kv: str(kv[0])):
     if path[-1] == "lora_b":
-      flat[path] = var.replace(std * jax.random.normal(jax.random.key(seed * 100 + i),
-                                                       var[...].shape))
+      flat[path] = var.replace(jnp.asarray(std * rng.standard_normal(var[...].shape),
+                                           var[...].dtype))
   return pretrained.Policy(**{**policy.__dict__, "params": (nnx.from_flat_state(flat),
                                                              base_state)})
 
@@ -195,17 +193,17 @@ def _write_gguf(policy, tok, path):
   writer.add_bos_token_id(1)
   writer.add_eos_token_id(2)
   writer.add_chat_template(CHATML)
-  top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-         "lm_head.weight": "output.weight"}
+  top = {"model.embed_tokens.weight": "token_embd.weight",
+         "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
   for name, w in sorted(tensors.items()):
     if name in top:
       gguf_name = top[name]
     else:
       layer, suffix = name[len("model.layers."):].split(".", 1)
       gguf_name = f"blk.{layer}.{to_gguf[suffix]}"
-    if arch == "llama" and suffix_of(name) == "self_attn.q_proj.weight":
+    if arch == "llama" and _suffix_of(name) == "self_attn.q_proj.weight":
       w = checkpoint_io.permute_qk(w, c.num_heads)
-    if arch == "llama" and suffix_of(name) == "self_attn.k_proj.weight":
+    if arch == "llama" and _suffix_of(name) == "self_attn.k_proj.weight":
       w = checkpoint_io.permute_qk(w, c.num_kv_heads)
     writer.add_tensor(gguf_name, np.ascontiguousarray(w, np.float32))
   writer.write_header_to_file()
@@ -214,7 +212,7 @@ def _write_gguf(policy, tok, path):
   writer.close()
 
 
-def suffix_of(name):
+def _suffix_of(name):
   return name.split(".", 3)[-1] if name.startswith("model.layers.") else name
 
 
