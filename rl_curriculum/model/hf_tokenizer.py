@@ -129,14 +129,19 @@ class HFTokenizer:
   def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
     """Returns the text of `ids`, stopping at the first stop id (EOS included, not written).
 
-    Ids outside the vocabulary (a model vocabulary padded beyond the tokenizer's) are skipped, as
-    are special tokens unless skip_special_tokens=False.
+    Leading pad ids (left padding) are dropped first, so a left-padded prompt decodes even when
+    pad_id == eos_id (SmolLM2). Ids outside the vocabulary (a model vocabulary padded beyond the
+    tokenizer's) are skipped, as are special tokens unless skip_special_tokens=False.
     """
     out = []
     stops = set(self.stop_ids)
     size = self.vocab_size
+    leading = True
     for i in ids:
       i = int(i)
+      if leading and i == self._pad_id:
+        continue
+      leading = False
       if i in stops:
         break
       if 0 <= i < size:

@@ -79,6 +79,7 @@ def test_decode_stops_at_the_first_stop_id_and_skips_out_of_range_ids(base_token
   assert tok.decode(hello + [0] + tok.encode(" more")) == "hello"
   assert tok.decode(hello + [tok.vocab_size + 5]) == "hello"
   assert tok.stop_ids == (0, 2)
+  assert tok.decode([2, 2] + hello + [2, 2]) == "hello"  # left padding with pad == eos
 
 
 def test_no_bos_refuses_add_bos(base_tokenizer):
