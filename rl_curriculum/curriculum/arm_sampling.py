@@ -7,6 +7,11 @@ are filled in two stages:
   2. each slot takes the next prompt of its arm's current random permutation; when an arm's
      permutation is used up, the arm is reshuffled and its cursor starts again.
 
+The first permutation comes from a sort of random keys; reshuffles apply a keyed pseudo-random
+permutation (a Feistel network with cycle walking) to the exhausted arms' segments, which costs
+O(N) without a sort: with many arms some arm runs out on most steps, and a sort of the pool then
+dominated the cost of `select`.
+
 So within an arm no prompt repeats until every prompt of that arm has been handed out once (one
 "epoch" of that arm). The state keeps one flat permutation of the pool, grouped by arm in ascending
 arm order and shuffled within each arm's segment, plus one cursor per arm.
@@ -44,12 +49,69 @@ class ArmSamplerState(NamedTuple):
   cursor: jax.Array    # i32[K] prompts of arm k's current permutation already handed out
 
 
-def _shuffle_within_arms(perm: jax.Array, arms: jax.Array, key: jax.Array) -> jax.Array:
-  """Returns `perm` with each arm's segment randomly permuted (segments stay in place)."""
-  u = jax.random.uniform(key, perm.shape)
-  # lexsort sorts by the last key first: arm, then the random tie-breaker.
-  order = jnp.lexsort((u, arms))
-  return perm[order]
+_FEISTEL_ROUNDS = 6
+
+
+def _hash32(x: jax.Array) -> jax.Array:
+  """A 32-bit integer mixing function (xor-shift-multiply finaliser); u32 -> u32."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def _keyed_permutation(x: jax.Array, n: jax.Array, round_keys: jax.Array,
+                       shift: jax.Array) -> jax.Array:
+  """Image of x in [0, n) under a keyed pseudo-random permutation of [0, n), elementwise.
+
+  A balanced Feistel network on 2h bits (4^h >= n) is a bijection of [0, 4^h); re-applying it
+  until the value falls in [0, n) ("cycle walking") restricts it to a bijection of [0, n). A
+  random rotation, (y + shift) mod n, follows: it makes every element equally likely to land on
+  every position (small Feistel networks alone are visibly non-uniform). Costs O(len(x)) per walk
+  step and needs no sort. The result is a pseudo-random permutation, not a uniform draw from all
+  n! orders; every element still appears exactly once.
+
+  Args:
+    x: u32[M] inputs, each < its n.
+    n: u32[M] domain size of each input (>= 1).
+    round_keys: u32[M, R] Feistel round keys of each input's permutation.
+    shift: u32[M] rotation of each input's permutation (any value; reduced mod n).
+
+  Returns:
+    u32[M] outputs, each < its n.
+  """
+  bits = jnp.uint32(32) - jax.lax.clz(jnp.maximum(n, 2) - jnp.uint32(1))
+  h = (bits + jnp.uint32(1)) // jnp.uint32(2)
+  mask = (jnp.uint32(1) << h) - jnp.uint32(1)
+
+  def feistel(v):
+    left, right = v >> h, v & mask
+    for r in range(_FEISTEL_ROUNDS):
+      left, right = right, left ^ (_hash32(right ^ round_keys[:, r]) & mask)
+    return (left << h) | right
+
+  y = feistel(x)
+  y = jax.lax.while_loop(lambda y: jnp.any(y >= n),
+                         lambda y: jnp.where(y >= n, feistel(y), y), y)
+  return (y + shift % n) % n
+
+
+def _shuffle_arms(state: ArmSamplerState, which: jax.Array, key: jax.Array) -> jax.Array:
+  """Returns `state.perm` with the segments of the arms in `which: bool[K]` freshly permuted.
+
+  Segments stay in place; other arms are untouched. Each arm draws its own permutation
+  (`_keyed_permutation` with per-arm round keys), so the cost is O(N) without a sort.
+  """
+  num_arms = state.sizes.shape[0]
+  bits = jax.random.bits(key, (num_arms, _FEISTEL_ROUNDS + 1), jnp.uint32)
+  pos = jnp.arange(state.perm.shape[0], dtype=jnp.int32)
+  within = (pos - state.offsets[state.arms]).astype(jnp.uint32)
+  n = state.sizes[state.arms].astype(jnp.uint32)
+  per_pos = bits[state.arms]
+  src = _keyed_permutation(within, n, per_pos[:, :-1], per_pos[:, -1]).astype(jnp.int32)
+  shuffled = state.perm[state.offsets[state.arms] + src]
+  return jnp.where(which[state.arms], shuffled, state.perm)
 
 
 def init_arm_sampler(pool_arms: jax.Array, num_arms: int, key: jax.Array) -> ArmSamplerState:
@@ -128,11 +190,8 @@ def take_prompts(state: ArmSamplerState, arms: jax.Array,
   end = state.cursor + count                     # i32[K] cursor after this call, unwrapped
   need = end > state.sizes                       # bool[K] arm runs out during this call
 
-  perm = jax.lax.cond(
-      jnp.any(need),
-      lambda: jnp.where(need[state.arms],
-                        _shuffle_within_arms(state.perm, state.arms, key), state.perm),
-      lambda: state.perm)
+  perm = jax.lax.cond(jnp.any(need), lambda: _shuffle_arms(state, need, key),
+                      lambda: state.perm)
 
   t = state.cursor[arms] + rank                  # i32[P] position within the arm, unwrapped
   size_p = size[arms]

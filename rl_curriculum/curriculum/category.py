@@ -353,6 +353,14 @@ def sec(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, alpha: float = 0.5,
     Curriculum whose state is `SECState` (field `q: f32[K]`). Metrics: q, probs, arm_reward,
     sampled, arm_counts, visits (all f32[K]).
 
+  Example:
+    pool = PromptPool.from_arms(levels)                 # levels: int[N], 0 = easiest
+    cur = sec(pool, batch_size=256, temperature=0.4)
+    state = cur.init(pool, jax.random.key(0))
+    selection, state = jax.jit(cur.select)(state, jax.random.fold_in(key, step))
+    ...                                                 # rollout, rewards, advantages
+    state, metrics = jax.jit(cur.update)(state, feedback)
+
   Raises:
     ValueError: on an unknown objective / unsampled / exploration, or a value out of range.
   """

@@ -268,7 +268,7 @@ def _probs_sequence(cur, k, steps, correct=0.0):
 
 def test_easy_to_hard_advances_every_n_steps():
   cur = C.easy_to_hard(3, batch_size=2, steps_per_arm=2)
-  sel, _ = cur.select(cur.init(_pool(3), jax.random.key(0)), jax.random.key(1))
+  sel, _ = jax.jit(cur.select)(cur.init(_pool(3), jax.random.key(0)), jax.random.key(1))
   np.testing.assert_array_equal(sel.arms, [0, 0])
   p = _probs_sequence(cur, 3, 6)
   np.testing.assert_array_equal(np.argmax(p, axis=1), [0, 1, 1, 2, 2, 2])
@@ -360,7 +360,7 @@ def test_mastering_rate_chain():
   cur = C.mastering_rate(3, batch_size=2, unlock_threshold=0.5, mastery_threshold=0.85, rate=0.5)
   update = jax.jit(cur.update)
   state = cur.init(_pool(3), jax.random.key(0))
-  sel, _ = cur.select(state, jax.random.key(1))
+  sel, _ = jax.jit(cur.select)(state, jax.random.key(1))
   np.testing.assert_array_equal(sel.arms, [0, 0])  # only arm 0 is available at first
   five = lambda c: [[1.0] * c + [0.0] * (5 - c)]
   state, m = update(state, _feedback([0], five(3)))         # success .6 -> unlocks arm 1
@@ -452,11 +452,14 @@ def test_checkpoint_round_trip_then_identical_selections(name, tmp_path):
 
 
 def test_select_is_deterministic_given_key():
-  cur = C.sec(POOL, batch_size=8)
-  state = cur.init(POOL, jax.random.key(0))
-  a, _ = cur.select(state, jax.random.key(3))
-  b, _ = cur.select(state, jax.random.key(3))
-  np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
+  """Two curricula built alike give equal selections for equal keys; another key differs."""
+  def first(key):
+    cur = C.sec(POOL, batch_size=8)
+    sel, _ = jax.jit(cur.select)(cur.init(POOL, jax.random.key(0)), key)
+    return np.asarray(sel.prompt_ids)
+  a, b, c = first(jax.random.key(3)), first(jax.random.key(3)), first(jax.random.key(4))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
 
 
 @pytest.mark.parametrize("build,match", [
