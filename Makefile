@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,interop,math]'
 
 quickstart: install
 	$(BIN)/python experiments/train.py --config configs/quickstart.py --workdir workdirs/quickstart

@@ -60,7 +60,7 @@ def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str]
   ax.set(title="Held-out accuracy per bin (greedy)", xlabel="RL step", ylabel="accuracy (%)",
          ylim=(-2, 102))
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, ncol=2)
+  ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
   ax = axes[0, 1]
   key = "curriculum/probs" if any(f"curriculum/probs/0" in r for r in rows) else "curriculum/arm_frac"

@@ -67,6 +67,11 @@ def test_quickstart_toy_runs_and_logs(tmp_path):
   assert (tmp_path / "report.png").stat().st_size > 10_000
   assert os.listdir(tmp_path / "tensorboard")
   assert json.load(open(tmp_path / "summary.json"))["steps"] == 3
+  # The cached tokenizer and warm start belong to these settings; other settings are refused.
+  other = toy_config(steps=3)
+  other.sft.steps = 11
+  with pytest.raises(ValueError, match="fresh --workdir"):
+    loop.train_and_evaluate(other, str(tmp_path))
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):
