@@ -100,14 +100,40 @@ def _model_config(config, vocab_size: int) -> ModelConfig:
   return preset(dtype=config.model.dtype)
 
 
+def _sft_fingerprint(config) -> dict:
+  """The config fields that determine the SFT result; a cached warm start must match them."""
+  return {"seed": config.seed, "task": config.task.to_dict(), "model": config.model.to_dict(),
+          "tokenizer": config.tokenizer.to_dict(), "sft": config.sft.to_dict()}
+
+
+def _check_workdir(config, workdir) -> None:
+  """Records the settings behind the cached tokenizer and SFT warm start on first use; refuses a
+  workdir whose caches were made with other settings (they would be silently wrong).
+
+  Raises:
+    ValueError: the workdir was made with different seed/task/model/tokenizer/SFT settings.
+  """
+  path = os.path.join(workdir, "warm_start.json")
+  fingerprint = json.loads(json.dumps(_sft_fingerprint(config)))  # tuples as lists, like JSON
+  if os.path.exists(path):
+    with open(path) as f:
+      if json.load(f) != fingerprint:
+        raise ValueError(f"{workdir} holds a tokenizer and SFT warm start made with other "
+                         f"seed/task/model/tokenizer/sft settings (see {path}); use a fresh "
+                         "--workdir, or delete that file, tokenizer.model and sft/ to rebuild")
+  else:
+    with open(path, "w") as f:
+      json.dump(fingerprint, f, indent=1)
+
+
 def _sft_params(config, workdir, graphdef, params, sft_pool, targets, target_mask, log):
-  """SFT warm start, cached in workdir/sft (restored when present)."""
-  manager = checkpointing.make_manager(os.path.join(workdir, "sft"), max_to_keep=1,
-                                       enable_async=False)
+  """SFT warm start, cached in workdir/sft (restored when present; see `_check_workdir`)."""
+  folder = os.path.join(workdir, "sft")
+  manager = checkpointing.make_manager(folder, max_to_keep=1, enable_async=False)
   restored = checkpointing.restore_latest(manager, params)
   if restored is not None:
-    log(f"SFT warm start restored from {os.path.join(workdir, 'sft')}")
     manager.close()
+    log(f"SFT warm start restored from {folder}")
     return restored[1], None
   optimizer = builders.build_optimizer(config.sft.learning_rate, max_grad_norm=1.0,
                                        warmup_steps=config.sft.warmup_steps,
@@ -154,6 +180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   builders.validate(config, num_task_bins=task.num_difficulties,
                     eval_only_bins=task.eval_only_bins)
   os.makedirs(workdir, exist_ok=True)
+  _check_workdir(config, workdir)
   is_main = jax.process_index() == 0
 
   def log(text):
