@@ -252,13 +252,20 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   return train_state, cur_state, {**metrics, "curriculum": cur_metrics}
 
 
-def make_learn(*, graphdef, optimizer, curriculum_update, config: LearnConfig, use_lora: bool):
+def make_learn(*, graphdef, optimizer, curriculum_update, config: LearnConfig, use_lora: bool,
+               out_shardings: Any = None):
   """`learn` jitted once, with the train state donated: fn(train_state, cur_state, batch, key,
-  frozen, ref_params)."""
+  frozen, ref_params).
+
+  Sharded runs place the inputs (`parallel.distributed.place`) and pass `out_shardings` =
+  (train state shardings, curriculum state sharding, metrics sharding) (a prefix tree, e.g. one
+  replicated NamedSharding for the last two), so the parameters keep their layout step after
+  step and the donated buffers are reused; jit partitions the rest from the inputs (GSPMD).
+  """
   fn = functools.partial(learn, graphdef=graphdef, optimizer=optimizer,
                          curriculum_update=curriculum_update, config=config, use_lora=use_lora)
 
   def step(train_state, cur_state, batch, key, frozen, ref_params):
     return fn(train_state, cur_state, batch, key, frozen=frozen, ref_params=ref_params)
 
-  return jax.jit(step, donate_argnums=(0,))
+  return jax.jit(step, donate_argnums=(0,), out_shardings=out_shardings)

@@ -1,0 +1,271 @@
+"""The device mesh and every sharding of the run: the one place that knows the mesh axes.
+
+Mesh axes (`MESH_AXES`):
+  data     pure data parallelism: each slice holds whole parameters and its own prompts
+  fsdp     data parallelism that also splits parameters and optimizer state (ZeRO-3 / FSDP):
+           the parameter dimension named `embed` is sharded over it, gathered for each use
+  tensor   tensor (Megatron) parallelism: `heads`, `kv_heads`, `mlp` and `vocab` are split
+
+Batches (prompts, rollouts, KV caches) put their row dimension over ("data", "fsdp"); the
+curriculum state and everything small (rewards [P, G], selections, scalars) is replicated.
+
+`LOGICAL_AXIS_RULES` is the single table from the model's logical axis names (see
+`model/transformer.py`) to mesh axes; pass `rules=axis_rules({...})` to override entries. A
+dimension keeps only the mesh axes that divide it and that no earlier dimension of the same array
+already uses, so e.g. two key/value heads stay replicated on a `tensor` axis of 4 (rule order is
+dimension order; dropped axes mean replicated, never an error).
+
+  mesh = make_mesh((-1, 1, 1))                      # all devices on `data`
+  shardings = tree_shardings(train_state, mesh)     # params/opt state from logical names
+  train_state = jax.device_put(train_state, shardings)   # or distributed.place for multi-host
+
+`jax.make_mesh` in the installed JAX defaults to Explicit axes; meshes here are built with Auto
+axes so `jax.jit` partitions by GSPMD from the input shardings, with no sharding in types.
+"""
+
+import math
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+MeshAxes = Union[None, str, Tuple[str, ...]]
+
+# logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
+LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
+    "batch": BATCH_AXES,   # rows of prompts, rollouts, KV caches
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "length": None,        # sequence / cache slots
+}
+
+
+def axis_rules(overrides: Optional[Mapping[str, MeshAxes]] = None) -> dict[str, MeshAxes]:
+  """`LOGICAL_AXIS_RULES` with `overrides` applied (a new dict; the table is never mutated).
+
+  Raises:
+    ValueError: an override names a mesh axis outside `MESH_AXES`.
+  """
+  rules = dict(LOGICAL_AXIS_RULES)
+  for name, axes in (overrides or {}).items():
+    for axis in _as_tuple(axes):
+      if axis not in MESH_AXES:
+        raise ValueError(f"axis rule {name!r} -> {axes!r}: mesh axes are {MESH_AXES}")
+    rules[name] = axes
+  return rules
+
+
+def _as_tuple(axes: MeshAxes) -> Tuple[str, ...]:
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> Tuple[int, ...]:
+  """The mesh shape with at most one -1 replaced so that the product is `num_devices`.
+
+  Raises:
+    ValueError: more than one -1, a size < 1 other than -1, or a product that does not match
+      (e.g. (2, 2, 2) on 4 devices, (-1, 3, 1) on 8).
+  """
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != len(MESH_AXES):
+    raise ValueError(f"mesh shape {shape} needs {len(MESH_AXES)} sizes for axes {MESH_AXES}")
+  if shape.count(-1) > 1 or any(s < 1 and s != -1 for s in shape):
+    raise ValueError(f"mesh shape {shape}: sizes must be >= 1, with at most one -1")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if num_devices % known:
+      raise ValueError(f"mesh shape {shape}: {num_devices} devices do not divide by {known}")
+    shape = tuple(num_devices // known if s == -1 else s for s in shape)
+  if math.prod(shape) != num_devices:
+    raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} devices, but there are "
+                     f"{num_devices}; use -1 for one axis to take the rest")
+  return shape
+
+
+def make_mesh(shape: Sequence[int] = (-1, 1, 1),
+              devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A mesh over `devices` (default: all devices of all processes) with axes `MESH_AXES`.
+
+  Args:
+    shape: sizes of (data, fsdp, tensor); one may be -1 (the remaining devices).
+    devices: the devices to use (e.g. `jax.devices()[:4]`); their count fixes the -1.
+
+  Axes are `AxisType.Auto`: `jax.jit` propagates shardings from its inputs (GSPMD).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = resolve_mesh_shape(shape, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
+
+
+def batch_size_of(mesh: Mesh) -> int:
+  """Number of batch shards: the product of the sizes of `BATCH_AXES`."""
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def logical_to_mesh(logical: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh,
+                    rules: Optional[Mapping[str, MeshAxes]] = None) -> PartitionSpec:
+  """The mesh PartitionSpec of an array with logical axis names `logical` and shape `shape`.
+
+  Each dimension gets the mesh axes its name maps to, keeping an axis only if the dimension
+  stays divisible by the product of the axes kept so far and no earlier dimension took it; an
+  unnamed (None) dimension, or one whose name is not in the table, is replicated.
+
+  Raises:
+    ValueError: `logical` and `shape` differ in length.
+  """
+  rules = LOGICAL_AXIS_RULES if rules is None else rules
+  if len(logical) != len(shape):
+    raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
+  used, out = set(), []
+  for name, size in zip(logical, shape):
+    kept = []
+    for axis in _as_tuple(rules.get(name)) if name is not None else ():
+      n = mesh.shape[axis]
+      if axis in used or size % (math.prod(mesh.shape[a] for a in kept) * n):
+        continue
+      kept.append(axis)
+    used.update(kept)
+    out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+  while out and out[-1] is None:
+    out.pop()
+  return PartitionSpec(*out)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """The sharding of an array every device holds whole (curriculum state, scalars, rewards)."""
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def _shape(x) -> Optional[Tuple[int, ...]]:
+  return tuple(x.shape) if hasattr(x, "shape") else None
+
+
+def tree_shardings(tree: Any, mesh: Mesh, rules: Optional[Mapping[str, MeshAxes]] = None,
+                   like: Any = None, like_shardings: Any = None) -> Any:
+  """NamedShardings for every array of `tree`, with the tree's structure (nnx Variables kept).
+
+  - an `nnx.Variable` (parameters, and the optax moments of nnx parameters, which keep the
+    Variable and its metadata) is sharded by its logical names (`out_sharding` metadata);
+  - a subtree with the structure of `like` (e.g. optimizer moments of plain-array parameters)
+    gets `like_shardings`, where the leaf shapes match;
+  - every other array (step counters, whitening statistics, curriculum state) is replicated.
+
+  Works for parameters, optimizer state, a whole `TrainState`, or `(train_state, frozen)`.
+  """
+  rules = LOGICAL_AXIS_RULES if rules is None else rules
+  rep = replicated(mesh)
+  like_def = None if like is None else jax.tree.structure(like)
+
+  def matches_like(x) -> bool:
+    if like_def is None or isinstance(x, nnx.Variable) or x is None:
+      return False
+    try:
+      return jax.tree.structure(x) == like_def and all(
+          _shape(a) == _shape(b) for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(like)))
+    except (TypeError, ValueError):
+      return False
+
+  def one(x):
+    if matches_like(x):
+      return like_shardings
+    if isinstance(x, nnx.Variable):
+      value = x.get_value() if hasattr(x, "get_value") else x.value
+      if value is None or not hasattr(value, "shape"):
+        return x.replace(None)
+      logical = nnx.get_partition_spec(x).get_value()
+      if len(logical) == 0:
+        return x.replace(rep)
+      return x.replace(NamedSharding(mesh, logical_to_mesh(tuple(logical), value.shape, mesh,
+                                                           rules)))
+    return rep if hasattr(x, "shape") else None
+
+  return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, nnx.Variable) or matches_like(x))
+
+
+def param_shardings(params: Any, mesh: Mesh,
+                    rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
+  """Shardings of model parameters (an `nnx.State`, or a tuple of states) from their logical
+  axis names."""
+  return tree_shardings(params, mesh, rules)
+
+
+def opt_state_shardings(opt_state: Any, params: Any, mesh: Mesh,
+                        rules: Optional[Mapping[str, MeshAxes]] = None,
+                        params_shardings: Any = None) -> Any:
+  """Shardings of an optax state: moments shaped like `params` are sharded like the parameters
+  (from the Variable metadata they carry, or, for plain-array parameters, by structure with
+  `params_shardings`, default `param_shardings(params)`); counters are replicated."""
+  if params_shardings is None:
+    params_shardings = param_shardings(params, mesh, rules)
+  return tree_shardings(opt_state, mesh, rules, like=params, like_shardings=params_shardings)
+
+
+def batch_sharding(mesh: Mesh, ndim: int,
+                   rules: Optional[Mapping[str, MeshAxes]] = None) -> NamedSharding:
+  """Rows (dimension 0) over the batch axes, the other `ndim - 1` dimensions whole."""
+  rules = LOGICAL_AXIS_RULES if rules is None else rules
+  axes = _as_tuple(rules["batch"])
+  return NamedSharding(mesh, PartitionSpec(axes if axes else None, *([None] * (ndim - 1))))
+
+
+def batch_shardings(tree: Any, mesh: Mesh, rows: int,
+                    rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
+  """Shardings of a batch pytree (e.g. `rl_step.Batch`, `types.Rollout`): every array whose
+  leading dimension is `rows` is split by rows over the batch axes; the rest (rewards [P, G],
+  prompt ids [P], ...) is replicated.
+
+  Raises:
+    ValueError: `rows` is not divisible by the number of batch shards.
+  """
+  rules = LOGICAL_AXIS_RULES if rules is None else rules
+  shards = math.prod(mesh.shape[a] for a in _as_tuple(rules["batch"]))
+  if rows % shards:
+    raise ValueError(f"{rows} batch rows do not split over {shards} batch shards "
+                     f"(mesh {dict(mesh.shape)}); choose a batch divisible by {shards}")
+  rep = replicated(mesh)
+  return jax.tree.map(
+      lambda x: batch_sharding(mesh, x.ndim, rules) if x.ndim and x.shape[0] == rows else rep,
+      tree)
+
+
+def kv_cache_sharding(mesh: Mesh, shape: Sequence[int],
+                      rules: Optional[Mapping[str, MeshAxes]] = None) -> NamedSharding:
+  """The sharding of one layer's keys or values [B, S, Hkv, head_dim]: rows over the batch axes,
+  key/value heads over `tensor` when they divide."""
+  return NamedSharding(mesh, logical_to_mesh(("batch", "length", "kv_heads", "head_dim"), shape,
+                                             mesh, rules))
+
+
+def kv_cache_shardings(cache: Any, mesh: Mesh,
+                       rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
+  """Shardings of a `transformer.KVCache` (L x [B, S, Hkv, head_dim] keys and values)."""
+  return jax.tree.map(lambda x: kv_cache_sharding(mesh, x.shape, rules), cache)
+
+
+def bytes_per_device(tree: Any) -> dict:
+  """{device: bytes of `tree`'s shards it holds} over the addressable devices (for memory
+  checks; counts each device's own shard once)."""
+  out: dict = {}
+  for x in jax.tree.leaves(tree):
+    for shard in x.addressable_shards:
+      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
+
+
+def describe(mesh: Mesh) -> str:
+  """One line for logs: 'mesh data=8 fsdp=1 tensor=1 over 8 devices in 1 process(es)'."""
+  sizes = " ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
+  procs = len({d.process_index for d in np.asarray(mesh.devices).flat})
+  return f"mesh {sizes} over {mesh.size} devices in {procs} process(es)"
