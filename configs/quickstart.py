@@ -21,6 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"        # rl_curriculum.tasks.get_task name
+  c.task.template = "plain"         # plain (models trained here) | chat (instruct checkpoints)
   c.task.train_bins = (0, 1, 2, 3, 4, 5)  # bins the curriculum chooses among (its arms)
   # Held-out evaluation: the six training bins, two harder bins never trained on (6, 7: three-term
   # expressions), and the task's evaluation-only out-of-distribution bins (8-11).
@@ -31,6 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.task.format_bonus = 0.1         # reward for a well-formed wrong answer
 
   c.model = ml_collections.ConfigDict()
+  c.model.source = ""               # "" = build `preset` from scratch; else an HF folder, a
+                                    # .gguf file or "smollm2-135m-instruct" (load_pretrained)
   c.model.preset = "tiny"           # rl_curriculum.model presets (tiny is trained here)
   c.model.dtype = "float32"         # activations; parameters stay float32
   c.model.lora_rank = 0             # 0 = full fine-tuning; > 0 = LoRA adapters only
@@ -82,4 +85,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 25           # RL steps between checkpoints (and at the end)
   c.checkpoint.keep = 2
+
+  c.parallel = ml_collections.ConfigDict()  # docs/scaling.md
+  c.parallel.mesh_shape = (-1, 1, 1)  # devices on (data, fsdp, tensor); one -1 takes the rest
+  c.parallel.coordinator_address = ""  # multi-host: host:port of process 0 ("" = env or none)
+  c.parallel.num_processes = 1      # 1 = one process (unless the env names a coordinator);
+                                    # 0 = let JAX detect the cluster (TPU pod, SLURM, MPI)
+  c.parallel.process_id = -1        # this process's id; -1 = from JAX_PROCESS_ID or the cluster
+  c.parallel.check_replicated = False  # assert every step: curriculum state equal everywhere
   return c

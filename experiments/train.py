@@ -4,7 +4,13 @@ Overrides follow the config's field names, e.g. `--config.rl.steps=50
 --config.curriculum.name=uniform`. Running the same command again resumes from the workdir.
 """
 
-from absl import app
+import os
+import sys
+
+# Config files may build on their siblings (`from configs import quickstart`).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 from absl import logging
 from ml_collections import config_flags

@@ -11,8 +11,8 @@ from rl_curriculum.tasks.data import TaskPool
 
 
 def generate_texts(graphdef, params, pool: TaskPool, decode: Callable, *, batch_size: int,
-                   max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = True,
-                   temperature: float = 1.0, key=None) -> list[str]:
+                   max_new_tokens: int, eos_id: int, pad_id: int, stop_ids=(),
+                   greedy: bool = True, temperature: float = 1.0, key=None) -> list[str]:
   """Completions for every prompt of `pool`, in fixed-size batches (one compile per shape).
 
   The last batch is padded with copies of the first prompt whose outputs are dropped.
@@ -25,7 +25,7 @@ def generate_texts(graphdef, params, pool: TaskPool, decode: Callable, *, batch_
     k = jax.random.fold_in(key, start) if key is not None else jax.random.PRNGKey(0)
     rollout = sampler.sample(graphdef, params, jnp.asarray(pool.tokens[idx]),
                              jnp.asarray(pool.mask[idx]), k, max_new_tokens=max_new_tokens,
-                             eos_id=eos_id, pad_id=pad_id, greedy=greedy,
+                             eos_id=eos_id, stop_ids=stop_ids, pad_id=pad_id, greedy=greedy,
                              temperature=temperature)
     tokens = np.asarray(rollout.tokens)
     texts.extend(decode(row) for row in tokens[:min(batch_size, n - start)])
@@ -33,12 +33,14 @@ def generate_texts(graphdef, params, pool: TaskPool, decode: Callable, *, batch_
 
 
 def accuracy_by_bin(graphdef, params, sets: Mapping[str, TaskPool], task, decode: Callable, *,
-                    batch_size: int, max_new_tokens: int, eos_id: int, pad_id: int) -> dict:
+                    batch_size: int, max_new_tokens: int, eos_id: int, pad_id: int,
+                    stop_ids=()) -> dict:
   """{bin name: greedy accuracy in [0, 1]} over each held-out set."""
   out = {}
   for name, pool in sets.items():
     texts = generate_texts(graphdef, params, pool, decode, batch_size=batch_size,
-                           max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id)
+                           max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                           stop_ids=stop_ids)
     _, correct, _ = task.score_batch(pool.problems, texts)
     out[name] = float(np.mean(correct))
   return out
@@ -55,12 +57,13 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 def sampled_pass_at_k(graphdef, params, pool: TaskPool, task, decode: Callable, *, k: int,
                       samples: int, batch_size: int, max_new_tokens: int, eos_id: int,
-                      pad_id: int, temperature: float, key: Any) -> float:
+                      pad_id: int, temperature: float, key: Any, stop_ids=()) -> float:
   """Mean pass@k over the pool's prompts from `samples` sampled completions each."""
   correct = np.zeros((len(pool.problems), samples), bool)
   for s in range(samples):
     texts = generate_texts(graphdef, params, pool, decode, batch_size=batch_size,
                            max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                           greedy=False, temperature=temperature, key=jax.random.fold_in(key, s))
+                           stop_ids=stop_ids, greedy=False, temperature=temperature,
+                           key=jax.random.fold_in(key, s))
     correct[:, s] = task.score_batch(pool.problems, texts)[1]
   return float(np.mean([pass_at_k(samples, int(c), k) for c in correct.sum(axis=1)]))

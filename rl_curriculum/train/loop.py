@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import time
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +27,12 @@ from flax import nnx
 from rl_curriculum import tasks as tasks_lib
 from rl_curriculum.curriculum import filters
 from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from rl_curriculum.parallel import distributed
+from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool, make_pool
 from rl_curriculum.train import builders, checkpointing, evaluation, report, rl_step, sft
@@ -86,11 +90,14 @@ def _problems(task, bins, per_bin: int, split: str) -> list:
 
 def _tokenizer(workdir: str, corpus, vocab_size: int) -> SentencePieceTokenizer:
   path = os.path.join(workdir, "tokenizer.model")
-  if os.path.exists(path):
+  exists = os.path.exists(path)
+  distributed.sync("tokenizer: looked")  # every process sees the same `exists`
+  if exists:
     return SentencePieceTokenizer.load(path)
-  tok = train_sentencepiece(corpus, vocab_size=vocab_size)
-  tok.save(path)
-  return tok
+  if distributed.is_main():  # one process trains it, the others load that file
+    train_sentencepiece(corpus, vocab_size=vocab_size).save(path)
+  distributed.sync("tokenizer: saved")
+  return SentencePieceTokenizer.load(path)
 
 
 def _model_config(config, vocab_size: int) -> ModelConfig:
@@ -115,13 +122,15 @@ def _check_workdir(config, workdir) -> None:
   """
   path = os.path.join(workdir, "warm_start.json")
   fingerprint = json.loads(json.dumps(_sft_fingerprint(config)))  # tuples as lists, like JSON
-  if os.path.exists(path):
+  exists = os.path.exists(path)
+  distributed.sync("warm_start.json: looked")  # process 0 writes it only after every look
+  if exists:
     with open(path) as f:
       if json.load(f) != fingerprint:
         raise ValueError(f"{workdir} holds a tokenizer and SFT warm start made with other "
                          f"seed/task/model/tokenizer/sft settings (see {path}); use a fresh "
                          "--workdir, or delete that file, tokenizer.model and sft/ to rebuild")
-  else:
+  elif distributed.is_main():
     with open(path, "w") as f:
       json.dump(fingerprint, f, indent=1)
 
@@ -129,6 +138,7 @@ def _check_workdir(config, workdir) -> None:
 def _sft_params(config, workdir, graphdef, params, sft_pool, targets, target_mask, log):
   """SFT warm start, cached in workdir/sft (restored when present; see `_check_workdir`)."""
   folder = os.path.join(workdir, "sft")
+  params = distributed.place(params, mesh_lib.param_shardings(params, _mesh(config)))
   manager = checkpointing.make_manager(folder, max_to_keep=1, enable_async=False)
   restored = checkpointing.restore_latest(manager, params)
   if restored is not None:
@@ -146,13 +156,20 @@ def _sft_params(config, workdir, graphdef, params, sft_pool, targets, target_mas
   return params, curve
 
 
-def _scored_batch(task, pool: TaskPool, selection, rollout, decode, group: int):
-  """Host side: decode and score B = P * G completions; returns rewards/correct f32/bool[P, G]."""
-  ids = np.asarray(selection.prompt_ids)
-  texts = [decode(row) for row in np.asarray(rollout.tokens)]
-  problems = [pool.problems[i] for i in ids for _ in range(group)]
-  rewards, correct, _ = task.score_batch(problems, texts)
-  return rewards.reshape(len(ids), group), correct.reshape(len(ids), group)
+def _scored_batch(task, pool: TaskPool, prompt_rows, tokens, decode):
+  """Host side: decode and score completions tokens i32[b, T] of the pool prompts prompt_rows
+  i32[b] (this process's rows of the batch); returns rewards f32[b], correct bool[b]."""
+  texts = [decode(row) for row in np.asarray(tokens)]
+  rewards, correct, _ = task.score_batch([pool.problems[i] for i in prompt_rows], texts)
+  return np.asarray(rewards, np.float32), np.asarray(correct, bool)
+
+
+def _mesh(config):
+  """The run's device mesh: config.parallel.mesh_shape over the devices of every process."""
+  try:
+    return mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))
+  except ValueError as e:
+    raise builders.ConfigError(f"config.parallel.mesh_shape: {e}") from e
 
 
 def _select_groups(config, correct, p: int):
@@ -172,96 +189,189 @@ def _select_groups(config, correct, p: int):
   return np.asarray(indices, np.int32), np.asarray(slot_valid, bool)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) the experiment described by `config` in `workdir`; returns a summary."""
+class Prepared(NamedTuple):
+  """Everything `prepare` builds: data, tokenizer and the warm-started policy."""
+  task: Any                   # rl_curriculum.tasks.Task
+  tokenizer: Any              # encode/decode/pad_id/eos_id (SentencePiece or HF)
+  pool: TaskPool              # the RL pool; arms = index into config.task.train_bins
+  eval_sets: dict             # {bin name: TaskPool} held-out sets
+  ood: list                   # names of the evaluation-only bins among them
+  graphdef: Any               # model graph (with LoRA adapters when lora_rank > 0)
+  trainable: Any              # parameters the optimizer updates
+  frozen: Any                 # parameters that stay fixed (the base under LoRA), or None
+  ref_params: Any             # KL reference for full fine-tuning (None under LoRA)
+  stop_ids: tuple             # token ids that end a completion besides EOS
+
+
+def _prompt_text(config, task, tok) -> Callable:
+  if config.task.template == "chat":
+    return lambda problem: tok.apply_chat_template(task.prompt_messages(problem))
+  return lambda problem: problem.prompt
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepared:
+  """Phases 1-3: config checks, data and tokenizer, model and SFT warm start (cached in workdir).
+
+  Raises:
+    builders.ConfigError: a config field the run cannot use (before anything compiles).
+    ValueError: the workdir's caches were made with other settings.
+  """
   # 1. Config checks: nothing below compiles until these pass.
   builders.validate(config)
-  task = tasks_lib.get_task(config.task.name, format_bonus=config.task.format_bonus)
+  task = tasks_lib.get_task(config.task.name, template=config.task.template,
+                            format_bonus=config.task.format_bonus)
   builders.validate(config, num_task_bins=task.num_difficulties,
                     eval_only_bins=task.eval_only_bins)
   os.makedirs(workdir, exist_ok=True)
   _check_workdir(config, workdir)
-  is_main = jax.process_index() == 0
 
-  def log(text):
-    if is_main:
-      print(text, flush=True)
-
-  # 2. Data.
+  # 2. Data and tokenizer (trained on the task corpus, or the checkpoint's own).
   train_bins, eval_bins = tuple(config.task.train_bins), tuple(config.task.eval_bins)
   eval_problems = {b: _problems(task, [b], config.task.eval_per_bin, "eval") for b in eval_bins}
   rl_problems = _problems(task, train_bins, config.task.train_per_bin, "rl")
-  sft_problems = _problems(task, train_bins, config.task.sft_per_bin, "sft")
-  held_out = {p.prompt for ps in eval_problems.values() for p in ps}
-  seen = {p.prompt for p in rl_problems + sft_problems}
-  corpus = [p.prompt + p.target for p in rl_problems + sft_problems]
-  corpus += [p.prompt for ps in eval_problems.values() for p in ps]
-  tok = _tokenizer(workdir, corpus, config.tokenizer.vocab_size)
-  prompt_len = max(len(tok.encode(p.prompt)) for p in rl_problems + sft_problems
-                   + [p for ps in eval_problems.values() for p in ps])
-  target_len = max(len(tok.encode(p.target)) for p in sft_problems) + 1
+  sft_problems = (_problems(task, train_bins, config.task.sft_per_bin, "sft")
+                  if config.sft.steps else [])
+  all_eval = [p for ps in eval_problems.values() for p in ps]
+  policy = None
+  if config.model.source:
+    policy = pretrained.load_pretrained(config.model.source, dtype=config.model.dtype)
+    tok = policy.tokenizer
+  else:
+    corpus = [p.prompt + p.target for p in rl_problems + sft_problems]
+    tok = _tokenizer(workdir, corpus + [p.prompt for p in all_eval], config.tokenizer.vocab_size)
+  text = _prompt_text(config, task, tok)
+  prompt_len = max(len(tok.encode(text(p))) for p in rl_problems + sft_problems + all_eval)
   pool = make_pool(rl_problems, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
-                   bins=train_bins)
-  sft_pool = make_pool(sft_problems, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
-                       bins=train_bins)
-  eval_sets = {task.bin_names[b]: make_pool(ps, tok.encode, tok.pad_id, max_prompt_len=prompt_len)
+                   bins=train_bins, prompt_fn=text)
+  eval_sets = {task.bin_names[b]: make_pool(ps, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
+                                            prompt_fn=text)
                for b, ps in eval_problems.items()}
   ood = [task.bin_names[b] for b in eval_bins if b in task.eval_only_bins]
+  held_out = {p.prompt for p in all_eval}
+  seen = {p.prompt for p in rl_problems + sft_problems}
   log(f"data: {len(rl_problems)} RL prompts in {len(train_bins)} bins, {len(sft_problems)} SFT, "
-      f"{sum(len(p) for p in eval_problems.values())} held out "
-      f"({len(held_out & seen) / max(len(held_out), 1):.0%} of them also in training: small "
-      f"bins); vocab {tok.vocab_size}, prompt length {prompt_len}")
+      f"{len(all_eval)} held out ({len(held_out & seen) / max(len(held_out), 1):.0%} of them "
+      f"also in training: small bins); vocab {tok.vocab_size}, prompt length {prompt_len}")
 
   # 3. Model and SFT warm start.
-  model_config = _model_config(config, tok.vocab_size)
-  graphdef, params = transformer.init_model(model_config, seed=config.seed)
-  log(f"model: {config.model.preset}, "
+  if policy is not None:
+    graphdef, params = policy.graphdef, policy.params
+  else:
+    graphdef, params = transformer.init_model(_model_config(config, tok.vocab_size),
+                                              seed=config.seed)
+  log(f"model: {config.model.source or config.model.preset}, "
       f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M parameters")
   if config.sft.steps:
+    sft_pool = make_pool(sft_problems, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
+                         bins=train_bins)
+    target_len = max(len(tok.encode(p.target)) for p in sft_problems) + 1
     targets, target_mask = sft.target_tokens([p.target for p in sft_problems], tok.encode,
                                              tok.eos_id, tok.pad_id, target_len)
     params, _ = _sft_params(config, workdir, graphdef, params, sft_pool, targets, target_mask,
                             log)
-  ref_params = params  # the KL reference: the warm-started model, frozen
-
-  use_lora = config.model.lora_rank > 0
-  if use_lora:
+  if config.model.lora_rank > 0:
     model = nnx.merge(graphdef, params)
     lora_lib.attach(model, lora_lib.LoRAConfig(rank=config.model.lora_rank,
                                                alpha=config.model.lora_alpha,
                                                targets=tuple(config.model.lora_targets)),
                     rngs=nnx.Rngs(config.seed + 1))
     graphdef, trainable, frozen = lora_lib.split(model)
-    ref_params = None
+    ref_params = None  # the reference is the same model with its adapters switched off
   else:
-    trainable, frozen = params, None
+    trainable, frozen, ref_params = params, None, params  # reference: the warm-started model
+  return Prepared(task=task, tokenizer=tok, pool=pool, eval_sets=eval_sets, ood=ood,
+                  graphdef=graphdef, trainable=trainable, frozen=frozen, ref_params=ref_params,
+                  stop_ids=tuple(getattr(tok, "stop_ids", ())))
+
+
+def init_states(config: ml_collections.ConfigDict, run: Prepared):
+  """Phase 4's fresh state: (optimizer, curriculum, train_state, curriculum_state)."""
+  optimizer = builders.build_optimizer(config.rl.learning_rate,
+                                       max_grad_norm=config.rl.max_grad_norm)
+  features = None
+  if config.curriculum.name == "pcl":  # prompt features: mean-pooled hidden states of the policy
+    hidden = transformer.forward_hidden(run.graphdef,
+                                        rl_step.model_params(run.trainable, run.frozen),
+                                        jnp.asarray(run.pool.tokens), jnp.asarray(run.pool.mask))
+    m = jnp.asarray(run.pool.mask, jnp.float32)[..., None]
+    features = np.asarray((hidden * m).sum(1) / m.sum(1))
+  slots = config.rl.prompts_per_step * config.curriculum.oversample
+  curriculum = builders.build_curriculum(config, run.pool.prompt_pool(), slots, features)
+  train_state = rl_step.init_train_state(run.trainable, optimizer)
+  # Steps count from 1, so key 0 of the root is free for the curriculum's initial shuffle.
+  cur_state = curriculum.init(run.pool.prompt_pool(),
+                              jax.random.fold_in(jax.random.PRNGKey(config.seed), 0))
+  return optimizer, curriculum, train_state, cur_state
+
+
+def restore_params(config: ml_collections.ConfigDict, run: Prepared, workdir: str):
+  """(step, model params) of the newest RL checkpoint in workdir, or (0, the warm start)."""
+  _, _, train_state, cur_state = init_states(config, run)
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
+  restored = checkpointing.restore_latest(manager, {"train": train_state, "curriculum": cur_state})
+  manager.close()
+  step = 0
+  if restored is not None:
+    step, train_state = restored[0], restored[1]["train"]
+  return step, rl_step.model_params(train_state.params, run.frozen)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) the experiment described by `config` in `workdir`; returns a summary.
+
+  Multi-process runs (config.parallel, docs/scaling.md) run this on every process; only process
+  0 writes logs and reports, and the others return {"process_index": i}.
+  """
+  distributed.initialize(config.parallel.coordinator_address or None,
+                         config.parallel.num_processes, config.parallel.process_id)
+  mesh = _mesh(config)
+  num_rows = config.rl.prompts_per_step * config.curriculum.oversample * config.rl.group_size
+  if num_rows % mesh_lib.batch_size_of(mesh):
+    raise builders.ConfigError(
+        f"config.parallel.mesh_shape: {num_rows} rollout rows (prompts_per_step x oversample x "
+        f"group_size) do not split over data x fsdp = {mesh_lib.batch_size_of(mesh)} devices")
+  is_main = jax.process_index() == 0
+
+  def log(text):
+    if is_main:
+      print(text, flush=True)
+
+  run = prepare(config, workdir, log)
+  if is_main:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json(indent=1))
+  task, tok, pool, eval_sets, ood = run.task, run.tokenizer, run.pool, run.eval_sets, run.ood
+  graphdef, trainable, frozen, ref_params = run.graphdef, run.trainable, run.frozen, run.ref_params
+  train_bins = tuple(config.task.train_bins)
+  use_lora = config.model.lora_rank > 0
 
   def policy(train_state):
     return rl_step.model_params(train_state.params, frozen)
 
   decode = lambda row: tok.decode(row)  # pylint: disable=unnecessary-lambda-assignment
   eval_kwargs = dict(batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
-                     eos_id=tok.eos_id, pad_id=tok.pad_id)
+                     eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
 
   # 4. RL state: optimizer, curriculum, checkpoint.
   p, g = config.rl.prompts_per_step, config.rl.group_size
-  slots = p * config.curriculum.oversample
-  optimizer = builders.build_optimizer(config.rl.learning_rate,
-                                       max_grad_norm=config.rl.max_grad_norm)
-  features = None
-  if config.curriculum.name == "pcl":
-    hidden = transformer.forward_hidden(graphdef, rl_step.model_params(trainable, frozen),
-                                        jnp.asarray(pool.tokens), jnp.asarray(pool.mask))
-    m = jnp.asarray(pool.mask, jnp.float32)[..., None]
-    features = np.asarray((hidden * m).sum(1) / m.sum(1))
-  curriculum = builders.build_curriculum(config, pool.prompt_pool(), slots, features)
+  optimizer, curriculum, train_state, cur_state = init_states(config, run)
+  # Parameters and optimizer state by their logical axes; curriculum state replicated; rollout
+  # rows over (data, fsdp), this process holding `my_rows` of them.
+  log(mesh_lib.describe(mesh))
+  state_shardings = mesh_lib.tree_shardings(train_state, mesh)
+  rep = mesh_lib.replicated(mesh)
+  train_state = distributed.place(train_state, state_shardings)
+  cur_state = distributed.place(cur_state, jax.tree.map(lambda _: rep, cur_state))
+  frozen = distributed.place(frozen, mesh_lib.param_shardings(frozen, mesh))
+  ref_params = distributed.place(ref_params, mesh_lib.param_shardings(ref_params, mesh))
+  row_sharding = mesh_lib.batch_sharding(mesh, 2)
+  my_rows = distributed.local_row_indices(row_sharding, num_rows)
   root = jax.random.PRNGKey(config.seed)
-  train_state = rl_step.init_train_state(trainable, optimizer)
-  cur_state = curriculum.init(pool.prompt_pool(), jax.random.fold_in(root, 0))  # steps start at 1
-  select = jax.jit(curriculum.select)
+  select = jax.jit(curriculum.select, out_shardings=rep)
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update,
-                             config=builders.learn_config(config), use_lora=use_lora)
+                             config=builders.learn_config(config), use_lora=use_lora,
+                             out_shardings=(state_shardings, rep, rep))
 
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                        max_to_keep=config.checkpoint.keep)
@@ -292,32 +402,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       t0 = time.time()
       key = jax.random.fold_in(root, step)
       k_select, k_sample, k_learn = jax.random.split(key, 3)
-      selection, cur_state = select(cur_state, k_select)
+      selection, cur_state = select(cur_state, k_select)  # replicated: the same everywhere
       ids = np.asarray(selection.prompt_ids)
       rows = np.repeat(ids, g)
-      rollout = sampler.sample(graphdef, policy(train_state), jnp.asarray(pool.tokens[rows]),
-                               jnp.asarray(pool.mask[rows]), k_sample,
+      prompts = distributed.rows_to_global(pool.tokens[rows[my_rows]], row_sharding, num_rows)
+      prompt_mask = distributed.rows_to_global(pool.mask[rows[my_rows]], row_sharding, num_rows)
+      rollout = sampler.sample(graphdef, policy(train_state), prompts, prompt_mask, k_sample,
                                max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
-                               pad_id=tok.pad_id, temperature=config.rl.temperature)
+                               stop_ids=run.stop_ids, pad_id=tok.pad_id,
+                               temperature=config.rl.temperature)
+      rollout = distributed.place(rollout, jax.tree.map(lambda _: row_sharding, rollout))
       jax.block_until_ready(rollout.tokens)
       t1 = time.time()
-      rewards, correct = _scored_batch(task, pool, selection, rollout, decode, g)
+      # Each process scores its own rows; the scores (B floats) are shared with every process.
+      my_rewards, my_correct = _scored_batch(task, pool, rows[my_rows],
+                                             distributed.local_rows(rollout.tokens), decode)
+      rewards = distributed.gather_rows(my_rewards, my_rows, num_rows).reshape(len(ids), g)
+      correct = distributed.gather_rows(my_correct, my_rows, num_rows).reshape(len(ids), g)
       t2 = time.time()
       groups, group_valid = _select_groups(config, correct, p)
       batch = rl_step.Batch(
-          prompt_tokens=rollout.prompt_tokens, prompt_mask=jnp.asarray(pool.mask[rows]),
+          prompt_tokens=rollout.prompt_tokens, prompt_mask=prompt_mask,
           tokens=rollout.tokens, mask=rollout.mask, sampler_logprobs=rollout.logprobs,
           prompt_ids=selection.prompt_ids, arms=selection.arms, rewards=jnp.asarray(rewards),
           correct=jnp.asarray(correct), valid=jnp.ones(rewards.shape, bool),
           train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid))
       train_state, cur_state, metrics = learn(train_state, cur_state, batch, k_learn, frozen,
                                               ref_params)
+      if config.parallel.check_replicated:
+        distributed.assert_replicated(cur_state, f"curriculum state after step {step}")
       metrics = jax.device_get(metrics)
       t3 = time.time()
       arm_counts = np.bincount(np.asarray(selection.arms), minlength=len(train_bins))
       metrics.update({
           "time/sample_s": t1 - t0, "time/score_s": t2 - t1, "time/learn_s": t3 - t2,
-          "tokens_per_s": float(np.asarray(rollout.mask).sum()) / max(t1 - t0, 1e-9),
+          "tokens_per_s": float(jnp.sum(rollout.mask)) / max(t1 - t0, 1e-9),
           "sampled_reward_mean": float(rewards.mean()),
           "curriculum/arm_frac": arm_counts / arm_counts.sum(),
           "groups_kept": float(group_valid.sum()),
@@ -327,6 +446,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                          **eval_kwargs)
         metrics.update({f"eval/acc/{k}": v for k, v in acc.items()})
       writer.write(step, metrics)
+      if jax.process_count() > 1:  # a SIGTERM that reached one host stops them all
+        preemption.requested = distributed.any_process(preemption.requested)
       if step % config.checkpoint.every == 0 or step == config.rl.steps or preemption.requested:
         save(step, wait=preemption.requested)
       if preemption.requested:
@@ -336,6 +457,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         return {"preempted_at": step}
   manager.wait_until_finished()
   writer.close()
+  distributed.sync("metrics written")
+  if not is_main:
+    return {"process_index": jax.process_index()}
 
   # 6. Report.
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))

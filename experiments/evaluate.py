@@ -1,0 +1,66 @@
+"""Evaluate a run's newest checkpoint (or its starting policy) per difficulty bin.
+
+  python experiments/evaluate.py --config configs/quickstart.py --workdir workdirs/quickstart
+  python experiments/evaluate.py --config configs/smollm2_arithmetic.py --workdir /tmp/base --k 4
+
+Prints greedy accuracy and pass@k (k of `--samples` sampled completions at the config's RL
+temperature) for every evaluation bin of the config, and writes them to WORKDIR/eval.json. A
+workdir without RL checkpoints evaluates the starting policy: the pretrained checkpoint, or the
+SFT warm start (trained and cached there on first use).
+"""
+
+import json
+import os
+import sys
+
+# Config files may build on their siblings (`from configs import quickstart`).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+from rl_curriculum.train import evaluation, loop
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (checkpoints are read from it).")
+_K = flags.DEFINE_integer("k", 4, "k of pass@k.")
+_SAMPLES = flags.DEFINE_integer("samples", 8, "Sampled completions per prompt for pass@k.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if _K.value > _SAMPLES.value:
+    raise app.UsageError(f"--k={_K.value} needs --samples >= k")
+  run = loop.prepare(config, workdir)
+  step, params = loop.restore_params(config, run, workdir)
+  tok = run.tokenizer
+  kwargs = dict(batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
+                eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
+  greedy = evaluation.accuracy_by_bin(run.graphdef, params, run.eval_sets, run.task, tok.decode,
+                                      **kwargs)
+  key = jax.random.PRNGKey(config.seed + 7)
+  passk = {name: evaluation.sampled_pass_at_k(
+      run.graphdef, params, pool, run.task, tok.decode, k=_K.value, samples=_SAMPLES.value,
+      temperature=config.rl.temperature, key=jax.random.fold_in(key, i), **kwargs)
+           for i, (name, pool) in enumerate(run.eval_sets.items())}
+  print(f"\ncheckpoint step {step} ({'RL' if step else 'starting policy'})")
+  print(f"{'bin':<12} {'greedy':>7} {f'pass@{_K.value}':>8}")
+  for name in run.eval_sets:
+    tag = "  (ood)" if name in run.ood else ""
+    print(f"{name:<12} {100 * greedy[name]:7.1f} {100 * passk[name]:8.1f}{tag}")
+  result = {"step": step, "greedy": greedy, f"pass@{_K.value}": passk, "ood": run.ood,
+            "samples": _SAMPLES.value}
+  with open(os.path.join(workdir, "eval.json"), "w") as f:
+    json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
