@@ -191,16 +191,29 @@ def write_markdown(path, setting, config, seeds, results, bench, total_seconds) 
       "",
       "Notes.",
       "",
-      "- SEC at its default temperature 1.0 cannot keep the unlearnable bin below 10% on this "
-      "ladder: with RLOO on 0/1 rewards and G = 8 an arm's reward is at most G/(G-1)/2 = 0.571, so "
-      "the dead arm (Q = 0) keeps at least 1/(1 + 5 e^0.571) = 10.2% of a softmax(Q/1) over six "
-      "arms. The paper used 0.4 on MATH and 0.2 for 2-D arms; both are listed.",
-      "- Mastered bins and the unlearnable bin look alike to every |advantage|-based method (both "
-      "give all-equal groups), so these late-mass numbers hold while the learner is still "
-      "learning; once every learnable bin is mastered, nothing separates them.",
-      "- Fixed schedules walk into the unlearnable top bin and stay there (easy_to_hard, "
-      "mastering_rate once the bin below is mastered); that is the failure the adaptive methods "
-      "avoid.",
+  ]
+  if config.unlearnable and config.unlearnable_mode == "zero":
+    lines += [
+        "- SEC at its default temperature 1.0 cannot keep the unlearnable bin below 10% on this "
+        "ladder: with RLOO on 0/1 rewards and G = 8 an arm's reward is at most G/(G-1)/2 = 0.571, "
+        "so the dead arm (Q = 0) keeps at least 1/(1 + 5 e^0.571) = 10.2% of a softmax(Q/1) over "
+        "six arms. The paper used 0.4 on MATH and 0.2 for 2-D arms; both are listed.",
+        "- Mastered bins and the unlearnable bin look alike to every |advantage|-based method "
+        "(both give all-equal groups), so these late-mass numbers hold while the learner is still "
+        "learning; once every learnable bin is mastered, nothing separates them.",
+    ]
+  if config.unlearnable and config.unlearnable_mode == "noise":
+    lines += [
+        "- The unlearnable bin's outcomes are coin flips (success 0.5 whatever the learner does): "
+        "its groups carry the largest |advantage| of all and teach nothing. Every method that "
+        "chases |advantage| (SEC, DUMP, UCB) is drawn to it. Methods scoring learning progress "
+        "(SEC's learning_progress objective, the ALP teacher) are drawn less, though sampling "
+        "noise in the success windows still reads as progress. Uniform and the fixed schedules "
+        "do not read outcomes there, so their rows equal the zero-success setting's.",
+    ]
+  lines += [
+      "- Fixed schedules walk into the top bin and stay there (easy_to_hard, mastering_rate once "
+      "the bin below is mastered); that is the failure the adaptive methods avoid.",
       "",
       "![arm shares over training](" + os.path.basename(path).replace(".md", ".png") + ")",
       "",
@@ -215,7 +228,7 @@ def write_markdown(path, setting, config, seeds, results, bench, total_seconds) 
         f"mean {bench['mean_us']:.0f}; select {bench['select_median_us']:.0f}, update "
         f"{bench['update_median_us']:.0f}) over {bench['iters']} steps after compilation, "
         f"{bench['backend'].upper()}, 2 cores shared with other jobs (an upper bound). The mean "
-        "includes the steps that reshuffle an exhausted arm (a sort of the pool).",
+        "includes the steps that reshuffle exhausted arms.",
         "",
     ]
   with open(path, "w") as f:
@@ -252,9 +265,14 @@ def plot(path, setting, config, means) -> None:
   ax.set_title("mean success, learnable bins")
   ax.set_xlabel("step")
   ax.set_ylabel("success probability")
-  ax.legend(fontsize=5.5, ncol=2, loc="lower right")
-  for ax in list(axes.flat)[len(names) + 1:]:
-    ax.axis("off")
+  spare = list(axes.flat)[len(names) + 1:]
+  for extra in spare:
+    extra.axis("off")
+  if spare:  # the success curves' legend goes into the first empty panel
+    spare[0].legend(*ax.get_legend_handles_labels(), loc="center", fontsize=7, ncol=2,
+                    title="mean success panel")
+  else:
+    ax.legend(fontsize=5.5, ncol=2, loc="lower right")
   handles, labels = axes.flat[0].get_legend_handles_labels()
   fig.suptitle(f"{setting}: share of batch slots per difficulty bin (mean over seeds, "
                f"{width}-step moving average)", y=0.995)
