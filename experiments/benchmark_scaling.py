@@ -1,0 +1,141 @@
+"""Step time of the sharded learn step and sampler on 1 to 8 fake CPU devices.
+
+  python experiments/benchmark_scaling.py --out results/scaling_cpu.json
+
+Each device count runs in its own process (`--xla_force_host_platform_device_count=N` must be set
+before JAX starts), on meshes (N, 1, 1) (data parallel) and (1, N, 1) (FSDP), with the quickstart's
+tiny model (about 3M parameters), 16 prompts x 4 completions, 8 prompt and 8 new tokens. Reported:
+median wall time of one learn step and of one greedy sampling call, after a compile-and-warm-up
+call.
+
+Read the numbers for what they are: fake CPU devices share the same cores (2 on the machines
+this project is developed on), so more devices cannot be faster; the ratio to one device measures
+the partitioning overhead (collectives, smaller per-device kernels, thread contention), not a
+speed-up. Real scaling needs real accelerators.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+_OUT = flags.DEFINE_string("out", "results/scaling_cpu.json", "Where the JSON goes.")
+_DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per measurement (median reported).")
+_CHILD = flags.DEFINE_integer("child", 0, "Internal: measure with this many devices, print JSON.")
+
+P, G, TP, T, V = 16, 4, 8, 8, 64
+
+
+def _median_time(fn, repeats):
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.block_until_ready(fn())  # compile and warm up
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return sorted(times)[len(times) // 2]
+
+
+def measure(num_devices: int, repeats: int) -> list:
+  """[{mesh, learn_s, sample_s}] for the data-parallel and the FSDP mesh of `num_devices`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from rl_curriculum import curriculum as cur  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.model import transformer  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.model.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.parallel import distributed  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.sampling import sampler  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import builders, rl_step  # pylint: disable=import-outside-toplevel
+
+  assert jax.device_count() == num_devices, jax.devices()
+  graphdef, params = transformer.init_model(ModelConfig.tiny(vocab_size=V), seed=0)
+  optimizer = builders.build_optimizer(1e-4, max_grad_norm=1.0)
+  curriculum = cur.sec(3, batch_size=P)
+  b = P * G
+  rng = np.random.default_rng(0)
+  rewards = rng.integers(0, 2, (P, G)).astype(np.float32)
+  batch = rl_step.Batch(
+      prompt_tokens=rng.integers(4, V, (b, TP)).astype(np.int32), prompt_mask=np.ones((b, TP), bool),
+      tokens=rng.integers(4, V, (b, T)).astype(np.int32), mask=np.ones((b, T), np.float32),
+      sampler_logprobs=np.full((b, T), -4.0, np.float32), prompt_ids=np.arange(P, dtype=np.int32),
+      arms=(np.arange(P) % 3).astype(np.int32), rewards=rewards, correct=rewards > 0.5,
+      valid=np.ones((P, G), bool), train_groups=np.arange(P, dtype=np.int32),
+      train_valid=np.ones(P, bool))
+  out = []
+  shapes = [(num_devices, 1, 1)] + ([(1, num_devices, 1)] if num_devices > 1 else [])
+  for shape in shapes:
+    mesh = mesh_lib.make_mesh(shape)
+    rep = mesh_lib.replicated(mesh)
+    state = rl_step.init_train_state(params, optimizer)
+    state_sh = mesh_lib.tree_shardings(state, mesh)
+    state = distributed.place(state, state_sh)
+    ref = distributed.place(params, mesh_lib.param_shardings(params, mesh))
+    cur_state = curriculum.init(cur.PromptPool.from_arms(list(range(3)) * 8), jax.random.key(0))
+    cur_state = distributed.place(cur_state, jax.tree.map(lambda _: rep, cur_state))
+    placed = distributed.place(batch, mesh_lib.batch_shardings(batch, mesh, rows=b))
+    learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
+                               curriculum_update=curriculum.update,
+                               config=rl_step.LearnConfig(minibatches=2), use_lora=False,
+                               out_shardings=(state_sh, rep, rep))
+    holder = {"state": state}
+
+    def learn_once():
+      holder["state"], _, metrics = learn(holder["state"], cur_state, placed,
+                                          jax.random.key(1), None, ref)
+      return metrics["loss"]
+
+    def sample_once():
+      return sampler.sample(graphdef, ref, placed.prompt_tokens, placed.prompt_mask,
+                            jax.random.key(2), max_new_tokens=T, eos_id=1, greedy=True).tokens
+
+    out.append({"devices": num_devices, "mesh": list(shape),
+                "learn_s": _median_time(learn_once, repeats),
+                "sample_s": _median_time(sample_once, repeats)})
+  return out
+
+
+def main(argv):
+  del argv
+  if _CHILD.value:
+    print("RESULT " + json.dumps(measure(_CHILD.value, _REPEATS.value)), flush=True)
+    return
+  rows = []
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for n in map(int, _DEVICES.value):
+    env = {**os.environ, "PYTHONPATH": root,
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), f"--child={n}",
+                             f"--repeats={_REPEATS.value}"], env=env, capture_output=True,
+                            text=True, check=True)
+    line = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    rows.extend(json.loads(line[len("RESULT "):]))
+    print(rows[-1], flush=True)
+  base = {tuple(r["mesh"]): r for r in rows if r["devices"] == 1}[(1, 1, 1)]
+  for r in rows:
+    r["learn_vs_1_device"] = r["learn_s"] / base["learn_s"]
+    r["sample_vs_1_device"] = r["sample_s"] / base["sample_s"]
+  report = {
+      "what": "median seconds per learn step / greedy sampling call; fake CPU devices",
+      "cpu_cores": os.cpu_count(),
+      "workload": {"prompts": P, "group": G, "prompt_len": TP, "new_tokens": T,
+                   "model": "ModelConfig.tiny(vocab_size=64)", "minibatches": 2},
+      "caveat": "all fake devices share the same CPU cores: ratios above 1 are partitioning "
+                "overhead, not a failure to scale; no speed-up is possible here",
+      "rows": rows,
+  }
+  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+  with open(_OUT.value, "w") as f:
+    json.dump(report, f, indent=1)
+  print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
