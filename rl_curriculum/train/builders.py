@@ -116,9 +116,9 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
   if c.model.source and c.sft.steps:
     _fail("sft.steps", "must be 0 with a pretrained model (config.model.source): the SFT "
           "targets are plain-template completions for models trained here")
-  if c.task.template not in ("plain", "chat"):
-    _fail("task.template", f"must be 'plain' or 'chat', got {c.task.template!r}")
-  if c.task.template == "chat" and not c.model.source:
+  if c.task.template not in ("plain", "chat", "chat_short"):
+    _fail("task.template", f"must be plain, chat or chat_short, got {c.task.template!r}")
+  if c.task.template != "plain" and not c.model.source:
     _fail("task.template", "chat prompts need a pretrained instruct model (config.model.source)")
   if c.eval.every < 1 or c.checkpoint.every < 1:
     _fail("eval.every" if c.eval.every < 1 else "checkpoint.every", "must be >= 1")

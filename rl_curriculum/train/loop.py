@@ -204,7 +204,7 @@ class Prepared(NamedTuple):
 
 
 def _prompt_text(config, task, tok) -> Callable:
-  if config.task.template == "chat":
+  if config.task.template in ("chat", "chat_short"):
     return lambda problem: tok.apply_chat_template(task.prompt_messages(problem))
   return lambda problem: problem.prompt
 

@@ -99,3 +99,15 @@ def test_chat_answer_rules(text, correct, formatted):
                               question="What is 12+7?", answer="19", target="19")
   s = task.score(p, text)
   assert (s.correct, s.formatted) == (correct, formatted)
+
+
+def test_chat_short_reads_the_result_after_a_restated_question():
+  task = arithmetic.ArithmeticTask(template="chat_short")
+  problem = task.generate(3, 2)
+  a = int(problem.answer)
+  assert "only" in task.prompt_messages(problem)[0]["content"]
+  for text in [f"{a}", f"{problem.question[8:-1]} = {a}", f"It is {a}.", f"x = y = {a}\nmore"]:
+    assert task.score(problem, text).correct, text
+  assert task.score(problem, f"= {a + 1}") == (task.format_bonus, False, True)
+  assert not task.score(problem, f"{a} or {a + 1}").formatted   # two candidates: not an answer
+  assert task.score(problem, "") == (0.0, False, False)

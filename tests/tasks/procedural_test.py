@@ -1,4 +1,4 @@
-"""Properties every procedural task must have, for every bin and both templates.
+"""Properties every procedural task must have, for every bin and every template.
 
 Deterministic generation; the reference answer scores correct; a perturbed answer scores incorrect;
 arbitrary text never raises and gets a reward in {0, bonus, 1} consistent with the flags.
@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from rl_curriculum.tasks import get_task
-from rl_curriculum.tasks.base import DEFAULT_FORMAT_BONUS, Score
+from rl_curriculum.tasks.base import DEFAULT_FORMAT_BONUS, TEMPLATES, Score
 
 PROCEDURAL = ("arithmetic", "countdown", "zebra", "arc1d")
 VARIANTS = [("arithmetic", {}), ("arithmetic", {"chain": True}), ("countdown", {}),
@@ -95,7 +95,7 @@ def test_reference_correct_and_perturbed_incorrect(name, options, b):
 
 @pytest.mark.parametrize("name", PROCEDURAL)
 def test_empty_and_unformatted(name):
-  for template in ("plain", "chat"):
+  for template in TEMPLATES:
     task = get_task(name, template=template)
     p = task.generate(0, 0)
     for text in ("", " ", "\n", "Answer:", "\\boxed{}", "\\boxed{" + p.answer):
@@ -157,7 +157,7 @@ def _completion_strategy(problem):
 
 
 def _fuzz(name, data):
-  template = data.draw(st.sampled_from(["plain", "chat"]))
+  template = data.draw(st.sampled_from(TEMPLATES))
   task = _TASKS[(name, template)]
   b = data.draw(st.integers(0, task.num_difficulties - 1))
   problem = _PROBLEMS[name][b]
@@ -169,7 +169,7 @@ def _fuzz(name, data):
   assert score.formatted == (score.reward > 0.0)
 
 
-_TASKS = {(n, t): get_task(n, template=t) for n in PROCEDURAL for t in ("plain", "chat")}
+_TASKS = {(n, t): get_task(n, template=t) for n in PROCEDURAL for t in TEMPLATES}
 _PROBLEMS = {n: [_TASKS[(n, "plain")].generate(3, b)
                  for b in range(_TASKS[(n, "plain")].num_difficulties)] for n in PROCEDURAL}
 
