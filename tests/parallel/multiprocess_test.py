@@ -13,7 +13,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rl_curriculum.train import checkpointing
 from rl_curriculum.train.metrics import read_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,11 +52,19 @@ def _wait(procs, timeout=900):
 
 
 def _states(workdir):
-  """{step: saved state} of every checkpoint, read back as written."""
-  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
-  out = {s: manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-         for s in manager.all_steps()}
-  manager.close()
+  """{step: saved state} of every checkpoint, read onto this process's one device (they were
+  written from 8 devices, so the target layout must be given)."""
+  folder = os.path.join(workdir, "checkpoints")
+  checkpointer = ocp.StandardCheckpointer()
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  out = {}
+  for step in sorted(int(d) for d in os.listdir(folder) if d.isdigit()):
+    path = os.path.join(folder, str(step), "state")
+    meta = checkpointer.metadata(path)
+    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(tree, "tree", tree)
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
+    out[step] = checkpointer.restore(path, target)
   return out
 
 
