@@ -37,7 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.preset = "tiny"           # rl_curriculum.model presets (tiny is trained here)
   c.model.dtype = "float32"         # activations; parameters stay float32
   c.model.lora_rank = 0             # 0 = full fine-tuning; > 0 = LoRA adapters only
-  c.model.lora_alpha = 16.0
+  c.model.lora_alpha = 16.0         # LoRA scale is lora_alpha / lora_rank
   c.model.lora_targets = ("q", "v")  # projections that get adapters when lora_rank > 0
 
   c.tokenizer = ml_collections.ConfigDict()
@@ -45,17 +45,17 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 1500                # 0 skips the warm start
-  c.sft.batch_size = 64
+  c.sft.batch_size = 64             # sequences per SFT step
   c.sft.learning_rate = 1e-3        # peak; warmup then cosine decay to a tenth
-  c.sft.warmup_steps = 100
+  c.sft.warmup_steps = 100          # linear warmup (capped at half of sft.steps)
 
   c.rl = ml_collections.ConfigDict()
   c.rl.algorithm = "rloo"           # rloo | grpo | dr_grpo | reinforce_pp
-  c.rl.steps = 150
+  c.rl.steps = 150                  # RL updates (one rollout batch each)
   c.rl.prompts_per_step = 32        # P
   c.rl.group_size = 8               # G completions per prompt
-  c.rl.max_new_tokens = 6
-  c.rl.temperature = 1.0
+  c.rl.max_new_tokens = 6           # completion length cap (answer + EOS)
+  c.rl.temperature = 1.0           # sampling temperature of the rollouts
   c.rl.learning_rate = 2e-5        # Adam moves every weight ~lr per step: 3e-4 wrecked the SFT model
   c.rl.epochs = 1                   # passes over each rollout batch
   c.rl.minibatches = 2              # optimizer steps per epoch; P must divide by it
@@ -65,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.aggregation = "token_mean"   # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
   c.rl.kl_coef = 0.0                # KL-to-reference loss coefficient (beta)
   c.rl.kl_estimator = "k3"          # k1 | k2 | k3
-  c.rl.max_grad_norm = 1.0
+  c.rl.max_grad_norm = 1.0          # global-norm gradient clipping (0 = off)
   c.rl.whiten_rewards = False       # running mean/std reward whitening
   c.rl.ratio_guard = 10.0           # drop tokens with |log-ratio| above this (0 = off)
   c.rl.max_kl = 5.0                 # skip and roll back an update whose KL exceeds this
@@ -80,11 +80,11 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 25                 # RL steps between held-out evaluations (and at 0 and the end)
-  c.eval.batch_size = 128
+  c.eval.batch_size = 128           # prompts per greedy evaluation batch
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 25           # RL steps between checkpoints (and at the end)
-  c.checkpoint.keep = 2
+  c.checkpoint.keep = 2             # newest checkpoints kept on disk
 
   c.parallel = ml_collections.ConfigDict()  # docs/scaling.md
   c.parallel.mesh_shape = (-1, 1, 1)  # devices on (data, fsdp, tensor); one -1 takes the rest

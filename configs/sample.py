@@ -21,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.preset = "tiny"             # rl_curriculum.model.config.PRESETS name
   c.dtype = "float32"           # activations: float32 or bfloat16
   c.param_dtype = "float32"     # parameter storage: float32 or bfloat16
-  c.prompts = ("The answer is", "2 + 3 =", "Once upon a time")
+  c.prompts = ("The answer is", "2 + 3 =", "Once upon a time")  # texts to continue
   c.batch_size = 32             # rows sampled together (prompts repeated), as P * G in RL
   c.show_per_prompt = 2         # completions printed for each prompt
   c.max_new_tokens = 32         # N, tokens generated per row at most

