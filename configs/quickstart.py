@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.warmup_steps = 100          # linear warmup (capped at half of sft.steps)
 
   c.rl = ml_collections.ConfigDict()
-  c.rl.algorithm = "rloo"           # rloo | grpo | dr_grpo | reinforce_pp
+  c.rl.algorithm = "rloo"           # rloo | grpo | dr_grpo | reinforce_pp | ppo (critic + GAE)
   c.rl.steps = 150                  # RL updates (one rollout batch each)
   c.rl.prompts_per_step = 32        # P
   c.rl.group_size = 8               # G completions per prompt
@@ -69,6 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.whiten_rewards = False       # running mean/std reward whitening
   c.rl.ratio_guard = 10.0           # drop tokens with |log-ratio| above this (0 = off)
   c.rl.max_kl = 5.0                 # skip and roll back an update whose KL exceeds this
+  c.rl.gamma = 1.0                  # ppo: discount per token
+  c.rl.lam = 0.95                   # ppo: GAE lambda
+  c.rl.vf_coef = 0.5                # ppo: value-loss weight
+  c.rl.vf_clip = 0.2                # ppo: value clipping range
 
   c.curriculum = ml_collections.ConfigDict()
   c.curriculum.name = "sec"         # see rl_curriculum.train.builders.CURRICULA

@@ -44,6 +44,7 @@ CURRICULA: dict[str, tuple[Callable, bool]] = {
 }
 
 FILTERS = ("none", "all_equal", "accuracy_band")
+ALGORITHMS = tuple(sorted(rl_step.ADVANTAGES)) + ("ppo",)
 _AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
@@ -73,9 +74,8 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
       _fail("model.lora_targets", f"{list(unknown) or 'empty'}: the model has the projections "
             f"{sorted(lora_lib.TARGETS)}")
   rl = c.rl
-  if rl.algorithm not in rl_step.ADVANTAGES:
-    _fail("rl.algorithm", f"unknown algorithm {rl.algorithm!r}; choose from "
-          f"{sorted(rl_step.ADVANTAGES)}")
+  if rl.algorithm not in ALGORITHMS:
+    _fail("rl.algorithm", f"unknown algorithm {rl.algorithm!r}; choose from {ALGORITHMS}")
   for field in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
                 "minibatches"):
     if getattr(rl, field) < 1:
@@ -95,6 +95,9 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
     _fail("rl.kl_estimator", f"must be k1, k2 or k3, got {rl.kl_estimator!r}")
   if rl.learning_rate <= 0:
     _fail("rl.learning_rate", f"must be > 0, got {rl.learning_rate}")
+  for field in ("gamma", "lam"):
+    if not 0.0 <= getattr(rl, field) <= 1.0:
+      _fail(f"rl.{field}", f"must lie in [0, 1], got {getattr(rl, field)}")
 
   name = c.curriculum.name
   if name not in CURRICULA:
@@ -167,4 +170,5 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
       algorithm=rl.algorithm, epochs=rl.epochs, minibatches=rl.minibatches,
       eps_low=rl.eps_low, eps_high=rl.eps_high, level=rl.level, aggregation=rl.aggregation,
       max_tokens=rl.max_new_tokens, kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator,
-      ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None, whiten_rewards=rl.whiten_rewards)
+      ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None, whiten_rewards=rl.whiten_rewards,
+      gamma=rl.gamma, lam=rl.lam, vf_coef=rl.vf_coef, vf_clip=rl.vf_clip)

@@ -297,7 +297,15 @@ def init_states(config: ml_collections.ConfigDict, run: Prepared):
     features = np.asarray((hidden * m).sum(1) / m.sum(1))
   slots = config.rl.prompts_per_step * config.curriculum.oversample
   curriculum = builders.build_curriculum(config, run.pool.prompt_pool(), slots, features)
-  train_state = rl_step.init_train_state(run.trainable, optimizer)
+  value = None
+  if config.rl.algorithm == "ppo":  # a value head on the policy's final hidden states
+    width = jax.eval_shape(
+        lambda params: transformer.forward_hidden(run.graphdef, params,
+                                                  jnp.zeros((1, 1), jnp.int32),
+                                                  jnp.ones((1, 1), bool)),
+        rl_step.model_params(run.trainable, run.frozen)).shape[-1]
+    value = rl_step.init_value_head(width)
+  train_state = rl_step.init_train_state(run.trainable, optimizer, value)
   # Steps count from 1, so key 0 of the root is free for the curriculum's initial shuffle.
   cur_state = curriculum.init(run.pool.prompt_pool(),
                               jax.random.fold_in(jax.random.PRNGKey(config.seed), 0))

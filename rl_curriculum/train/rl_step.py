@@ -40,9 +40,10 @@ class TrainState(NamedTuple):
   """Everything the optimizer owns; saved in every checkpoint."""
   step: jax.Array                        # i32[] RL updates attempted
   params: Any                            # trainable parameters (full model or LoRA adapters)
-  opt_state: Any                         # optax state of `params`
+  opt_state: Any                         # optax state of `params` (of (params, value) with PPO)
   whitening: stability.WhiteningState    # running reward statistics
   skipped: jax.Array                     # i32[] updates discarded by the stability checks
+  value: Any = None                      # PPO value head {"w": f32[D], "b": f32[]}, else None
 
 
 class Batch(NamedTuple):
@@ -78,14 +79,26 @@ class LearnConfig:
   ratio_guard: float = 0.0
   max_kl: Optional[float] = None
   whiten_rewards: bool = False
+  gamma: float = 1.0       # PPO: discount per token
+  lam: float = 0.95        # PPO: GAE lambda
+  vf_coef: float = 0.5     # PPO: value-loss weight
+  vf_clip: float = 0.2     # PPO: value clipping range
 
 
-def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
-  """A fresh train state. Every leaf is a private copy: the learn step donates the whole state,
-  so it must share no buffer with anything else (the KL reference is often the same weights)."""
+def init_value_head(width: int) -> dict:
+  """PPO's value head on the policy's final hidden states: v = h . w + b, starting at 0."""
+  return {"w": jnp.zeros((width,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation,
+                     value: Any = None) -> TrainState:
+  """A fresh train state (`value`: a value head for PPO). Every leaf is a private copy: the learn
+  step donates the whole state, so it must share no buffer with anything else (the KL reference
+  is often the same weights)."""
+  trained = params if value is None else (params, value)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     opt_state=optimizer.init(params), whitening=stability.whitening_init(),
-                     skipped=jnp.zeros((), jnp.int32))
+                     opt_state=optimizer.init(trained), whitening=stability.whitening_init(),
+                     skipped=jnp.zeros((), jnp.int32), value=value)
   return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
 
@@ -94,18 +107,36 @@ def model_params(trainable: Any, frozen: Any) -> Any:
   return trainable if frozen is None else (trainable, frozen)
 
 
-def completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens) -> jax.Array:
-  """Logits f32[B, T, V] predicting each completion token, from one full forward pass.
+def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens) -> jax.Array:
+  """Final hidden states [B, T, D] at the positions that predict each completion token.
 
-  The sequence is prompt ++ completion; logits at position Tp - 1 + t predict completion token t.
-  Tokens after a row's stop are padding but only ever attend backwards, so they change nothing
-  that counts.
+  The sequence is prompt ++ completion; position Tp - 1 + t predicts completion token t. Tokens
+  after a row's stop are padding but only ever attend backwards, so they change nothing that
+  counts.
   """
   tp, t = prompt_tokens.shape[1], tokens.shape[1]
   seq = jnp.concatenate([prompt_tokens, tokens], axis=1)
   seq_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones(tokens.shape, bool)], axis=1)
-  logits = transformer.forward(graphdef, params, seq, seq_mask)
-  return logits[:, tp - 1:tp - 1 + t]
+  hidden = transformer.forward_hidden(graphdef, params, seq, seq_mask)
+  return hidden[:, tp - 1:tp - 1 + t]
+
+
+def completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens) -> jax.Array:
+  """Logits f32[B, T, V] predicting each completion token, from one full forward pass."""
+  hidden = completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens)
+  return transformer.logits_from_hidden(graphdef, params, hidden)
+
+
+def values_from_hidden(value: dict, hidden: jax.Array) -> jax.Array:
+  """f32[B, T] value estimates of the value head on hidden states [B, T, D]."""
+  return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), value["w"]) + value["b"]
+
+
+def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
+  """f32[B, T]: each completion's scalar reward f32[B] on its last counted token, 0 elsewhere."""
+  last = jnp.maximum(jnp.sum(mask > 0, axis=1) - 1, 0)
+  on_last = jnp.arange(mask.shape[1])[None, :] == last[:, None]
+  return jnp.where(on_last & (mask > 0), rewards[:, None], 0.0)
 
 
 def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens) -> jax.Array:
@@ -115,9 +146,17 @@ def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens) ->
 
 
 def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str) -> jax.Array:
-  """f32[P, G] advantages of the configured estimator; zero on invalid slots."""
+  """f32[P, G] advantages of the configured estimator; zero on invalid slots.
+
+  PPO's own advantages are per token (GAE on a value head); for the curriculum's feedback PPO
+  uses the group-relative RLOO advantage of the outcome rewards, which does not depend on how
+  well the critic has learned yet.
+  """
+  if algorithm == "ppo":
+    algorithm = "rloo"
   if algorithm not in ADVANTAGES:
-    raise ValueError(f"unknown RL algorithm {algorithm!r}; choose from {sorted(ADVANTAGES)}")
+    raise ValueError(f"unknown RL algorithm {algorithm!r}; choose from "
+                     f"{sorted(ADVANTAGES) + ['ppo']}")
   return ADVANTAGES[algorithm](rewards, valid=valid) * valid
 
 
@@ -184,8 +223,21 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
 
   # The old policy (this step's parameters) and the reference, without gradients.
   params = model_params(train_state.params, frozen)
-  logp_old = jax.lax.stop_gradient(completion_logprobs(
+  hidden_old = jax.lax.stop_gradient(completion_hidden(
       graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
+  logp_old = logprobs_lib.token_logprobs(
+      transformer.logits_from_hidden(graphdef, params, hidden_old), batch.tokens)
+  ppo = config.algorithm == "ppo"
+  values_old = returns = None
+  if ppo:
+    # Outcome reward on the last token, GAE on the value head, advantages whitened over tokens.
+    values_old = values_from_hidden(train_state.value, hidden_old) * mask
+    rewards_train = (rewards[batch.train_groups] * valid).reshape(b)
+    adv_tokens, returns = adv_lib.gae(outcome_token_rewards(rewards_train, mask), values_old,
+                                      mask, gamma=config.gamma, lam=config.lam)
+    mean = losses.masked_mean(adv_tokens, mask)
+    std = jnp.sqrt(losses.masked_mean(jnp.square(adv_tokens - mean), mask))
+    adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
   ref = lora_lib.disable(params) if use_lora else ref_params
   logp_ref = jax.lax.stop_gradient(completion_logprobs(
       graphdef, ref, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
@@ -196,10 +248,12 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
                                              max_log_ratio=config.ratio_guard)
   max_tokens = config.max_tokens or t
 
-  def loss_fn(trainable, rows):
-    logits = completion_logits(graphdef, model_params(trainable, frozen),
+  def loss_fn(trained, rows):
+    trainable, value = trained if ppo else (trained, None)
+    hidden = completion_hidden(graphdef, model_params(trainable, frozen),
                                batch.prompt_tokens[rows], batch.prompt_mask[rows],
                                batch.tokens[rows])
+    logits = transformer.logits_from_hidden(graphdef, model_params(trainable, frozen), hidden)
     logp = logprobs_lib.token_logprobs(logits, batch.tokens[rows])
     m = mask[rows]
     pg_loss, pg_metrics = losses.policy_loss(
@@ -210,7 +264,13 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
         losses.kl_divergence(logp, logp_ref[rows], estimator=config.kl_estimator), m)
     loss = pg_loss + config.kl_coef * kl
     entropy = losses.masked_mean(logprobs_lib.token_entropy(jax.lax.stop_gradient(logits)), m)
-    return loss, {**pg_metrics, "pg_loss": pg_loss, "kl": kl, "entropy": entropy}
+    extra = {}
+    if ppo:
+      v_loss, v_metrics = losses.value_loss(values_from_hidden(value, hidden), values_old[rows],
+                                            returns[rows], m, clip=config.vf_clip)
+      loss = loss + config.vf_coef * v_loss
+      extra = {**v_metrics, "value_loss": v_loss}
+    return loss, {**pg_metrics, **extra, "pg_loss": pg_loss, "kl": kl, "entropy": entropy}
 
   def minibatch_step(carry, rows):
     trainable, opt_state = carry
@@ -223,17 +283,19 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   minibatch_rows = jnp.concatenate([
       _minibatch_rows(jax.random.fold_in(key, e), p, g, config.minibatches)
       for e in range(config.epochs)])
-  (new_params, new_opt_state), per_mb = jax.lax.scan(
-      minibatch_step, (train_state.params, train_state.opt_state), minibatch_rows)
+  old_trained = (train_state.params, train_state.value) if ppo else train_state.params
+  (new_trained, new_opt_state), per_mb = jax.lax.scan(
+      minibatch_step, (old_trained, train_state.opt_state), minibatch_rows)
   metrics = jax.tree.map(jnp.mean, per_mb)
 
   skip = stability.should_skip(metrics["loss"], metrics["approx_kl"], max_kl=config.max_kl)
-  skip = skip | ~stability.all_finite(new_params)
-  new_params = stability.select_tree(skip, train_state.params, new_params)
+  skip = skip | ~stability.all_finite(new_trained)
+  new_trained = stability.select_tree(skip, old_trained, new_trained)
   new_opt_state = stability.select_tree(skip, train_state.opt_state, new_opt_state)
+  new_params, new_value = new_trained if ppo else (new_trained, None)
   train_state = TrainState(step=train_state.step + 1, params=new_params, opt_state=new_opt_state,
                            whitening=whitening,
-                           skipped=train_state.skipped + skip.astype(jnp.int32))
+                           skipped=train_state.skipped + skip.astype(jnp.int32), value=new_value)
 
   # Batch statistics over every sampled group (what the curriculum chose).
   count = jnp.maximum(batch_valid.sum(), 1)

@@ -160,3 +160,25 @@ def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert (_deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
           == _deterministic(read_jsonl(os.path.join(killed, "metrics.jsonl"))))
+
+
+def test_toy_lora_ppo_with_dynamic_filtering_runs(tmp_path):
+  c = toy_config(steps=2)
+  c.model.lora_rank = 4
+  c.model.lora_targets = ("q", "v", "up")
+  c.rl.algorithm = "ppo"
+  c.rl.learning_rate = 1e-3
+  c.curriculum.filter = "all_equal"
+  c.curriculum.oversample = 2
+  c.checkpoint.every = 2
+  loop.train_and_evaluate(c, str(tmp_path))
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [0, 1, 2]
+  assert all(np.isfinite(r["value_loss"]) for r in rows[1:])
+  assert all(r["groups_kept"] <= 4 for r in rows[1:])  # P = 4 of 8 sampled groups at most
+  step, saved = _final_params(str(tmp_path))
+  assert step == 2 and "value" in saved["train"]
+  # Only the adapters are trained and saved: no base kernel in the train state's parameters.
+  names = ["/".join(map(str, path)) for path, _ in
+           jax.tree_util.tree_flatten_with_path(saved["train"]["params"])[0]]
+  assert names and all("lora" in n for n in names), names[:5]

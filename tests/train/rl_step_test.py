@@ -105,3 +105,39 @@ def test_curriculum_sees_all_groups_policy_only_kept_ones():
       rewards, train_groups=jnp.array([0, 2, 0, 2], jnp.int32),
       train_valid=jnp.array([True, True, False, False])), jax.random.PRNGKey(2), None, params)
   np.testing.assert_allclose(float(metrics["loss"]), float(alone["loss"]), atol=1e-6)
+
+
+def test_outcome_token_rewards_sit_on_the_last_counted_token():
+  mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], jnp.float32)
+  got = rl_step.outcome_token_rewards(jnp.array([2.0, -1.0, 5.0]), mask)
+  np.testing.assert_array_equal(np.asarray(got), [[0, 0, 2, 0], [-1, 0, 0, 0], [0, 0, 0, 0]])
+
+
+def test_ppo_step_trains_policy_and_value_head():
+  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                            mlp_dim=64)
+  graphdef, params = transformer.init_model(config, seed=0)
+  optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
+  curriculum = cur.sec(2, batch_size=P, alpha=1.0)
+  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
+                             curriculum_update=curriculum.update,
+                             config=rl_step.LearnConfig(algorithm="ppo", minibatches=2, lam=1.0),
+                             use_lora=False)
+  state = rl_step.init_train_state(params, optimizer, rl_step.init_value_head(32))
+  cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
+  new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
+                                      None, params)
+  assert float(metrics["update_skipped"]) == 0.0
+  assert float(metrics["value_loss"]) > 0.0  # the head starts at 0, the returns are 0/1
+  assert float(jnp.abs(new_state.value["w"]).sum()) > 0.0
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+             for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_state.params)))
+  # The curriculum is fed group-relative (RLOO) advantages under PPO too.
+  np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(_rewards()), atol=1e-6)
+  # The critic learns: on the same batch, its loss falls over a few steps.
+  value_losses = [float(metrics["value_loss"])]
+  for i in range(3):
+    new_state, _, metrics = learn(new_state, cur_state, _batch(_rewards()),
+                                  jax.random.PRNGKey(3 + i), None, params)
+    value_losses.append(float(metrics["value_loss"]))
+  assert value_losses[-1] < value_losses[0], value_losses
