@@ -8,7 +8,10 @@ advantages while the Self-Evolving Curriculum picks which difficulty bin each pr
 Held-out greedy accuracy per bin (out-of-distribution bins included) is evaluated periodically;
 the run ends with a before/after table and workdir/report.png.
 
-Expected on a 2-core CPU: see the README's results table (numbers measured with this file).
+Expected on a 2-core CPU (measured with this file): about 11 minutes in all (SFT ~5 min, RL 1.5 s
+a step). Held-out greedy accuracy after SFT -> after RL: the addition/subtraction bins at 98-100%
+throughout, mul_1d_1d 55% -> 81%, mul_2d_1d 23% -> 25%, three-term and out-of-distribution bins
+near 0.
 Overrides: --config.rl.steps=50 --config.curriculum.name=uniform ...
 """
 
