@@ -9,25 +9,13 @@ With NUM_PROCESSES = 1 the run is a plain single-process run on the visible devi
 
 import sys
 
-from configs import quickstart
+from configs import toy
 from rl_curriculum.train import loop
 
 
 def toy_config(steps: int, num_processes: int, process_id: int, port: int):
-  c = quickstart.get_config()
-  c.task.train_bins = (0, 1, 2)
-  c.task.eval_bins = (0, 2, 8)
-  c.task.train_per_bin = 40
-  c.task.sft_per_bin = 40
-  c.task.eval_per_bin = 8
-  c.sft.steps = 10
-  c.sft.batch_size = 16
+  c = toy.get_config()
   c.rl.steps = steps
-  c.rl.prompts_per_step = 4
-  c.rl.group_size = 4
-  c.rl.max_new_tokens = 4
-  c.eval.every = 2
-  c.eval.batch_size = 8
   c.checkpoint.every = 1
   c.checkpoint.keep = 100          # every step's state stays on disk for the comparison
   c.parallel.mesh_shape = (2, 4, 1)

@@ -12,7 +12,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import quickstart
+from configs import toy
 from rl_curriculum.train import builders, checkpointing, loop
 from rl_curriculum.train.metrics import read_jsonl
 
@@ -22,21 +22,8 @@ _TIMING = ("time/", "tokens_per_s")
 
 
 def toy_config(steps=4):
-  c = quickstart.get_config()
-  c.task.train_bins = (0, 1, 2)
-  c.task.eval_bins = (0, 2, 8)
-  c.task.train_per_bin = 40
-  c.task.sft_per_bin = 40
-  c.task.eval_per_bin = 8
-  c.sft.steps = 10
-  c.sft.batch_size = 16
+  c = toy.get_config()
   c.rl.steps = steps
-  c.rl.prompts_per_step = 4
-  c.rl.group_size = 4
-  c.rl.max_new_tokens = 4
-  c.eval.every = 2
-  c.eval.batch_size = 8
-  c.checkpoint.every = 1
   return c
 
 
@@ -111,9 +98,9 @@ def test_bad_config_fails_before_compiling(field, value, message, tmp_path):
   assert not os.listdir(tmp_path)  # nothing was written: the check ran first
 
 
-def _cli(workdir, *overrides):
+def _cli(workdir, *overrides, config="quickstart"):
   return [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
-          "--config", os.path.join(ROOT, "configs", "quickstart.py"), "--workdir", workdir,
+          "--config", os.path.join(ROOT, "configs", f"{config}.py"), "--workdir", workdir,
           *overrides]
 
 
@@ -129,21 +116,16 @@ def test_cli_rejects_unknown_keys_and_wrong_types(override, message, tmp_path):
   assert not os.path.exists(tmp_path / "checkpoints")
 
 
-_TOY_FLAGS = ["--config.task.train_bins=(0,1,2)", "--config.task.eval_bins=(0,2,8)",
-              "--config.task.train_per_bin=40", "--config.task.sft_per_bin=40",
-              "--config.task.eval_per_bin=8", "--config.sft.steps=10", "--config.sft.batch_size=16",
-              "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
-              "--config.rl.max_new_tokens=4", "--config.eval.every=2", "--config.eval.batch_size=8",
-              "--config.checkpoint.every=2", "--config.rl.steps=6"]
+_TOY_FLAGS = ["--config.checkpoint.every=2", "--config.rl.steps=6"]
 
 
 @pytest.mark.slow
 def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
   straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
   env = {**os.environ, "PYTHONPATH": ROOT}
-  subprocess.run(_cli(straight, *_TOY_FLAGS), check=True, capture_output=True, env=env,
-                 timeout=900)
-  proc = subprocess.Popen(_cli(killed, *_TOY_FLAGS), stdout=subprocess.DEVNULL,
+  subprocess.run(_cli(straight, *_TOY_FLAGS, config="toy"), check=True, capture_output=True,
+                 env=env, timeout=900)
+  proc = subprocess.Popen(_cli(killed, *_TOY_FLAGS, config="toy"), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, env=env)
   deadline = time.time() + 900
   while time.time() < deadline:  # kill between checkpoints: after step 3 is logged
@@ -153,7 +135,8 @@ def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
     time.sleep(0.2)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  subprocess.run(_cli(killed, *_TOY_FLAGS), check=True, capture_output=True, env=env, timeout=900)
+  subprocess.run(_cli(killed, *_TOY_FLAGS, config="toy"), check=True, capture_output=True,
+                 env=env, timeout=900)
   a, b = _final_params(straight), _final_params(killed)
   assert a[0] == b[0] == 6
   for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):
