@@ -36,7 +36,6 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from rl_curriculum.tasks import parsing
 
 __all__ = [
     "DEFAULT_FORMAT_BONUS", "TEMPLATES", "Problem", "Score", "Task", "extract_answer",

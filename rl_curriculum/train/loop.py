@@ -349,7 +349,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json(indent=1))
   task, tok, pool, eval_sets, ood = run.task, run.tokenizer, run.pool, run.eval_sets, run.ood
-  graphdef, trainable, frozen, ref_params = run.graphdef, run.trainable, run.frozen, run.ref_params
+  graphdef, frozen, ref_params = run.graphdef, run.frozen, run.ref_params
   train_bins = tuple(config.task.train_bins)
   use_lora = config.model.lora_rank > 0
 

@@ -9,7 +9,7 @@ import math
 import os
 import sys
 import time
-from typing import Mapping, Optional
+from typing import Mapping
 
 import numpy as np
 

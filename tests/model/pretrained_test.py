@@ -24,7 +24,6 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from rl_curriculum.model import checkpoint_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
-from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.hf_tokenizer import HFTokenizer
 from rl_curriculum.sampling import sampler

@@ -2,7 +2,6 @@
 multiprocess_test.py)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

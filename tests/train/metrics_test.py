@@ -1,7 +1,6 @@
 """Tests for metrics.jsonl writing, resume truncation and the end-of-run report."""
 
 import io
-import json
 import os
 
 import numpy as np
