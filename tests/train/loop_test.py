@@ -54,6 +54,17 @@ def test_quickstart_toy_runs_and_logs(tmp_path):
   assert (tmp_path / "report.png").stat().st_size > 10_000
   assert os.listdir(tmp_path / "tensorboard")
   assert json.load(open(tmp_path / "summary.json"))["steps"] == 3
+  # evaluate.py restores the newest checkpoint: its greedy accuracy is the run's final evaluation.
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), "--config",
+       os.path.join(ROOT, "configs", "toy.py"), "--workdir", str(tmp_path),
+       "--config.rl.steps=3", "--k=1", "--samples=2"],
+      capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  evaluated = json.load(open(tmp_path / "eval.json"))
+  assert evaluated["step"] == 3 and evaluated["ood"] == ["add_3d_3d"]
+  assert evaluated["greedy"] == summary["after"]
+  assert set(evaluated["pass@1"]) == set(summary["after"])
   # The cached tokenizer and warm start belong to these settings; other settings are refused.
   other = toy_config(steps=3)
   other.sft.steps = 11
