@@ -12,16 +12,18 @@ from rl_curriculum.train import builders, rl_step
 P, G, TP, T, V = 4, 4, 5, 3, 16
 
 
-def _setup(minibatches=2):
+def _setup(minibatches=2, algorithm="rloo"):
   config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
                             mlp_dim=64)
   graphdef, params = transformer.init_model(config, seed=0)
   optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
+  learn_config = rl_step.LearnConfig(algorithm=algorithm, minibatches=minibatches, lam=1.0)
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update,
-                             config=rl_step.LearnConfig(minibatches=minibatches), use_lora=False)
-  state = rl_step.init_train_state(params, optimizer)
+                             curriculum_update=curriculum.update, config=learn_config,
+                             use_lora=False)
+  value = rl_step.init_value_head(config.d_model) if algorithm == "ppo" else None
+  state = rl_step.init_train_state(params, optimizer, value)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
   return params, state, cur_state, learn
 
@@ -114,17 +116,7 @@ def test_outcome_token_rewards_sit_on_the_last_counted_token():
 
 
 def test_ppo_step_trains_policy_and_value_head():
-  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                            mlp_dim=64)
-  graphdef, params = transformer.init_model(config, seed=0)
-  optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
-  curriculum = cur.sec(2, batch_size=P, alpha=1.0)
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update,
-                             config=rl_step.LearnConfig(algorithm="ppo", minibatches=2, lam=1.0),
-                             use_lora=False)
-  state = rl_step.init_train_state(params, optimizer, rl_step.init_value_head(32))
-  cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
+  params, state, cur_state, learn = _setup(algorithm="ppo")
   new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
                                       None, params)
   assert float(metrics["update_skipped"]) == 0.0
