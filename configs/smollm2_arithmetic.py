@@ -10,7 +10,10 @@ reference is the same model with the adapters switched off. No SFT: the instruct
 with some skill on the easy bins but often answers with prose; RL teaches it the format and
 sharpens the easy bins.
 
-Expected on a 2-core CPU: see the README's results table (numbers measured with this file).
+Expected on a 2-core CPU (measured with this file): about 25 minutes; 2.5 min compiling the learn
+step, then ~25 s a step. Held-out greedy accuracy before -> after: one-digit sums 56% -> 100%,
+two-digit + one-digit 9% -> 88%, two-digit sums 9% -> 59%, one-digit products 84% -> 94%,
+two-digit x one-digit 25% -> 34%, two-digit products (OOD) 6% -> 6%.
 """
 
 from configs import quickstart
