@@ -277,7 +277,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, rows)
     updates, opt_state = optimizer.update(grads, opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
     return (trainable, opt_state), metrics
 
   minibatch_rows = jnp.concatenate([
