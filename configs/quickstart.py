@@ -55,6 +55,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl = ml_collections.ConfigDict()
   c.rl.algorithm = "rloo"           # rloo | grpo | dr_grpo | reinforce_pp | ppo (critic + GAE)
   c.rl.steps = 150                  # RL updates (one rollout batch each)
+  c.rl.seed = 0                     # RL randomness (rollouts, curriculum): 0 = `seed` alone, else
+                                    # folded into it; data and SFT warm start do not depend on it
   c.rl.prompts_per_step = 32        # P
   c.rl.group_size = 8               # G completions per prompt
   c.rl.max_new_tokens = 6           # completion length cap (answer + EOS)

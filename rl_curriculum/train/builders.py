@@ -95,6 +95,8 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
     _fail("rl.kl_estimator", f"must be k1, k2 or k3, got {rl.kl_estimator!r}")
   if rl.learning_rate <= 0:
     _fail("rl.learning_rate", f"must be > 0, got {rl.learning_rate}")
+  if rl.get("seed", 0) < 0:
+    _fail("rl.seed", f"must be >= 0, got {rl.seed}")
   for field in ("gamma", "lam"):
     if not 0.0 <= getattr(rl, field) <= 1.0:
       _fail(f"rl.{field}", f"must lie in [0, 1], got {getattr(rl, field)}")

@@ -284,6 +284,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
                   stop_ids=tuple(getattr(tok, "stop_ids", ())))
 
 
+def rl_root_key(config: ml_collections.ConfigDict) -> jax.Array:
+  """Root of the RL phase's randomness (curriculum, rollouts, minibatches): the run's seed, with
+  `config.rl.seed` folded in when nonzero. Runs that differ only in rl.seed share the data, the
+  tokenizer and the SFT warm start, which is what seeds of a curricula comparison should vary."""
+  key = jax.random.PRNGKey(config.seed)
+  rl_seed = config.rl.get("seed", 0)  # configs written before the field existed: 0
+  return jax.random.fold_in(key, rl_seed) if rl_seed else key
+
+
 def init_states(config: ml_collections.ConfigDict, run: Prepared):
   """Phase 4's fresh state: (optimizer, curriculum, train_state, curriculum_state)."""
   optimizer = builders.build_optimizer(config.rl.learning_rate,
@@ -307,8 +316,7 @@ def init_states(config: ml_collections.ConfigDict, run: Prepared):
     value = rl_step.init_value_head(width)
   train_state = rl_step.init_train_state(run.trainable, optimizer, value)
   # Steps count from 1, so key 0 of the root is free for the curriculum's initial shuffle.
-  cur_state = curriculum.init(run.pool.prompt_pool(),
-                              jax.random.fold_in(jax.random.PRNGKey(config.seed), 0))
+  cur_state = curriculum.init(run.pool.prompt_pool(), jax.random.fold_in(rl_root_key(config), 0))
   return optimizer, curriculum, train_state, cur_state
 
 
@@ -374,7 +382,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ref_params = distributed.place(ref_params, mesh_lib.param_shardings(ref_params, mesh))
   row_sharding = mesh_lib.batch_sharding(mesh, 2)
   my_rows = distributed.local_row_indices(row_sharding, num_rows)
-  root = jax.random.PRNGKey(config.seed)
+  root = rl_root_key(config)
   select = jax.jit(curriculum.select, out_shardings=rep)
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update,

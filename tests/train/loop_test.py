@@ -92,6 +92,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     ("model.lora_rank", 4, None),
     ("curriculum.options", {"alpha": 0.5, "temprature": 1.0}, "curriculum.options.temprature"),
     ("rl.algorithm", "a2c", "config.rl.algorithm"),
+    ("rl.seed", -1, "config.rl.seed: must be >= 0"),
 ])
 def test_bad_config_fails_before_compiling(field, value, message, tmp_path):
   c = toy_config()
@@ -107,6 +108,18 @@ def test_bad_config_fails_before_compiling(field, value, message, tmp_path):
   with pytest.raises(builders.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
     loop.train_and_evaluate(c, str(tmp_path))
   assert not os.listdir(tmp_path)  # nothing was written: the check ran first
+
+
+def test_rl_seed_changes_the_rl_stream_only():
+  c = toy_config()
+  base = loop.rl_root_key(c)
+  np.testing.assert_array_equal(base, jax.random.PRNGKey(c.seed))  # rl.seed 0: the run's seed
+  c.rl.seed = 3
+  other = loop.rl_root_key(c)
+  assert not np.array_equal(other, base)
+  # The SFT warm start's fingerprint ignores rl.seed, so seeds share one cached warm start.
+  d = toy_config()
+  assert loop._sft_fingerprint(c) == loop._sft_fingerprint(d)  # pylint: disable=protected-access
 
 
 def _cli(workdir, *overrides, config="quickstart"):
