@@ -8,7 +8,9 @@ cached by `jax.jit`:
   decode    SamplingState -> SamplingState, donated: while step < N and some row is running,
             sample a token per row, record it, feed it through the cache (one slot per step,
             `dynamic_update_slice`): each token costs one position of compute plus attention
-            over the S slots; the prefix is never recomputed.
+            over the S slots; the prefix is never recomputed. The N-th token is recorded but
+            not fed (nothing reads its logits): N tokens cost N - 1 decode forwards, and the
+            final state's logits, cache and positions are those after token N - 1.
 
 Log-probs: `Rollout.logprobs[b, t] = log_softmax(logits)[token]` of the RAW policy logits, i.e.
 before temperature, top-k and top-p. These are the log-probs of the policy being trained (what
@@ -85,7 +87,8 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_gree
   def running(s):
     return (s.step < num_new) & ~jnp.all(s.done)
 
-  def advance(s):
+  def record(s):
+    """Samples each row's next token from s.logits and writes it to column s.step."""
     token = strategies.sample_token(
         s.logits, jax.random.fold_in(s.key, s.step), temperature=temperature, top_k=top_k,
         top_p=top_p, use_greedy=use_greedy)
@@ -99,12 +102,19 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_gree
         s.logprobs, jnp.where(live, logprob, 0.0)[:, None], column)
     mask = jax.lax.dynamic_update_slice(s.mask, live.astype(jnp.float32)[:, None], column)
     done = s.done | (live & jnp.any(token[:, None] == stop[None, :], axis=-1))
+    return token, s._replace(tokens=tokens, logprobs=logprobs, mask=mask, done=done,
+                             step=s.step + 1)
+
+  def advance(s):
+    token, new = record(s)
     logits, cache = transformer.decode_step(graphdef, params, token, s.positions, s.key_mask,
                                             s.cache, prompt_len + s.step)
-    return s._replace(tokens=tokens, logprobs=logprobs, mask=mask, logits=logits, cache=cache,
-                      positions=s.positions + 1, done=done, step=s.step + 1)
+    return new._replace(logits=logits, cache=cache, positions=s.positions + 1)
 
-  return jax.lax.while_loop(running, advance, state)
+  # Tokens 0 .. N-2 are recorded and fed through the model; the last one is only recorded (its
+  # logits would never be used), which saves one forward step of the N.
+  state = jax.lax.while_loop(lambda s: (s.step < num_new - 1) & ~jnp.all(s.done), advance, state)
+  return jax.lax.cond(running(state), lambda s: record(s)[1], lambda s: s, state)
 
 
 def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: jax.Array,

@@ -7,6 +7,15 @@ the old policy and the reference -> `epochs` passes of `minibatches` optimizer s
 are whole groups) -> stability check (a non-finite or runaway update is discarded and the
 parameters and optimizer state roll back; `skipped` counts it).
 
+Forward passes per step (each over the B x (Tp + T) sequences; the configuration is static, so
+the choice is made at trace time):
+  old policy   only when there is more than one optimizer step per batch (epochs x minibatches
+               > 1) or a critic (PPO); with one step the old policy is the policy being
+               differentiated, and logp_old = stop_gradient(logp) inside the loss (the same
+               values, one forward pass fewer).
+  reference    only when kl_coef != 0; otherwise the "kl" metric is NaN (not measured).
+  policy       forward and backward, once per minibatch.
+
 Rows are prompt-major: row b = p * G + g holds completion g of prompt p. A batch may hold more
 groups than the policy trains on (over-sampling for a post-rollout filter): the curriculum sees
 every sampled group, the policy loss only the `train_groups`.
@@ -221,13 +230,20 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   mask = batch.mask * row_valid[:, None]
   adv_tokens = adv_lib.broadcast_to_tokens(advantages_train.reshape(b), mask)
 
-  # The old policy (this step's parameters) and the reference, without gradients.
-  params = model_params(train_state.params, frozen)
-  hidden_old = jax.lax.stop_gradient(completion_hidden(
-      graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
-  logp_old = logprobs_lib.token_logprobs(
-      transformer.logits_from_hidden(graphdef, params, hidden_old), batch.tokens)
+  # The old policy (this step's parameters) and the reference, without gradients. With a single
+  # optimizer step over the batch and no critic (`on_policy`) the old policy IS the policy being
+  # differentiated: logp_old = stop_gradient(logp) inside the loss, and its forward pass is
+  # skipped. Without a KL term (kl_coef = 0) the reference's forward pass is skipped too.
   ppo = config.algorithm == "ppo"
+  on_policy = config.epochs * config.minibatches == 1 and not ppo
+  use_ref = config.kl_coef != 0
+  params = model_params(train_state.params, frozen)
+  hidden_old = logp_old = None
+  if not on_policy:
+    hidden_old = jax.lax.stop_gradient(completion_hidden(
+        graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
+    logp_old = logprobs_lib.token_logprobs(
+        transformer.logits_from_hidden(graphdef, params, hidden_old), batch.tokens)
   values_old = returns = None
   if ppo:
     # Outcome reward on the last token, GAE on the value head, advantages whitened over tokens.
@@ -238,11 +254,13 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
     mean = losses.masked_mean(adv_tokens, mask)
     std = jnp.sqrt(losses.masked_mean(jnp.square(adv_tokens - mean), mask))
     adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
-  ref = lora_lib.disable(params) if use_lora else ref_params
-  logp_ref = jax.lax.stop_gradient(completion_logprobs(
-      graphdef, ref, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
+  logp_ref = None
+  if use_ref:
+    ref = lora_lib.disable(params) if use_lora else ref_params
+    logp_ref = jax.lax.stop_gradient(completion_logprobs(
+        graphdef, ref, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
   guard_frac = jnp.zeros(())
-  if config.ratio_guard > 0:
+  if config.ratio_guard > 0 and not on_policy:
     # Tokens where the sampler and the trainer disagree wildly (numerics, stale weights) are dropped.
     mask, guard_frac = stability.ratio_guard(logp_old, batch.sampler_logprobs, mask,
                                              max_log_ratio=config.ratio_guard)
@@ -256,20 +274,36 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
     logits = transformer.logits_from_hidden(graphdef, model_params(trainable, frozen), hidden)
     logp = logprobs_lib.token_logprobs(logits, batch.tokens[rows])
     m = mask[rows]
+    extra = {}
+    if on_policy:
+      old = jax.lax.stop_gradient(logp)
+      guard = jnp.zeros(())
+      if config.ratio_guard > 0:
+        m, guard = stability.ratio_guard(old, batch.sampler_logprobs[rows], m,
+                                         max_log_ratio=config.ratio_guard)
+      extra = {"ratio_guard_frac": guard,
+               "sampler_logp_gap": losses.masked_mean(
+                   jnp.abs(old - batch.sampler_logprobs[rows]), m),
+               "completion_len": jnp.sum(m) / jnp.maximum(row_valid.sum(), 1)}
+    else:
+      old = logp_old[rows]
     pg_loss, pg_metrics = losses.policy_loss(
-        logp, logp_old[rows], adv_tokens[rows], m, eps_low=config.eps_low,
+        logp, old, adv_tokens[rows], m, eps_low=config.eps_low,
         eps_high=config.eps_high, level=config.level, aggregation=config.aggregation,
         max_tokens=max_tokens)
-    kl = losses.masked_mean(
-        losses.kl_divergence(logp, logp_ref[rows], estimator=config.kl_estimator), m)
-    loss = pg_loss + config.kl_coef * kl
+    if use_ref:
+      kl = losses.masked_mean(
+          losses.kl_divergence(logp, logp_ref[rows], estimator=config.kl_estimator), m)
+      loss = pg_loss + config.kl_coef * kl
+    else:
+      kl = jnp.full((), jnp.nan)  # no reference computed (kl_coef = 0): not measured
+      loss = pg_loss
     entropy = losses.masked_mean(logprobs_lib.token_entropy(jax.lax.stop_gradient(logits)), m)
-    extra = {}
     if ppo:
       v_loss, v_metrics = losses.value_loss(values_from_hidden(value, hidden), values_old[rows],
                                             returns[rows], m, clip=config.vf_clip)
       loss = loss + config.vf_coef * v_loss
-      extra = {**v_metrics, "value_loss": v_loss}
+      extra = {**extra, **v_metrics, "value_loss": v_loss}
     return loss, {**pg_metrics, **extra, "pg_loss": pg_loss, "kl": kl, "entropy": entropy}
 
   def minibatch_step(carry, rows):
@@ -300,14 +334,17 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   # Batch statistics over every sampled group (what the curriculum chose).
   count = jnp.maximum(batch_valid.sum(), 1)
   group_signal = jnp.any(jnp.abs(advantages) > 0, axis=1) & jnp.any(batch_valid, axis=1)
+  if not on_policy:  # (on-policy, the loss reports these three from its own log-probs)
+    metrics.update({
+        "completion_len": jnp.sum(mask) / jnp.maximum(row_valid.sum(), 1),
+        "ratio_guard_frac": guard_frac,
+        "sampler_logp_gap": losses.masked_mean(jnp.abs(logp_old - batch.sampler_logprobs), mask),
+    })
   metrics.update({
       "reward_mean": jnp.sum(batch.rewards * batch_valid) / count,
       "correct_mean": jnp.sum(batch.correct & batch_valid) / count,
       "abs_adv_mean": jnp.sum(jnp.abs(advantages)) / count,
       "nonzero_adv_frac": group_signal.sum() / jnp.maximum(jnp.any(batch_valid, axis=1).sum(), 1),
-      "completion_len": jnp.sum(mask) / jnp.maximum(row_valid.sum(), 1),
-      "ratio_guard_frac": guard_frac,
-      "sampler_logp_gap": losses.masked_mean(jnp.abs(logp_old - batch.sampler_logprobs), mask),
       "update_skipped": skip.astype(jnp.float32),
       "skipped_total": train_state.skipped,
   })

@@ -3,22 +3,25 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.rl import losses
 from rl_curriculum.train import builders, rl_step
 
 P, G, TP, T, V = 4, 4, 5, 3, 16
 
 
-def _setup(minibatches=2, algorithm="rloo"):
+def _setup(minibatches=2, algorithm="rloo", kl_coef=0.0, optimizer=None, ratio_guard=0.0):
   config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
                             mlp_dim=64)
   graphdef, params = transformer.init_model(config, seed=0)
-  optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
+  optimizer = optimizer or builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
-  learn_config = rl_step.LearnConfig(algorithm=algorithm, minibatches=minibatches, lam=1.0)
+  learn_config = rl_step.LearnConfig(algorithm=algorithm, minibatches=minibatches, lam=1.0,
+                                     kl_coef=kl_coef, ratio_guard=ratio_guard)
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update, config=learn_config,
                              use_lora=False)
@@ -48,7 +51,7 @@ def _rewards():
 
 
 def test_update_changes_params_and_curriculum():
-  params, state, cur_state, learn = _setup()
+  params, state, cur_state, learn = _setup(kl_coef=1e-3)
   before = jax.tree.map(np.asarray, params)
   new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
                                       None, params)
@@ -101,7 +104,7 @@ def test_curriculum_sees_all_groups_policy_only_kept_ones():
   _, new_cur, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
   np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(rewards), atol=1e-6)
   np.testing.assert_allclose(float(metrics["nonzero_adv_frac"]), 4 / 6, rtol=1e-6)  # all six
-  assert float(metrics["kl"]) == 0.0  # one minibatch: the policy equals the reference throughout
+  assert np.isnan(float(metrics["kl"]))  # kl_coef = 0: no reference pass, KL not measured
   # Padding slots carry no weight: the same update as training on groups 0 and 2 alone.
   _, _, alone = learn(*_setup(minibatches=1)[1:3], _batch(
       rewards, train_groups=jnp.array([0, 2, 0, 2], jnp.int32),
@@ -133,3 +136,67 @@ def test_ppo_step_trains_policy_and_value_head():
                                   jax.random.PRNGKey(3 + i), None, params)
     value_losses.append(float(metrics["value_loss"]))
   assert value_losses[-1] < value_losses[0], value_losses
+
+
+def test_kl_is_zero_while_the_policy_equals_the_reference():
+  params, state, cur_state, learn = _setup(minibatches=1, kl_coef=0.1)
+  _, _, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None, params)
+  assert abs(float(metrics["kl"])) < 1e-6  # one minibatch: the policy is the reference
+
+
+def test_one_minibatch_step_equals_the_two_pass_update():
+  """One epoch of one minibatch skips the old policy's forward pass (logp_old = stop_gradient of
+  the loss's own log-probs); the update must equal the textbook one computed here with an
+  explicit old-policy pass: the same loss, gradient norm and SGD parameters."""
+  lr = 0.5
+  params, state, cur_state, learn = _setup(minibatches=1, optimizer=optax.sgd(lr))
+  batch = _batch(_rewards())
+  new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
+
+  graphdef, _ = _model()
+  adv = np.zeros((P, G), np.float32)
+  r = _rewards()
+  for p in range(P):
+    for g in range(G):
+      adv[p, g] = r[p, g] - (r[p].sum() - r[p, g]) / (G - 1)
+  adv_tokens = jnp.asarray(np.repeat(adv.reshape(P * G, 1), T, axis=1))
+
+  def logp_of(prm):
+    return rl_step.completion_logprobs(graphdef, prm, batch.prompt_tokens, batch.prompt_mask,
+                                       batch.tokens)
+
+  logp_old = jax.lax.stop_gradient(logp_of(params))
+
+  def loss_fn(prm):
+    loss, _ = losses.policy_loss(logp_of(prm), logp_old, adv_tokens, batch.mask, eps_low=0.2,
+                                 eps_high=0.2, level="token", aggregation="token_mean",
+                                 max_tokens=T)
+    return loss
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  np.testing.assert_allclose(float(metrics["loss"]), float(loss), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.tree.norm(grads)),
+                             rtol=1e-4)
+  expected = jax.tree.map(lambda p, g: p - lr * g, params, grads)
+  for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(new_state.params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
+def test_one_minibatch_ratio_guard_and_metrics():
+  params, state, cur_state, learn = _setup(minibatches=1, ratio_guard=1.0)
+  batch = _batch(_rewards())
+  logp = rl_step.completion_logprobs(*_model(), batch.prompt_tokens, batch.prompt_mask,
+                                     batch.tokens)
+  # The sampler's log-probs agree on the first completion token and are 3 nats off elsewhere.
+  sampler_logp = logp.at[:, 1:].add(-3.0)
+  _, _, metrics = learn(state, cur_state, batch._replace(sampler_logprobs=sampler_logp),
+                        jax.random.PRNGKey(2), None, params)
+  np.testing.assert_allclose(float(metrics["ratio_guard_frac"]), (T - 1) / T, rtol=1e-6)
+  np.testing.assert_allclose(float(metrics["completion_len"]), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(float(metrics["sampler_logp_gap"]), 0.0, atol=1e-5)
+
+
+def _model():
+  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                            mlp_dim=64)
+  return transformer.init_model(config, seed=0)
