@@ -1,0 +1,469 @@
+"""Curricula compared on equal rollout budgets, several seeds each.
+
+  python experiments/compare_curricula.py --setting=quickstart --seeds=5 \
+      --workdir=workdirs/compare --out=benchmarks/results
+
+Every run starts from the same SFT warm start (trained once per setting, in WORKDIR/SETTING/base)
+and the same data; seeds vary only the RL randomness (`config.rl.seed`: rollouts, curriculum,
+minibatches). Each method gets the same number of rollouts: steps = budget / (P * G * oversample),
+so a post-rollout filter that samples twice the prompts gets half the updates. Uniform sampling and
+SEC are also run at every learning rate of `--lr_sweep`, and each is reported at its best one, so
+the baseline gets the same tuning as the method it is compared with.
+
+Per method the summary gives: rollouts (and steps) to reach the tuned uniform baseline's final
+held-out accuracy, final per-bin and out-of-distribution accuracy with 95% intervals across
+seeds, the fraction of sampled groups that carried signal (not all equal), and wall time.
+Outputs OUT/curricula_SETTING.{json,md,png}. Finished runs are skipped when the command is run
+again (each run folder also resumes on its own), so a killed comparison continues where it stopped;
+`--analyse_only` rebuilds the summary from the run folders.
+
+Held-out accuracy here is the mean greedy accuracy over the training bins' held-out problems
+(the curriculum's arms; those among the evaluated bins); "ood" is the mean over the task's evaluation-only bins.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from configs import quickstart  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_SETTING = flags.DEFINE_enum("setting", "quickstart", ["quickstart", "countdown", "toy"],
+                             "Task and model setting (see SETTINGS).")
+_METHODS = flags.DEFINE_list("methods", None, "Methods to run (default: all of METHODS).")
+_SEEDS = flags.DEFINE_integer("seeds", 5, "RL seeds per method (config.rl.seed = 1..seeds).")
+_BUDGET = flags.DEFINE_integer("budget", 0, "Rollouts per run (0 = the setting's default).")
+_LR_SWEEP = flags.DEFINE_list("lr_sweep", ["1e-5", "2e-5", "4e-5"],
+                              "Learning rates tried for uniform and SEC (the others use the "
+                              "setting's).")
+_WORKDIR = flags.DEFINE_string("workdir", "workdirs/compare", "Folder of the run folders.")
+_OUT = flags.DEFINE_string("out", "benchmarks/results", "Folder of the summary files.")
+_ANALYSE_ONLY = flags.DEFINE_bool("analyse_only", False, "Only rebuild the summary.")
+
+# ---------------------------------------------------------------------------------------------
+# Settings and methods.
+
+
+def _quickstart_setting():
+  c = quickstart.get_config()
+  c.rl.steps = 80
+  c.rl.prompts_per_step = 16
+  c.eval.every = 10
+  c.eval.batch_size = 256
+  c.checkpoint.every = 50
+  return c
+
+
+def _countdown_setting():
+  """The countdown task (3-5 numbers; no out-of-distribution bin) with the tiny model."""
+  c = _quickstart_setting()
+  c.task.name = "countdown"
+  c.task.train_bins = (0, 1, 2)
+  c.task.eval_bins = (0, 1, 2)
+  c.task.eval_per_bin = 128
+  c.rl.max_new_tokens = 20
+  c.rl.steps = 100
+  return c
+
+
+def _toy_setting():
+  """Seconds per run: for tests of this script, nothing is learned."""
+  from configs import toy  # pylint: disable=import-outside-toplevel
+  c = toy.get_config()
+  c.eval.every = 2
+  c.checkpoint.every = 4
+  return c
+
+
+# name -> config builder; the budget default is the setting's steps x P x G.
+SETTINGS: dict[str, Callable] = {
+    "quickstart": _quickstart_setting,
+    "countdown": _countdown_setting,
+    "toy": _toy_setting,
+}
+
+
+def _method_overrides(name: str, config) -> dict:
+  """Config overrides of one method: {"name", "options", "filter", "oversample"}."""
+  table = {
+      "uniform": dict(name="uniform", options={}),
+      "easy_to_hard": dict(name="easy_to_hard", options={}),  # steps_per_arm: see run_config
+      "sec": dict(name="sec", options=dict(config.curriculum.options)),
+      "dump": dict(name="dump", options={}),
+      "dynamic_filtering": dict(name="uniform", options={}, filter="all_equal", oversample=2),
+      "vcrl": dict(name="vcrl", options={}),
+      "vade": dict(name="vade", options={}),
+      "greso": dict(name="greso", options={}),
+      "adarft": dict(name="adarft", options={}),
+      "lp_teacher": dict(name="alp_teacher", options={}),
+  }
+  return table[name]
+
+
+METHODS = ("uniform", "easy_to_hard", "sec", "dump", "dynamic_filtering", "vcrl", "vade", "greso",
+           "adarft", "lp_teacher")
+TUNED = ("uniform", "sec")  # methods run at every learning rate of the sweep
+
+
+def run_config(setting_config, method: str, seed: int, budget: int,
+               learning_rate: Optional[float] = None):
+  """The config of one run: the setting, the method's curriculum, the RL seed and the step count
+  that spends `budget` rollouts."""
+  c = setting_config.copy_and_resolve_references()
+  o = _method_overrides(method, c)
+  c.curriculum.name = o["name"]
+  c.curriculum.options = o["options"]
+  c.curriculum.filter = o.get("filter", "none")
+  c.curriculum.oversample = o.get("oversample", 1)
+  per_step = c.rl.prompts_per_step * c.rl.group_size * c.curriculum.oversample
+  c.rl.steps = max(budget // per_step, 1)
+  if method == "easy_to_hard":  # the schedule covers every arm within the run
+    c.curriculum.options = dict(steps_per_arm=max(c.rl.steps // len(c.task.train_bins), 1))
+  c.rl.seed = seed
+  if learning_rate is not None:
+    c.rl.learning_rate = learning_rate
+  c.checkpoint.every = min(c.checkpoint.every, c.rl.steps)
+  return c
+
+
+def run_name(method: str, seed: int, learning_rate: float) -> str:
+  return f"{method}_lr{learning_rate:g}_s{seed}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics (pure functions of numbers; tested on their own).
+
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30; beyond, the normal 1.96.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def mean_interval(values: Sequence[float]) -> dict:
+  """Mean and 95% Student-t interval mean +- t_{0.975,n-1} s / sqrt(n) of n >= 1 values
+  (s the sample standard deviation). With one value the interval is that value (no spread
+  known); "n" says how many there were."""
+  x = np.asarray(values, np.float64)
+  if x.size == 0:
+    raise ValueError("mean_interval needs at least one value")
+  mean = float(x.mean())
+  if x.size == 1:
+    return {"mean": mean, "lo": mean, "hi": mean, "n": 1}
+  df = x.size - 1
+  t = _T975[df - 1] if df <= len(_T975) else 1.96
+  half = t * float(x.std(ddof=1)) / math.sqrt(x.size)
+  return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": int(x.size)}
+
+
+def first_reaching(xs: Sequence[float], ys: Sequence[float], target: float) -> Optional[float]:
+  """The first x whose y is >= target (curves are evaluated at xs, increasing); None if never."""
+  for x, y in zip(xs, ys):
+    if y >= target - 1e-9:
+      return float(x)
+  return None
+
+
+def intervals_overlap(a: dict, b: dict) -> bool:
+  return not (a["hi"] < b["lo"] or b["hi"] < a["lo"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs.
+
+
+def _read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str]) -> dict:
+  """Curves and totals of one finished run folder."""
+  rows = []
+  with open(os.path.join(folder, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  with open(os.path.join(folder, "compare.json")) as f:
+    meta = json.load(f)
+  evals = [r for r in rows if any(k.startswith("eval/acc/") for k in r)]
+  # A resumed run may log a step twice; the last record of a step wins.
+  by_step = {r["step"]: r for r in evals}
+  steps = sorted(by_step)
+  acc = lambda r, names: float(np.mean([r[f"eval/acc/{n}"] for n in names])) if names else 0.0
+  train_rows = {r["step"]: r for r in rows if "nonzero_adv_frac" in r}
+  last = by_step[steps[-1]]
+  probs = sorted(k for k in rows[-1] if k.startswith("curriculum/probs/"))
+  return {
+      "steps": steps,
+      "rollouts": [s * meta["rollouts_per_step"] for s in steps],
+      "heldout": [acc(by_step[s], train_bin_names) for s in steps],
+      "final_bins": {k[len("eval/acc/"):]: v for k, v in last.items() if k.startswith("eval/acc/")},
+      "final_heldout": acc(last, train_bin_names),
+      "final_ood": acc(last, ood_names),
+      "signal_frac": float(np.mean([r["nonzero_adv_frac"] for r in train_rows.values()])),
+      "wall_s": meta["wall_s"],
+      "arm_probs": [[train_rows[s][k] for k in probs] for s in sorted(train_rows)] if probs else [],
+      "rollouts_per_step": meta["rollouts_per_step"],
+  }
+
+
+def summarise(runs: dict, budget: int) -> dict:
+  """Per-method summary of {(method, lr, seed): run}; uniform and SEC at their best rate.
+
+  The target is the tuned uniform baseline's final held-out accuracy (mean over seeds). For each
+  method and seed, rollouts to target = the first evaluation at or above it (None if never);
+  the method's figure is the mean over seeds that reached it, with how many did.
+  """
+  by_method_lr = {}
+  for (method, lr, seed), run in runs.items():
+    by_method_lr.setdefault((method, lr), {})[seed] = run
+  best_lr = {}
+  for (method, lr), seeds in by_method_lr.items():
+    score = float(np.mean([r["final_heldout"] for r in seeds.values()]))
+    if method not in best_lr or score > best_lr[method][1]:
+      best_lr[method] = (lr, score)
+  if "uniform" not in best_lr:
+    raise ValueError("the comparison needs the uniform baseline's runs")
+  sweep = {m: {f"{lr:g}": float(np.mean([r["final_heldout"] for r in s.values()]))
+               for (mm, lr), s in by_method_lr.items() if mm == m}
+           for m in best_lr}
+  uniform = by_method_lr[("uniform", best_lr["uniform"][0])]
+  target = float(np.mean([r["final_heldout"] for r in uniform.values()]))
+  methods = {}
+  for method, (lr, _) in best_lr.items():
+    seeds = by_method_lr[(method, lr)]
+    reach = {s: first_reaching(r["rollouts"], r["heldout"], target) for s, r in seeds.items()}
+    reached = [v for v in reach.values() if v is not None]
+    bins = sorted(next(iter(seeds.values()))["final_bins"])
+    rollouts = next(iter(seeds.values()))["rollouts"]
+    curve = np.mean([r["heldout"] for r in seeds.values()], axis=0)
+    methods[method] = {
+        "learning_rate": lr,
+        "seeds": sorted(seeds),
+        "rollouts_to_target": mean_interval(reached) if reached else None,
+        "rollouts_to_target_fraction": (float(np.mean(reached)) / budget) if reached else None,
+        "seeds_reaching_target": len(reached),
+        "per_seed_rollouts_to_target": {str(s): v for s, v in sorted(reach.items())},
+        "steps_to_target": (float(np.mean(reached)) / seeds[min(seeds)]["rollouts_per_step"]
+                            if reached else None),
+        "final_heldout": mean_interval([r["final_heldout"] for r in seeds.values()]),
+        "final_ood": mean_interval([r["final_ood"] for r in seeds.values()]),
+        "final_bins": {b: mean_interval([r["final_bins"][b] for r in seeds.values()])
+                       for b in bins},
+        "signal_frac": mean_interval([r["signal_frac"] for r in seeds.values()]),
+        "wall_s": mean_interval([r["wall_s"] for r in seeds.values()]),
+        "curve": {"rollouts": list(rollouts), "heldout_mean": curve.tolist()},
+        "arm_probs_mean": (np.mean([r["arm_probs"] for r in seeds.values()], axis=0).tolist()
+                           if all(r["arm_probs"] for r in seeds.values()) else []),
+    }
+  goal = None
+  if "sec" in methods:
+    sec, uni = methods["sec"], methods["uniform"]
+    goal = {
+        "sec_rollouts_fraction_of_budget": sec["rollouts_to_target_fraction"],
+        "uniform_rollouts_fraction_of_budget": uni["rollouts_to_target_fraction"],
+        "sec_seeds_reaching": sec["seeds_reaching_target"],
+        "met": bool(sec["rollouts_to_target"] is not None
+                    and sec["seeds_reaching_target"] == len(sec["seeds"])
+                    and sec["rollouts_to_target"]["mean"] <= 0.6 * budget
+                    and uni["rollouts_to_target"] is not None
+                    and sec["rollouts_to_target"]["hi"] < uni["rollouts_to_target"]["lo"]),
+        "rule": "every SEC seed reaches the tuned uniform final accuracy, in at most 0.6x the "
+                "budget on average, and SEC's 95% interval of rollouts-to-target lies below "
+                "uniform's",
+    }
+  return {"target_heldout": target, "budget_rollouts": budget, "lr_sweep": sweep,
+          "methods": methods, "sec_goal": goal}
+
+
+# ---------------------------------------------------------------------------------------------
+# Output.
+
+
+def _fmt(ci: Optional[dict], scale: float = 100.0, digits: int = 1) -> str:
+  if ci is None:
+    return "never"
+  if ci["n"] == 1:
+    return f"{ci['mean'] * scale:.{digits}f}"
+  return f"{ci['mean'] * scale:.{digits}f} [{ci['lo'] * scale:.{digits}f}, {ci['hi'] * scale:.{digits}f}]"
+
+
+def markdown(summary: dict, setting: str) -> str:
+  lines = [f"# Curricula compared: {setting}", "",
+           f"Budget {summary['budget_rollouts']} rollouts per run. Target: the tuned uniform "
+           f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
+           "Intervals: 95% Student-t across seeds.", "",
+           "| method | lr | seeds reaching target | rollouts to target (x budget) | final held-out % | "
+           "final OOD % | groups with signal % | wall s |",
+           "|---|---|---|---|---|---|---|---|"]
+  for name, m in summary["methods"].items():
+    frac = m["rollouts_to_target_fraction"]
+    reach = ("never" if m["rollouts_to_target"] is None else
+             f"{_fmt(m['rollouts_to_target'], 1, 0)} ({frac:.2f}x)")
+    lines.append(f"| {name} | {m['learning_rate']:g} | {m['seeds_reaching_target']}/"
+                 f"{len(m['seeds'])} | {reach} | {_fmt(m['final_heldout'])} | "
+                 f"{_fmt(m['final_ood'])} | {_fmt(m['signal_frac'])} | "
+                 f"{m['wall_s']['mean']:.0f} |")
+  lines += ["", "Learning-rate sweep (final held-out accuracy, mean over seeds): " + "; ".join(
+      f"{m}: " + ", ".join(f"{lr} -> {v * 100:.1f}%" for lr, v in sorted(s.items()))
+      for m, s in summary["lr_sweep"].items() if len(s) > 1), ""]
+  bins = sorted(next(iter(summary["methods"].values()))["final_bins"])
+  lines += ["Final held-out accuracy per bin (%, mean [95% interval]):", "",
+            "| method | " + " | ".join(bins) + " |", "|---|" + "---|" * len(bins)]
+  for name, m in summary["methods"].items():
+    lines.append(f"| {name} | " + " | ".join(_fmt(m["final_bins"][b], digits=0) for b in bins)
+                 + " |")
+  goal = summary.get("sec_goal")
+  if goal:
+    lines += ["", f"SEC goal ({goal['rule']}): **{'met' if goal['met'] else 'not met'}**."]
+  return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: str, arm_names: Sequence[str], title: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
+  for name, m in summary["methods"].items():
+    style = dict(lw=2.5) if name in ("sec", "uniform") else dict(lw=1.2, alpha=0.8)
+    ax.plot(m["curve"]["rollouts"], np.asarray(m["curve"]["heldout_mean"]) * 100,
+            label=f"{name} (lr {m['learning_rate']:g})", **style)
+  ax.axhline(summary["target_heldout"] * 100, color="k", ls=":", lw=1, label="uniform final")
+  ax.set(xlabel="rollouts", ylabel="held-out accuracy, training bins (%)",
+         title=f"{title}: mean over seeds")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2)
+  sec = summary["methods"].get("sec")
+  if sec and sec["arm_probs_mean"]:
+    probs = np.asarray(sec["arm_probs_mean"])
+    steps = np.arange(1, len(probs) + 1)
+    bx.stackplot(steps, probs.T, labels=list(arm_names)[:probs.shape[1]], alpha=0.85)
+    bx.set(xlabel="RL step", ylabel="probability", ylim=(0, 1),
+           title="SEC arm probabilities (mean over seeds)")
+    bx.legend(fontsize=7, loc="upper right")
+  else:
+    bx.axis("off")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver.
+
+
+def _link_warm_start(base: str, folder: str) -> None:
+  """Shares the setting's tokenizer and SFT warm start with a run folder (symlinks)."""
+  os.makedirs(folder, exist_ok=True)
+  for name in ("tokenizer.model", "sft", "warm_start.json"):
+    src, dst = os.path.abspath(os.path.join(base, name)), os.path.join(folder, name)
+    if os.path.exists(src) and not os.path.lexists(dst):
+      os.symlink(src, dst)
+
+
+def plan(setting: str, methods: Sequence[str], seeds: int, budget: int,
+         lr_sweep: Sequence[float]) -> list:
+  """[(method, learning_rate, seed, config)] of every run, seed by seed, so that a comparison cut
+  short still covers every method: per seed, the tuned methods at the setting's learning rate,
+  then at the sweep's other rates in the given order, then the other methods."""
+  base_config = SETTINGS[setting]()
+  default_lr = float(base_config.rl.learning_rate)
+  other_rates = [float(lr) for lr in lr_sweep if not math.isclose(float(lr), default_lr)]
+  tuned = [m for m in methods if m in TUNED]
+  order = ([(m, default_lr) for m in tuned] + [(m, lr) for lr in other_rates for m in tuned]
+           + [(m, default_lr) for m in methods if m not in TUNED])
+  return [(method, lr, seed, run_config(base_config, method, seed, budget, lr))
+          for seed in range(1, seeds + 1) for method, lr in order]
+
+
+def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
+            lr_sweep: Sequence[float], workdir: str, log=print) -> bool:
+  """Runs every planned run not finished yet; False when SIGTERM stopped it (run it again)."""
+  from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
+  root = os.path.join(workdir, setting)
+  base = os.path.join(root, "base")
+  base_config = SETTINGS[setting]()
+  loop.prepare(base_config, base, log=log)  # the shared SFT warm start (cached)
+  todo = plan(setting, methods, seeds, budget, lr_sweep)
+  for i, (method, lr, seed, config) in enumerate(todo):
+    folder = os.path.join(root, run_name(method, seed, lr))
+    if os.path.exists(os.path.join(folder, "compare.json")):
+      continue
+    _link_warm_start(base, folder)
+    log(f"[{i + 1}/{len(todo)}] {run_name(method, seed, lr)}: {config.rl.steps} steps")
+    t0 = time.time()
+    summary = loop.train_and_evaluate(config, folder)
+    if "preempted_at" in summary:
+      return False
+    meta = {"method": method, "learning_rate": lr, "seed": seed, "steps": config.rl.steps,
+            "rollouts_per_step": config.rl.prompts_per_step * config.rl.group_size
+                                 * config.curriculum.oversample,
+            "wall_s": time.time() - t0}
+    with open(os.path.join(folder, "compare.json"), "w") as f:
+      json.dump(meta, f, indent=1)
+  return True
+
+
+def analyse(setting: str, workdir: str, out: str, budget: int) -> dict:
+  """Reads every finished run folder of the setting; writes OUT/curricula_SETTING.*."""
+  from rl_curriculum import tasks  # pylint: disable=import-outside-toplevel
+  config = SETTINGS[setting]()
+  task = tasks.get_task(config.task.name, template=config.task.template)
+  train_names = [task.bin_names[b] for b in config.task.train_bins if b in config.task.eval_bins]
+  ood_names = [task.bin_names[b] for b in config.task.eval_bins if b in task.eval_only_bins]
+  root = os.path.join(workdir, setting)
+  runs = {}
+  for name in sorted(os.listdir(root)):
+    meta_path = os.path.join(root, name, "compare.json")
+    if not os.path.exists(meta_path):
+      continue
+    with open(meta_path) as f:
+      meta = json.load(f)
+    runs[(meta["method"], meta["learning_rate"], meta["seed"])] = _read_run(
+        os.path.join(root, name), train_names, ood_names)
+  # Only seeds that every (method, learning rate) finished, so that a comparison cut short
+  # compares like with like.
+  configs = {(m, lr) for m, lr, _ in runs}
+  complete = sorted({s for _, _, s in runs if all((m, lr, s) in runs for m, lr in configs)})
+  if not complete:
+    raise ValueError(f"no seed has finished every method in {root} yet")
+  runs = {k: v for k, v in runs.items() if k[2] in complete}
+  summary = summarise(runs, budget)
+  summary.update({"setting": setting, "train_bins": train_names, "ood_bins": ood_names,
+                  "date": time.strftime("%Y-%m-%d"), "cpu_affinity": sorted(os.sched_getaffinity(0))})
+  os.makedirs(out, exist_ok=True)
+  stem = os.path.join(out, f"curricula_{setting}")
+  with open(stem + ".json", "w") as f:
+    json.dump(summary, f, indent=1)
+  with open(stem + ".md", "w") as f:
+    f.write(markdown(summary, setting))
+  plot(summary, stem + ".png", train_names, setting)
+  return summary
+
+
+def default_budget(setting: str) -> int:
+  c = SETTINGS[setting]()
+  return c.rl.steps * c.rl.prompts_per_step * c.rl.group_size
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  methods = _METHODS.value or list(METHODS)
+  unknown = [m for m in methods if m not in METHODS]
+  if unknown:
+    raise app.UsageError(f"unknown methods {unknown}; choose from {METHODS}")
+  if "uniform" not in methods:
+    raise app.UsageError("the comparison needs the uniform baseline (--methods must include it)")
+  budget = _BUDGET.value or default_budget(_SETTING.value)
+  lrs = [float(x) for x in _LR_SWEEP.value]
+  if not _ANALYSE_ONLY.value:
+    if not run_all(_SETTING.value, methods, _SEEDS.value, budget, lrs, _WORKDIR.value):
+      return
+  summary = analyse(_SETTING.value, _WORKDIR.value, _OUT.value, budget)
+  print(markdown(summary, _SETTING.value))
+
+
+if __name__ == "__main__":
+  app.run(main)

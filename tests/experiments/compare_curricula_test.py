@@ -1,0 +1,155 @@
+"""experiments/compare_curricula.py: its statistics, its equal-budget plan and a toy comparison."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location(
+      "compare_curricula", os.path.join(ROOT, "experiments", "compare_curricula.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+cc = _module()
+
+
+@pytest.mark.parametrize("values", [[0.2, 0.4], [1.0, 2.0, 4.0, 8.0], list(np.linspace(0, 1, 12)),
+                                    list(np.arange(40.0))])
+def test_mean_interval_is_the_student_t_interval(values):
+  got = cc.mean_interval(values)
+  n = len(values)
+  mean = sum(values) / n
+  sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+  t = stats.t.ppf(0.975, n - 1) if n <= 31 else 1.96  # beyond 30 dof the script uses 1.96
+  assert got["n"] == n
+  assert got["mean"] == pytest.approx(mean, abs=1e-12)
+  # The script's quantile table has three decimals.
+  assert got["hi"] - mean == pytest.approx(t * sd / n ** 0.5, rel=2e-4)
+  assert mean - got["lo"] == pytest.approx(got["hi"] - mean, rel=1e-12)
+
+
+def test_mean_interval_edge_cases():
+  assert cc.mean_interval([3.0]) == {"mean": 3.0, "lo": 3.0, "hi": 3.0, "n": 1}
+  with pytest.raises(ValueError):
+    cc.mean_interval([])
+  assert cc.intervals_overlap({"lo": 0, "hi": 1}, {"lo": 1, "hi": 2})
+  assert not cc.intervals_overlap({"lo": 0, "hi": 1}, {"lo": 1.5, "hi": 2})
+
+
+def test_first_reaching():
+  xs, ys = [0, 10, 20, 30], [0.1, 0.3, 0.29, 0.5]
+  assert cc.first_reaching(xs, ys, 0.3) == 10
+  assert cc.first_reaching(xs, ys, 0.4) == 30
+  assert cc.first_reaching(xs, ys, 0.6) is None
+  assert cc.first_reaching(xs, ys, 0.0) == 0
+
+
+def _run(curve, *, per_step=10, signal=0.5, wall=1.0):
+  steps = list(range(len(curve)))
+  return {"steps": steps, "rollouts": [s * per_step for s in steps], "heldout": list(curve),
+          "final_bins": {"a": curve[-1], "b": 0.0}, "final_heldout": curve[-1],
+          "final_ood": 0.0, "signal_frac": signal, "wall_s": wall, "arm_probs": [],
+          "rollouts_per_step": per_step}
+
+
+def test_summarise_tunes_the_baseline_and_measures_rollouts_to_its_accuracy():
+  budget = 40  # 4 steps of 10 rollouts
+  runs = {
+      # Uniform: 2e-5 ends at 0.5 and 0.7 (mean 0.6), better than 4e-5 (mean 0.45).
+      ("uniform", 2e-5, 1): _run([0.0, 0.2, 0.4, 0.5, 0.5]),
+      ("uniform", 2e-5, 2): _run([0.0, 0.3, 0.5, 0.6, 0.7]),
+      ("uniform", 4e-5, 1): _run([0.0, 0.2, 0.4, 0.4, 0.4]),
+      ("uniform", 4e-5, 2): _run([0.0, 0.3, 0.4, 0.5, 0.5]),
+      # SEC reaches 0.6 after one step in both seeds.
+      ("sec", 2e-5, 1): _run([0.0, 0.6, 0.7, 0.7, 0.8]),
+      ("sec", 2e-5, 2): _run([0.0, 0.65, 0.7, 0.7, 0.8]),
+      # Another method that never gets there.
+      ("dump", 2e-5, 1): _run([0.0, 0.1, 0.1, 0.2, 0.3]),
+      ("dump", 2e-5, 2): _run([0.0, 0.1, 0.2, 0.2, 0.2]),
+  }
+  s = cc.summarise(runs, budget)
+  assert s["target_heldout"] == pytest.approx(0.6)
+  uni, sec, dump = (s["methods"][m] for m in ("uniform", "sec", "dump"))
+  assert uni["learning_rate"] == 2e-5
+  assert s["lr_sweep"]["uniform"] == {"2e-05": pytest.approx(0.6), "4e-05": pytest.approx(0.45)}
+  # Uniform: seed 1 never reaches 0.6 (max 0.5); seed 2 at step 3 = 30 rollouts.
+  assert uni["per_seed_rollouts_to_target"] == {"1": None, "2": 30.0}
+  assert uni["seeds_reaching_target"] == 1
+  assert sec["per_seed_rollouts_to_target"] == {"1": 10.0, "2": 10.0}
+  assert sec["rollouts_to_target_fraction"] == pytest.approx(10 / 40)
+  assert sec["steps_to_target"] == pytest.approx(1.0)
+  assert dump["rollouts_to_target"] is None and dump["seeds_reaching_target"] == 0
+  assert sec["final_heldout"]["mean"] == pytest.approx(0.8)
+  np.testing.assert_allclose(sec["curve"]["heldout_mean"], [0.0, 0.625, 0.7, 0.7, 0.8])
+  # SEC reached it in 0.25x the budget and its interval ([10, 10]) lies below uniform's ([30, 30]).
+  assert s["sec_goal"]["met"]
+  assert "never" in cc.markdown(s, "synthetic")
+
+
+def test_sec_goal_not_met_when_a_seed_falls_short():
+  runs = {("uniform", 2e-5, 1): _run([0.0, 0.5, 0.6]), ("uniform", 2e-5, 2): _run([0.0, 0.5, 0.6]),
+          ("sec", 2e-5, 1): _run([0.0, 0.6, 0.6]), ("sec", 2e-5, 2): _run([0.0, 0.4, 0.5])}
+  s = cc.summarise(runs, 20)
+  assert s["methods"]["sec"]["seeds_reaching_target"] == 1
+  assert not s["sec_goal"]["met"]
+
+
+def test_plan_gives_every_method_the_same_rollouts():
+  budget = cc.default_budget("quickstart")
+  todo = cc.plan("quickstart", list(cc.METHODS), 2, budget, [2e-5, 4e-5])
+  # Seed by seed: the tuned methods first, then the sweep, then the rest.
+  assert [(m, lr) for m, lr, s, _ in todo[:4]] == [("uniform", 2e-5), ("sec", 2e-5),
+                                                   ("uniform", 4e-5), ("sec", 4e-5)]
+  assert len(todo) == 2 * (len(cc.METHODS) + 2)
+  for method, lr, seed, c in todo:
+    per_step = c.rl.prompts_per_step * c.rl.group_size * c.curriculum.oversample
+    assert c.rl.steps * per_step == budget, method
+    assert c.rl.seed == seed and c.rl.learning_rate == lr
+  by_method = {m: c for m, _, s, c in todo if s == 1}
+  assert by_method["dynamic_filtering"].curriculum.filter == "all_equal"
+  assert by_method["dynamic_filtering"].rl.steps * 2 == by_method["uniform"].rl.steps
+  assert by_method["lp_teacher"].curriculum.name == "alp_teacher"
+  # Every method's options are ones its constructor takes.
+  from rl_curriculum.train import builders  # pylint: disable=import-outside-toplevel
+  for c in by_method.values():
+    builders.validate(c)
+
+
+@pytest.mark.slow
+def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
+  cmd = [sys.executable, os.path.join(ROOT, "experiments", "compare_curricula.py"),
+         "--setting=toy", "--methods=uniform,sec", "--seeds=2", "--lr_sweep=2e-5",
+         f"--workdir={tmp_path / 'work'}", f"--out={tmp_path / 'out'}"]
+  first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+  assert first.returncode == 0, first.stderr[-3000:]
+  with open(tmp_path / "out" / "curricula_toy.json") as f:
+    summary = json.load(f)
+  assert set(summary["methods"]) == {"uniform", "sec"}
+  for m in summary["methods"].values():
+    assert m["seeds"] == [1, 2]
+    ci = m["final_heldout"]
+    assert ci["lo"] <= ci["mean"] <= ci["hi"] and 0.0 <= ci["mean"] <= 1.0
+    assert 0.0 <= m["signal_frac"]["mean"] <= 1.0
+  assert summary["methods"]["sec"]["arm_probs_mean"]  # SEC logs its arm probabilities
+  assert os.path.getsize(tmp_path / "out" / "curricula_toy.png") > 10_000
+  # The two seeds differ in their RL randomness (same warm start, other rollouts).
+  runs = tmp_path / "work" / "toy"
+  logs = [(runs / f"uniform_lr2e-05_s{s}" / "metrics.jsonl").read_text() for s in (1, 2)]
+  assert logs[0] != logs[1]
+  assert os.path.islink(runs / "uniform_lr2e-05_s1" / "sft")  # one shared warm start
+  second = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "[1/4]" not in second.stdout  # every run was already finished: nothing re-ran
+  assert [(runs / f"uniform_lr2e-05_s{s}" / "metrics.jsonl").read_text()
+          for s in (1, 2)] == logs
