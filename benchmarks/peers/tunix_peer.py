@@ -43,9 +43,15 @@ What is timed (time.perf_counter around calls that end in jax.block_until_ready;
   tok_s = P*G*(prompt_len + new_tokens) / update_s. The first step is the warm-up; --repeats
   more steps are timed.
 
+Cost on one core (taskset -c 1, shared with other work): the tiny model with batches 1,8,32,64,
+P=G=4 and 5 repeats takes about 2 minutes; SmolLM2-135M with 3 repeats about 20 minutes (the
+batch-64 sampler about 7, the learner about 6), most of it the repeats, each compile 10-50 s.
+
 JSON written to --out: see the "Tunix peer contract" of the benchmark spec; extra keys:
-"affinity", "sampling", "rope_fix", per-batch "compile_s" and "call_s", learn "step_s",
-"update_s", "compile_s" and "what".
+"affinity", "sampling", "rope_fix", per-batch "prefill_s", "decode_s", "compile_s", "call_s",
+the process CPU seconds "prefill_cpu_s"/"decode_cpu_s" (medians; near the wall seconds when the
+core was not shared with other work) and every repeat's wall seconds; learn "step_s",
+"update_s", "update_cpu_s", "compile_s", every timed step and "what".
 """
 
 import argparse
@@ -207,7 +213,7 @@ def bench_sampler(model, config, batches, prompt_len, new_tokens, repeats, tempe
     if lengths != {new_tokens}:
       raise RuntimeError(f"sampler made rows of lengths {sorted(lengths)}, want {new_tokens}")
 
-    prefill, decode = [], []
+    prefill, decode, prefill_cpu, decode_cpu = [], [], [], []
     for _ in range(repeats):
       # The body of Sampler.__call__ between tokenising and post-processing.
       state = sampler.init_sample_state(
@@ -215,18 +221,20 @@ def bench_sampler(model, config, batches, prompt_len, new_tokens, repeats, tempe
           include_logits=False, forbidden_token_ids=None, temperature=temperature, top_p=top_p,
           top_k=None, seed=jax.random.PRNGKey(0), beam_size=None, include_logprobs=False)
       jax.block_until_ready(state)
-      t0 = time.perf_counter()
+      t0, c0 = time.perf_counter(), time.process_time()
       state = sampler._compiled_prefill_fn(sampler._flattened_transformer_state, state, None,
                                            echo=False)
       jax.block_until_ready(state.token_buffer)
-      t1 = time.perf_counter()
+      t1, c1 = time.perf_counter(), time.process_time()
       state = sampler._compiled_decode_fn(sampler._flattened_transformer_state, state)
       jax.block_until_ready(state.token_buffer)
-      t2 = time.perf_counter()
+      t2, c2 = time.perf_counter(), time.process_time()
       if int(state.decoding_step) != prompt_len + new_tokens:
         raise RuntimeError(f"decode stopped at step {int(state.decoding_step)}")
       prefill.append(t1 - t0)
       decode.append(t2 - t1)
+      prefill_cpu.append(c1 - c0)
+      decode_cpu.append(c2 - c1)
     pre_s, dec_s = statistics.median(prefill), statistics.median(decode)
 
     t0 = time.perf_counter()
@@ -242,6 +250,10 @@ def bench_sampler(model, config, batches, prompt_len, new_tokens, repeats, tempe
         "decode_s": dec_s,
         "call_s": call_s,
         "compile_s": max(warm_s - (pre_s + dec_s), 0.0),
+        "prefill_cpu_s": statistics.median(prefill_cpu),
+        "decode_cpu_s": statistics.median(decode_cpu),
+        "prefill_s_all": prefill,
+        "decode_s_all": decode,
     }
     print(f"sampler B={b}: {results[str(b)]}", file=sys.stderr, flush=True)
   return results
@@ -303,7 +315,7 @@ def bench_learn(model, config, prompts, group, prompt_len, new_tokens, repeats, 
     learner = grpo_learner.GRPOLearner(rl_cluster=cluster, algo_config=algo,
                                        reward_fns=completion_reward)
 
-    step_times, update_times = [], []
+    step_times, update_times, update_cpu = [], [], []
 
     def params():
       return jax.tree.leaves(cluster.actor_trainer.model)
@@ -323,10 +335,11 @@ def bench_learn(model, config, prompts, group, prompt_len, new_tokens, repeats, 
 
     def timed_update_actor(*args, **kwargs):
       jax.block_until_ready(params())
-      t0 = time.perf_counter()
+      t0, c0 = time.perf_counter(), time.process_time()
       out = update_actor(*args, **kwargs)
       jax.block_until_ready(params())
       update_times.append(time.perf_counter() - t0)
+      update_cpu.append(time.process_time() - c0)
       return out
 
     learner._run_global_step = timed_global_step
@@ -352,6 +365,9 @@ def bench_learn(model, config, prompts, group, prompt_len, new_tokens, repeats, 
       "step_s": step_s,
       "step_tok_s": tokens / step_s,
       "compile_s": max(step_times[0] - step_s, 0.0),
+      "update_cpu_s": statistics.median(update_cpu[1:]),
+      "step_s_all": step_times[1:],
+      "update_s_all": update_times[1:],
       "mode": "full",
       "what": (
           f"tunix GRPOLearner, one global step on {prompts} prompts x {group} completions of "
