@@ -198,6 +198,7 @@ def _read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[s
       "rollouts": [s * meta["rollouts_per_step"] for s in steps],
       "heldout": [acc(by_step[s], train_bin_names) for s in steps],
       "final_bins": {k[len("eval/acc/"):]: v for k, v in last.items() if k.startswith("eval/acc/")},
+      "start_heldout": acc(by_step[steps[0]], train_bin_names) if steps[0] == 0 else None,
       "final_heldout": acc(last, train_bin_names),
       "final_ood": acc(last, ood_names),
       "signal_frac": float(np.mean([r["nonzero_adv_frac"] for r in train_rows.values()])),
@@ -230,7 +231,9 @@ def summarise(runs: dict, budget: int) -> dict:
   uniform = by_method_lr[("uniform", best_lr["uniform"][0])]
   target = float(np.mean([r["final_heldout"] for r in uniform.values()]))
   methods = {}
-  for method, (lr, _) in best_lr.items():
+  rank = lambda m: METHODS.index(m) if m in METHODS else len(METHODS)
+  for method in sorted(best_lr, key=rank):
+    lr = best_lr[method][0]
     seeds = by_method_lr[(method, lr)]
     reach = {s: first_reaching(r["rollouts"], r["heldout"], target) for s, r in seeds.items()}
     reached = [v for v in reach.values() if v is not None]
@@ -247,6 +250,10 @@ def summarise(runs: dict, budget: int) -> dict:
         "steps_to_target": (float(np.mean(reached)) / seeds[min(seeds)]["rollouts_per_step"]
                             if reached else None),
         "final_heldout": mean_interval([r["final_heldout"] for r in seeds.values()]),
+        "gain_heldout": (mean_interval([r["final_heldout"] - r["start_heldout"]
+                                        for r in seeds.values()])
+                         if all(r.get("start_heldout") is not None for r in seeds.values())
+                         else None),
         "final_ood": mean_interval([r["final_ood"] for r in seeds.values()]),
         "final_bins": {b: mean_interval([r["final_bins"][b] for r in seeds.values()])
                        for b in bins},
@@ -272,7 +279,12 @@ def summarise(runs: dict, budget: int) -> dict:
                 "budget on average, and SEC's 95% interval of rollouts-to-target lies below "
                 "uniform's",
     }
-  return {"target_heldout": target, "budget_rollouts": budget, "lr_sweep": sweep,
+  starts = [r["start_heldout"] for r in runs.values() if r.get("start_heldout") is not None]
+  start = float(np.mean(starts)) if starts else None
+  return {"target_heldout": target, "start_heldout": start,
+          # A target the warm start already meets makes rollouts-to-target 0 for every method.
+          "target_above_start": None if start is None else bool(target > start + 1e-9),
+          "budget_rollouts": budget, "lr_sweep": sweep,
           "methods": methods, "sec_goal": goal}
 
 
@@ -294,14 +306,22 @@ def markdown(summary: dict, setting: str) -> str:
            f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
            "Intervals: 95% Student-t across seeds.", "",
            "| method | lr | seeds reaching target | rollouts to target (x budget) | final held-out % | "
-           "final OOD % | groups with signal % | wall s |",
-           "|---|---|---|---|---|---|---|---|"]
+           "gain over start, points | final OOD % | groups with signal % | wall s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  if summary.get("start_heldout") is not None:
+    lines[2] += (f" Every run starts from the same warm start, at "
+                 f"{summary['start_heldout'] * 100:.1f}%.")
+  if summary.get("target_above_start") is False:
+    lines[2] += (" The tuned uniform baseline ends no higher than it started, so every method "
+                 "meets the target at 0 rollouts and rollouts-to-target says nothing here; "
+                 "compare the final accuracies and gains instead.")
   for name, m in summary["methods"].items():
     frac = m["rollouts_to_target_fraction"]
     reach = ("never" if m["rollouts_to_target"] is None else
              f"{_fmt(m['rollouts_to_target'], 1, 0)} ({frac:.2f}x)")
     lines.append(f"| {name} | {m['learning_rate']:g} | {m['seeds_reaching_target']}/"
                  f"{len(m['seeds'])} | {reach} | {_fmt(m['final_heldout'])} | "
+                 f"{_fmt(m['gain_heldout'])} | "
                  f"{_fmt(m['final_ood'])} | {_fmt(m['signal_frac'])} | "
                  f"{m['wall_s']['mean']:.0f} |")
   lines += ["", "Learning-rate sweep (final held-out accuracy, mean over seeds): " + "; ".join(

@@ -59,6 +59,7 @@ def _run(curve, *, per_step=10, signal=0.5, wall=1.0):
   steps = list(range(len(curve)))
   return {"steps": steps, "rollouts": [s * per_step for s in steps], "heldout": list(curve),
           "final_bins": {"a": curve[-1], "b": 0.0}, "final_heldout": curve[-1],
+          "start_heldout": curve[0],
           "final_ood": 0.0, "signal_frac": signal, "wall_s": wall, "arm_probs": [],
           "rollouts_per_step": per_step}
 
@@ -94,7 +95,17 @@ def test_summarise_tunes_the_baseline_and_measures_rollouts_to_its_accuracy():
   np.testing.assert_allclose(sec["curve"]["heldout_mean"], [0.0, 0.625, 0.7, 0.7, 0.8])
   # SEC reached it in 0.25x the budget and its interval ([10, 10]) lies below uniform's ([30, 30]).
   assert s["sec_goal"]["met"]
+  assert s["start_heldout"] == 0.0 and s["target_above_start"]
+  assert sec["gain_heldout"]["mean"] == pytest.approx(0.8)
   assert "never" in cc.markdown(s, "synthetic")
+
+
+def test_a_target_the_warm_start_already_meets_is_flagged():
+  runs = {("uniform", 2e-5, 1): _run([0.5, 0.4, 0.5]), ("sec", 2e-5, 1): _run([0.5, 0.6, 0.7])}
+  s = cc.summarise(runs, 20)
+  assert s["target_above_start"] is False
+  assert s["methods"]["sec"]["per_seed_rollouts_to_target"] == {"1": 0.0}
+  assert "says nothing here" in cc.markdown(s, "synthetic")
 
 
 def test_sec_goal_not_met_when_a_seed_falls_short():
