@@ -24,19 +24,20 @@ its pad id is V, so no generated token ever stops a row or is masked: every row 
 
 What is timed (time.perf_counter around calls that end in jax.block_until_ready; medians over
 --repeats after one warm-up call whose extra time over the median is reported as compile_s):
-- sampler[B]: tunix.generate.sampler.Sampler on B prompts, temperature --temperature (1.0:
-  categorical sampling over the full vocabulary, Tunix's top_p=1.0 path; 0: greedy), KV cache of
+- sampler[B]: tunix.generate.sampler.Sampler on B prompts, greedy by default (--temperature T > 0:
+  categorical sampling over the full vocabulary, Tunix's top_p=1.0 path), KV cache of
   prompt_len + new_tokens. The warm-up is one public `Sampler.__call__`; each timed repeat runs
   the same compiled programs the call runs, split in two: the prefill program (prompt forward,
   KV cache fill and the first new token) and the decode program (a while loop making the other
   new_tokens - 1 tokens). prefill_tok_s = B * prompt_len / prefill_s, decode_tok_s =
   B * (new_tokens - 1) / decode_s, new_tok_s = B * new_tokens / (prefill_s + decode_s),
-  seconds = prefill_s + decode_s. call_s is one timed public `Sampler.__call__` after the
-  repeats (adds tokenising strings and host post-processing).
+  seconds = prefill_s + decode_s. With --time-call, call_s is one timed public
+  `Sampler.__call__` after the repeats (adds tokenising strings and host post-processing; it
+  came within noise of `seconds` on both benchmark models).
 - learn: one GRPO step of tunix.rl.grpo.grpo_learner.GRPOLearner (full fine-tuning, adamw,
-  beta=0 so no reference model, num_iterations=1, epsilon 0.2, vanilla rollout engine, one
-  global batch of P prompts x G completions, rewards from a cheap host function of the
-  completion ids). step_s is the learner's whole global step (rollout of P*G sequences,
+  beta=0 so no reference model, num_iterations=1, epsilon 0.2, vanilla rollout engine sampling
+  at temperature 1 (or --temperature), one global batch of P prompts x G completions, rewards
+  from a cheap host function of the completion ids). step_s is the learner's whole global step (rollout of P*G sequences,
   rewards, advantages, policy update); update_s is `RLCluster.update_actor` alone (Tunix's
   trainer loop around one jitted train step: forward and backward over every position of the
   P*G sequences of prompt_len + new_tokens tokens, and the optimizer update) and
@@ -45,11 +46,12 @@ What is timed (time.perf_counter around calls that end in jax.block_until_ready;
 
 Cost on one core (taskset -c 1, shared with other work): the tiny model with batches 1,8,32,64,
 P=G=4 and 5 repeats takes about 2 minutes; SmolLM2-135M with 3 repeats about 20 minutes (the
-batch-64 sampler about 7, the learner about 6), most of it the repeats, each compile 10-50 s.
+batch-64 sampler about 7, the learner about 6) with --time-call, about half that on an idle
+core; each compile takes 10-50 s.
 
 JSON written to --out: see the "Tunix peer contract" of the benchmark spec; extra keys:
-"affinity", "sampling", "rope_fix", per-batch "prefill_s", "decode_s", "compile_s", "call_s",
-the process CPU seconds "prefill_cpu_s"/"decode_cpu_s" (medians; near the wall seconds when the
+"affinity", "sampling", "rope_fix", per-batch "prefill_s", "decode_s", "compile_s", "call_s"
+(with --time-call), the process CPU seconds "prefill_cpu_s"/"decode_cpu_s" (medians; near the wall seconds when the
 core was not shared with other work) and every repeat's wall seconds; learn "step_s",
 "update_s", "update_cpu_s", "compile_s", every timed step and "what".
 """
@@ -73,8 +75,12 @@ def parse_args(argv=None):
   p.add_argument("--learn-prompts", type=int, default=4, help="P; 0 skips the learner")
   p.add_argument("--learn-group", type=int, default=4, help="G (>= 2 for GRPO)")
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--temperature", type=float, default=1.0,
-                 help="1.0: categorical sampling (Tunix top_p=1.0); 0: greedy")
+  p.add_argument("--temperature", type=float, default=0.0,
+                 help="sampler benchmark: 0 greedy (as experiments/benchmark.py); > 0 "
+                      "categorical sampling (Tunix top_p=1.0). The learner's rollout always "
+                      "samples, at this temperature or 1.0 when it is 0")
+  p.add_argument("--time-call", action="store_true",
+                 help="also time one public Sampler.__call__ per batch (call_s)")
   p.add_argument("--learning-rate", type=float, default=1e-6)
   p.add_argument("--out", default=None, help="results JSON (default: stdout only)")
   p.add_argument("--logits-out", default=None,
@@ -189,7 +195,8 @@ def write_logits(model, prompt: str, path: str) -> None:
 # Sampler.
 
 
-def bench_sampler(model, config, batches, prompt_len, new_tokens, repeats, temperature):
+def bench_sampler(model, config, batches, prompt_len, new_tokens, repeats, temperature,
+                  time_call=False):
   import jax
   from tunix.generate import sampler as sampler_lib
 
@@ -237,9 +244,11 @@ def bench_sampler(model, config, batches, prompt_len, new_tokens, repeats, tempe
       decode_cpu.append(c2 - c1)
     pre_s, dec_s = statistics.median(prefill), statistics.median(decode)
 
-    t0 = time.perf_counter()
-    sampler(strings, **call_kw)
-    call_s = time.perf_counter() - t0
+    call_s = None
+    if time_call:
+      t0 = time.perf_counter()
+      sampler(strings, **call_kw)
+      call_s = time.perf_counter() - t0
 
     results[str(b)] = {
         "prefill_tok_s": b * prompt_len / pre_s,
@@ -248,7 +257,7 @@ def bench_sampler(model, config, batches, prompt_len, new_tokens, repeats, tempe
         "seconds": pre_s + dec_s,
         "prefill_s": pre_s,
         "decode_s": dec_s,
-        "call_s": call_s,
+        **({"call_s": call_s} if time_call else {}),
         "compile_s": max(warm_s - (pre_s + dec_s), 0.0),
         "prefill_cpu_s": statistics.median(prefill_cpu),
         "decode_cpu_s": statistics.median(decode_cpu),
@@ -418,7 +427,7 @@ def main(argv=None):
   }
   batches = [int(b) for b in args.batches.split(",") if b]
   result["sampler"] = bench_sampler(model, config, batches, args.prompt_len, args.new_tokens,
-                                    args.repeats, args.temperature)
+                                    args.repeats, args.temperature, args.time_call)
   if args.learn_prompts > 0:
     try:
       result["learn"] = bench_learn(model, config, args.learn_prompts, args.learn_group,
