@@ -13,7 +13,7 @@ the choice is made at trace time):
                > 1) or a critic (PPO); with one step the old policy is the policy being
                differentiated, and logp_old = stop_gradient(logp) inside the loss (the same
                values, one forward pass fewer).
-  reference    only when kl_coef != 0; otherwise the "kl" metric is NaN (not measured).
+  reference    only when kl_coef != 0; otherwise there is no "kl" metric (not measured).
   policy       forward and backward, once per minibatch.
 
 Rows are prompt-major: row b = p * G + g holds completion g of prompt p. A batch may hold more
@@ -291,20 +291,19 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
         logp, old, adv_tokens[rows], m, eps_low=config.eps_low,
         eps_high=config.eps_high, level=config.level, aggregation=config.aggregation,
         max_tokens=max_tokens)
-    if use_ref:
+    loss = pg_loss
+    if use_ref:  # (kl_coef = 0: no reference pass, and no "kl" metric)
       kl = losses.masked_mean(
           losses.kl_divergence(logp, logp_ref[rows], estimator=config.kl_estimator), m)
       loss = pg_loss + config.kl_coef * kl
-    else:
-      kl = jnp.full((), jnp.nan)  # no reference computed (kl_coef = 0): not measured
-      loss = pg_loss
+      extra = {**extra, "kl": kl}
     entropy = losses.masked_mean(logprobs_lib.token_entropy(jax.lax.stop_gradient(logits)), m)
     if ppo:
       v_loss, v_metrics = losses.value_loss(values_from_hidden(value, hidden), values_old[rows],
                                             returns[rows], m, clip=config.vf_clip)
       loss = loss + config.vf_coef * v_loss
       extra = {**extra, **v_metrics, "value_loss": v_loss}
-    return loss, {**pg_metrics, **extra, "pg_loss": pg_loss, "kl": kl, "entropy": entropy}
+    return loss, {**pg_metrics, **extra, "pg_loss": pg_loss, "entropy": entropy}
 
   def minibatch_step(carry, rows):
     trainable, opt_state = carry

@@ -44,7 +44,8 @@ def test_quickstart_toy_runs_and_logs(tmp_path):
   summary = loop.train_and_evaluate(toy_config(steps=3), str(tmp_path))
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
-  for key in ("reward_mean", "correct_mean", "nonzero_adv_frac", "kl", "entropy",
+  assert "kl" not in rows[-1]  # kl_coef = 0: the reference pass is skipped
+  for key in ("reward_mean", "correct_mean", "nonzero_adv_frac", "approx_kl", "entropy",
               "clipfrac_high", "tokens_per_s", "time/sample_s", "time/score_s", "time/learn_s",
               "curriculum/probs/0", "curriculum/q/2", "skipped_total"):
     assert key in rows[-1], key
