@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_WORKERS ?= 2
 
-.PHONY: install quickstart test test-fast clean
+.PHONY: install quickstart test test-fast benchmark compare clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,16 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+
+# Speed against transformers, TRL and Tunix (about 45 min on 2 cores; benchmarks/results/).
+benchmark: install
+	$(BIN)/pip install --quiet -e '.[dev,interop,math,bench]'
+	bash benchmarks/peers/setup_tunix.sh
+	$(BIN)/python experiments/benchmark.py --tunix_timeout=2400
+
+# Curricula on equal rollout budgets, 5 seeds (hours on 2 cores; benchmarks/results/).
+compare: install
+	$(BIN)/python experiments/compare_curricula.py --setting=quickstart --seeds=5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
