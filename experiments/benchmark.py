@@ -1,7 +1,7 @@
 """Speed benchmark: our sampler and learn step against transformers, TRL and Tunix on one CPU.
 
   taskset -c 1 python experiments/benchmark.py                    # tiny + SmolLM2-135M, all peers
-  python experiments/benchmark.py --quick --peers=                 # tiny model, seconds, no peers
+  python experiments/benchmark.py --quick --peers= --out_dir=/tmp/bench  # tiny model, no peers
 
 Writes benchmarks/results/speed_cpu.json (every number) and speed_cpu.md (a table and the
 targets). Models: the tiny preset (ModelConfig.tiny(vocab_size=64), seed-0 init) and
