@@ -61,7 +61,9 @@ class MetricsWriter:
   Args:
     workdir: run folder; files go to `workdir/metrics.jsonl` and `workdir/tensorboard/`.
     total_steps: for the progress line's ETA.
-    resume_step: steps > resume_step already in metrics.jsonl are dropped (a resumed run).
+    resume_step: steps > resume_step already in metrics.jsonl are dropped (a resumed run);
+      0 is a fresh start, which drops every row of an earlier attempt (one killed before its
+      first checkpoint), step 0 included.
     enabled: False on processes other than 0.
     console_keys: metric names shown on the progress line.
   """
@@ -80,7 +82,8 @@ class MetricsWriter:
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
+    kept = ([r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
+            if resume_step > 0 else [])
     with open(self.path, "w") as f:
       for row in kept:
         f.write(json.dumps(row) + "\n")

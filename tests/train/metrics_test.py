@@ -32,6 +32,21 @@ def test_resume_drops_rows_past_the_restored_step(tmp_path):
   assert os.listdir(os.path.join(workdir, "tensorboard"))
 
 
+def test_a_fresh_start_drops_the_rows_of_an_earlier_attempt(tmp_path):
+  # A run killed before its first checkpoint starts again from step 0 and logs step 0 again.
+  workdir = str(tmp_path)
+  writer = metrics_lib.MetricsWriter(workdir, total_steps=5, stream=io.StringIO())
+  for step in range(3):
+    writer.write(step, {"reward_mean": step / 10})
+  writer.close()
+  writer = metrics_lib.MetricsWriter(workdir, total_steps=5, resume_step=0, stream=io.StringIO())
+  writer.write(0, {"reward_mean": 0.0})
+  writer.write(1, {"reward_mean": 0.5})
+  writer.close()
+  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [(r["step"], r["reward_mean"]) for r in rows] == [(0, 0.0), (1, 0.5)]
+
+
 def test_disabled_writer_writes_nothing(tmp_path):
   writer = metrics_lib.MetricsWriter(str(tmp_path / "w"), total_steps=2, enabled=False)
   writer.write(1, {"x": 1.0})
