@@ -24,7 +24,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
 
-# Speed against transformers, TRL and Tunix (about 45 min on 2 cores; benchmarks/results/).
+# Speed against transformers, TRL and Tunix (33 min measured on one core; benchmarks/results/).
 benchmark: install
 	$(BIN)/pip install --quiet -e '.[dev,interop,math,bench]'
 	bash benchmarks/peers/setup_tunix.sh
