@@ -170,17 +170,12 @@ def first_reaching(xs: Sequence[float], ys: Sequence[float], target: float) -> O
   return None
 
 
-def intervals_overlap(a: dict, b: dict) -> bool:
-  return not (a["hi"] < b["lo"] or b["hi"] < a["lo"])
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading runs.
 
 
 def _read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str]) -> dict:
   """Curves and totals of one finished run folder."""
-  rows = []
   with open(os.path.join(folder, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   with open(os.path.join(folder, "compare.json")) as f:

@@ -43,8 +43,6 @@ def test_mean_interval_edge_cases():
   assert cc.mean_interval([3.0]) == {"mean": 3.0, "lo": 3.0, "hi": 3.0, "n": 1}
   with pytest.raises(ValueError):
     cc.mean_interval([])
-  assert cc.intervals_overlap({"lo": 0, "hi": 1}, {"lo": 1, "hi": 2})
-  assert not cc.intervals_overlap({"lo": 0, "hi": 1}, {"lo": 1.5, "hi": 2})
 
 
 def test_first_reaching():
