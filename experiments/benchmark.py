@@ -27,13 +27,17 @@ is reported separately):
   learn                rl_step.make_learn as the trainer builds it (RLOO, one epoch, one
                        minibatch, kl_coef 0, SEC update inside) on a fixed scored batch of P
                        prompts x G completions, prompt Tp, completion T; full fine-tuning and
-                       LoRA (rank 8 on q, k, v, o, gate, up, down). tokens = P G (Tp + T).
-                       Model FLOPs of one update (PaLM, Chowdhery et al. 2022, appendix B):
-                         forward F = B [2 N_body S + 2 D V T + 4 L H d_h S^2]
-                       with B = P G rows, S = Tp + T positions, N_body the matmul parameters of
-                       the blocks (embedding lookup excluded), the output head only on the T
-                       completion positions (the step computes logits only there), and the
-                       attention scores and mixing counted densely (no causal halving).
+                       LoRA (rank 8 on q, k, v, o, gate, up, down). tokens = P G (Tp + T),
+                       the sequences trained on (what a peer without prompt sharing computes).
+                       Model FLOPs of one update (PaLM, Chowdhery et al. 2022, appendix B), for
+                       the work the step does: each group's prompt runs once and its G
+                       completions attend to the prompt's shared keys and values,
+                         forward F = P [2 N_body Tp + 4 L H d_h Tp^2]
+                                   + P G [2 N_body T + 2 D V T + 4 L H d_h T (Tp + T)]
+                       with N_body the matmul parameters of the blocks (embedding lookup
+                       excluded), the output head only on the T completion positions (the step
+                       computes logits only there), and the attention scores and mixing counted
+                       densely (no causal halving).
                          full fine-tuning: 3 F   (backward = gradients of activations + weights)
                          LoRA:             2 F   (backward to activations only; adapter weight
                                                   gradients are negligible), i.e. ~4N, not 6N.
@@ -43,7 +47,8 @@ is reported separately):
   trl                  one GRPOTrainer step (TRL 1.16, torch CPU, float32, no gradient
                        checkpointing, beta 0, same P, G, Tp, T, min_new_tokens = T): the whole
                        step, and its learn part = step - _generate_and_score_completions.
-  rl_step              ours: sample (temperature 1) + score (host) + learn, same P, G, Tp, T.
+  rl_step              ours: sample (temperature 1; each prompt prefilled once for its G rows)
+                       + score (host) + learn, same P, G, Tp, T.
   curriculum           SEC select and update (each jitted) at K = 6, P = 32, G = 8 (quickstart)
                        and K = 64, P = 256, G = 16, as a fraction of an RL step.
   end_to_end           train_and_evaluate on the quickstart config (no SFT warm start, few
@@ -308,15 +313,15 @@ def sampler_transformers(folder, vocab, batches, tp, n, repeats) -> dict:
 # Learn step.
 
 
-def learn_flops(config, rows: int, tp: int, t: int, mode: str) -> float:
-  """Model FLOPs of one update (see the module docstring)."""
+def learn_flops(config, p: int, g: int, tp: int, t: int, mode: str) -> float:
+  """Model FLOPs of one update on P prompts x G completions (see the module docstring)."""
   c = config
   attn = c.d_model * c.num_heads * c.head_dim * 2 + 2 * c.d_model * c.num_kv_heads * c.head_dim
   n_body = c.num_layers * (attn + 3 * c.d_model * c.mlp_dim)
-  s = tp + t
-  forward = rows * (2 * n_body * s + 2 * c.d_model * c.vocab_size * t
-                    + 4 * c.num_layers * c.num_heads * c.head_dim * s * s)
-  return (3 if mode == "full" else 2) * forward
+  mix = 4 * c.num_layers * c.num_heads * c.head_dim  # scores + mixing, per (query, key) pair
+  prompts = p * (2 * n_body * tp + mix * tp * tp)
+  completions = p * g * (2 * n_body * t + 2 * c.d_model * c.vocab_size * t + mix * t * (tp + t))
+  return (3 if mode == "full" else 2) * (prompts + completions)
 
 
 def _learn_setup(policy, mode, p, g, tp, t, num_arms=6, lr=1e-6):
@@ -353,7 +358,7 @@ def _learn_setup(policy, mode, p, g, tp, t, num_arms=6, lr=1e-6):
   vocab = policy.config.vocab_size
   rewards = rng.integers(0, 2, (p, g)).astype(np.float32)
   batch = rl_step.Batch(
-      prompt_tokens=jnp.asarray(random_prompts(b, tp, vocab)),
+      prompt_tokens=jnp.asarray(np.repeat(random_prompts(p, tp, vocab), g, axis=0)),
       prompt_mask=jnp.ones((b, tp), bool),
       tokens=jnp.asarray(rng.integers(3, vocab, (b, t)), jnp.int32),
       mask=jnp.ones((b, t), jnp.float32),
@@ -380,7 +385,7 @@ def learn_ours(policy, mode, p, g, tp, t, repeats, peak_gflops) -> dict:
   seconds, first, loss = _timed(once, repeats)
   peak_after = quick_peak()
   tokens = p * g * (tp + t)
-  flops = learn_flops(policy.config, p * g, tp, t, mode)
+  flops = learn_flops(policy.config, p, g, tp, t, mode)
   out = {"mode": mode, "seconds": seconds, "compile_s": first - seconds, "tokens": tokens,
          "tok_s": tokens / seconds, "model_flops": flops, "gflop_s": flops / seconds / 1e9,
          "mfu": flops / seconds / 1e9 / peak_gflops, "loss_finite": bool(abs(float(loss)) < 1e30),
@@ -405,7 +410,7 @@ def rl_step_ours(policy, p, g, tp, t, repeats) -> dict:
     t0 = time.perf_counter()
     rollout = sampler.sample(policy.graphdef, holder["state"].params, batch.prompt_tokens,
                              batch.prompt_mask, jax.random.PRNGKey(2), max_new_tokens=t,
-                             eos_id=STOP_ID, temperature=1.0)
+                             eos_id=STOP_ID, temperature=1.0, group=g)
     jax.block_until_ready(rollout.tokens)
     t1 = time.perf_counter()
     tokens = np.asarray(rollout.tokens)

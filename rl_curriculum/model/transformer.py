@@ -347,6 +347,46 @@ def forward_hidden(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
   return hidden
 
 
+def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Array,
+                         prefix_mask: jax.Array, tokens: jax.Array
+                         ) -> Tuple[jax.Array, jax.Array]:
+  """Final hidden states of prefix ++ continuation when `group` continuations share a prefix.
+
+  The prefix runs once; its keys and values are shared by the continuations that follow it, so a
+  group of G completions of one prompt costs Tp + G T token-passes instead of G (Tp + T). The
+  result equals `forward_hidden` on the concatenated rows (float rounding aside), gradients
+  included: a shared key or value gets the sum of its continuations' gradients.
+
+  Args:
+    prefix: i32[N, Tp] left-padded prefixes; prefix_mask: bool[N, Tp] (each row needs a token).
+    tokens: i32[N * G, T] continuations, G consecutive rows per prefix; every slot is a key
+      (masking of tokens after a stop is the caller's, as with `forward_hidden`).
+
+  Returns:
+    ([N, Tp, D] hidden states of the prefixes, [N * G, T] of the continuations).
+  """
+  model = merge_params(graphdef, params)
+  n, tp = prefix.shape
+  b, t = tokens.shape
+  if b % n:
+    raise ValueError(f"{b} continuation rows do not split into groups over {n} prefixes.")
+  group = b // n
+  prefix_mask = prefix_mask.astype(bool)
+  zero = jnp.zeros((), jnp.int32)
+  prefix_hidden, cache = model.hidden(prefix, positions_from_mask(prefix_mask), prefix_mask,
+                                      init_cache(model.config, n, tp), zero)
+  # Each prefix's keys and values, repeated for its group, with T free slots after them.
+  extend = lambda x: jnp.concatenate(
+      [jnp.repeat(x, group, axis=0), jnp.zeros((b, t) + x.shape[2:], x.dtype)], axis=1)
+  cache = jax.tree.map(extend, cache)
+  mask = jnp.repeat(prefix_mask, group, axis=0)
+  positions = (jnp.sum(mask, axis=1, dtype=jnp.int32)[:, None]
+               + jnp.arange(t, dtype=jnp.int32)[None, :])
+  hidden, _ = model.hidden(tokens, positions, cache_key_mask(mask, tp + t), cache,
+                           zero + tp)
+  return prefix_hidden, hidden
+
+
 def logits_from_hidden(graphdef: nnx.GraphDef, params: Params, hidden: jax.Array) -> jax.Array:
   """The output head alone: f32[..., V] from hidden[..., D]."""
   return merge_params(graphdef, params).logits(hidden)

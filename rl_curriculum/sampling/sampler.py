@@ -48,15 +48,22 @@ class SamplingState(NamedTuple):
   key: jax.Array        # PRNG key; step t draws with jax.random.fold_in(key, t)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "pad_id"))
-def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, pad_id=0):
+@functools.partial(jax.jit, static_argnums=(0,),
+                   static_argnames=("max_new_tokens", "pad_id", "group"))
+def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, pad_id=0,
+            group=1):
   """The first device program: prompts i32[B, Tp] (left-padded, mask bool[B, Tp]) into a fresh
-  SamplingState with S = Tp + max_new_tokens cache slots. Jitted; graphdef, max_new_tokens and
-  pad_id are static."""
+  SamplingState with S = Tp + max_new_tokens cache slots. With `group` > 1 the rows come in runs
+  of `group` equal prompts: each run's first prompt is prefilled and its cache and logits copied
+  to the run. Jitted; graphdef, max_new_tokens, pad_id and group are static."""
   b, tp = prompt_tokens.shape
   cache_length = tp + max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
-  logits, cache = transformer.prefill(graphdef, params, prompt_tokens, prompt_mask, cache_length)
+  first = lambda x: x.reshape((b // group, group) + x.shape[1:])[:, 0]
+  logits, cache = transformer.prefill(graphdef, params, first(prompt_tokens), first(prompt_mask),
+                                      cache_length)
+  if group > 1:
+    logits, cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), (logits, cache))
   return SamplingState(
       tokens=jnp.full((b, max_new_tokens), pad_id, jnp.int32),
       logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
@@ -120,7 +127,7 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_gree
 def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: jax.Array,
            prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int, eos_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-           stop_ids: Sequence[int] = (), pad_id: int = 0) -> Rollout:
+           stop_ids: Sequence[int] = (), pad_id: int = 0, group: int = 1) -> Rollout:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt.
 
   Args:
@@ -134,6 +141,9 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
     temperature: > 0, traced (changing it does not recompile); ignored when greedy.
     top_k: static; 0 = off. top_p: static, in (0, 1]; 1 = off. greedy: static; argmax.
     pad_id: written after a row stops.
+    group: static; > 1 when the rows come in runs of `group` equal prompts (G completions per
+      prompt, as in an RL rollout): each prompt is prefilled once for its run. Other rows of a
+      run are not read.
 
   Returns:
     Rollout(prompt_tokens i32[B, Tp], tokens i32[B, N], logprobs f32[B, N] under the raw policy
@@ -154,10 +164,13 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
     raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}.")
   if not 0.0 < top_p <= 1.0:
     raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
+  if not isinstance(group, int) or group < 1 or prompt_tokens.shape[0] % group:
+    raise ValueError(f"group must be a positive int dividing the {prompt_tokens.shape[0]} rows, "
+                     f"got {group!r}.")
   stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
   state = prefill(graphdef, params, prompt_tokens, prompt_mask, key,
-                   max_new_tokens=max_new_tokens, pad_id=int(pad_id))
+                   max_new_tokens=max_new_tokens, pad_id=int(pad_id), group=group)
   state = decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
                   top_k=top_k, top_p=float(top_p), use_greedy=bool(greedy), stop_ids=stop,
                   pad_id=int(pad_id))

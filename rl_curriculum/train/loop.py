@@ -426,7 +426,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       rollout = sampler.sample(graphdef, policy(train_state), prompts, prompt_mask, k_sample,
                                max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
                                stop_ids=run.stop_ids, pad_id=tok.pad_id,
-                               temperature=config.rl.temperature)
+                               temperature=config.rl.temperature, group=g)
       rollout = distributed.place(rollout, jax.tree.map(lambda _: row_sharding, rollout))
       jax.block_until_ready(rollout.tokens)
       t1 = time.time()

@@ -7,8 +7,9 @@ the old policy and the reference -> `epochs` passes of `minibatches` optimizer s
 are whole groups) -> stability check (a non-finite or runaway update is discarded and the
 parameters and optimizer state roll back; `skipped` counts it).
 
-Forward passes per step (each over the B x (Tp + T) sequences; the configuration is static, so
-the choice is made at trace time):
+Forward passes per step (the configuration is static, so the choice is made at trace time); each
+runs a group's prompt once and its G completions on the prompt's shared keys and values
+(`transformer.shared_prefix_hidden`: P Tp + B T token-passes instead of B (Tp + T)):
   old policy   only when there is more than one optimizer step per batch (epochs x minibatches
                > 1) or a critic (PPO); with one step the old policy is the policy being
                differentiated, and logp_old = stop_gradient(logp) inside the loss (the same
@@ -57,7 +58,8 @@ class TrainState(NamedTuple):
 
 class Batch(NamedTuple):
   """A scored rollout of S sampled prompts x G completions (B = S * G rows), of which P groups
-  (S = P without a filter) are trained on."""
+  (S = P without a filter) are trained on. The G rows of a group repeat its prompt (the learn
+  step runs each group's prompt once, from the group's first row)."""
   prompt_tokens: jax.Array     # i32[B, Tp] left-padded prompts
   prompt_mask: jax.Array       # bool[B, Tp] True on real prompt tokens
   tokens: jax.Array            # i32[B, T] completion tokens
@@ -116,23 +118,33 @@ def model_params(trainable: Any, frozen: Any) -> Any:
   return trainable if frozen is None else (trainable, frozen)
 
 
-def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens) -> jax.Array:
+def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
+                      group: int = 1) -> jax.Array:
   """Final hidden states [B, T, D] at the positions that predict each completion token.
 
   The sequence is prompt ++ completion; position Tp - 1 + t predicts completion token t. Tokens
   after a row's stop are padding but only ever attend backwards, so they change nothing that
-  counts.
+  counts. With `group` > 1 the rows come in runs of `group` completions of one prompt (a rollout
+  group; each run's prompt rows are equal and the first is used): the prompt runs once per group
+  (`transformer.shared_prefix_hidden`), with the same result up to float rounding.
   """
   tp, t = prompt_tokens.shape[1], tokens.shape[1]
+  if group > 1:
+    first = lambda x: x.reshape((-1, group) + x.shape[1:])[:, 0]
+    prompt_hidden, hidden = transformer.shared_prefix_hidden(
+        graphdef, params, first(prompt_tokens), first(prompt_mask), tokens)
+    last = jnp.repeat(prompt_hidden[:, -1:], group, axis=0)
+    return jnp.concatenate([last, hidden[:, :t - 1]], axis=1)
   seq = jnp.concatenate([prompt_tokens, tokens], axis=1)
   seq_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones(tokens.shape, bool)], axis=1)
   hidden = transformer.forward_hidden(graphdef, params, seq, seq_mask)
   return hidden[:, tp - 1:tp - 1 + t]
 
 
-def completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens) -> jax.Array:
-  """Logits f32[B, T, V] predicting each completion token, from one full forward pass."""
-  hidden = completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens)
+def completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens,
+                      group: int = 1) -> jax.Array:
+  """Logits f32[B, T, V] predicting each completion token (`group`: see `completion_hidden`)."""
+  hidden = completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens, group)
   return transformer.logits_from_hidden(graphdef, params, hidden)
 
 
@@ -148,9 +160,10 @@ def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(on_last & (mask > 0), rewards[:, None], 0.0)
 
 
-def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens) -> jax.Array:
+def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens,
+                        group: int = 1) -> jax.Array:
   """f32[B, T] log-probs of the completion tokens (see `completion_logits`)."""
-  logits = completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens)
+  logits = completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens, group)
   return logprobs_lib.token_logprobs(logits, tokens)
 
 
@@ -241,7 +254,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   hidden_old = logp_old = None
   if not on_policy:
     hidden_old = jax.lax.stop_gradient(completion_hidden(
-        graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
+        graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens, g))
     logp_old = logprobs_lib.token_logprobs(
         transformer.logits_from_hidden(graphdef, params, hidden_old), batch.tokens)
   values_old = returns = None
@@ -258,7 +271,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   if use_ref:
     ref = lora_lib.disable(params) if use_lora else ref_params
     logp_ref = jax.lax.stop_gradient(completion_logprobs(
-        graphdef, ref, batch.prompt_tokens, batch.prompt_mask, batch.tokens))
+        graphdef, ref, batch.prompt_tokens, batch.prompt_mask, batch.tokens, g))
   guard_frac = jnp.zeros(())
   if config.ratio_guard > 0 and not on_policy:
     # Tokens where the sampler and the trainer disagree wildly (numerics, stale weights) are dropped.
@@ -270,7 +283,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
     trainable, value = trained if ppo else (trained, None)
     hidden = completion_hidden(graphdef, model_params(trainable, frozen),
                                batch.prompt_tokens[rows], batch.prompt_mask[rows],
-                               batch.tokens[rows])
+                               batch.tokens[rows], g)
     logits = transformer.logits_from_hidden(graphdef, model_params(trainable, frozen), hidden)
     logp = logprobs_lib.token_logprobs(logits, batch.tokens[rows])
     m = mask[rows]

@@ -186,6 +186,52 @@ def test_kv_cache_decoding_equals_full_forward(variant):
     np.testing.assert_allclose(logits, full[:, prompt_len - 1 + t], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_shared_prefix_equals_full_forward_values_and_gradients(variant):
+  """Two prefixes (left-padded, lengths 5 and 2), three continuations each: the shared-prefix
+  pass equals the full forward pass over each row's prefix ++ continuation, and so does the
+  gradient of a loss that reads both the prefix's and the continuations' hidden states."""
+  config = _config(variant)
+  graphdef, params = _randomised(config, seed=12)
+  tp, t, group = 5, 4, 3
+  prefix, prefix_mask = _left_padded_batch(13, config.vocab_size, lengths=[5, 2], width=tp)
+  tokens = np.random.default_rng(14).integers(0, config.vocab_size, size=(2 * group, t))
+  full_tokens = np.concatenate([np.repeat(prefix, group, axis=0), tokens], axis=1)
+  full_mask = np.concatenate([np.repeat(prefix_mask, group, axis=0),
+                              np.ones((2 * group, t), bool)], axis=1)
+  probe = np.random.default_rng(15).normal(size=(1, tp + t, config.d_model)).astype(np.float32)
+
+  def shared(params):
+    prefix_hidden, hidden = transformer.shared_prefix_hidden(graphdef, params, prefix,
+                                                             prefix_mask, tokens)
+    prefix_hidden = jnp.where(prefix_mask[:, :, None], prefix_hidden, 0.0)
+    loss = jnp.sum(prefix_hidden * probe[:, :tp]) * group + jnp.sum(hidden * probe[:, tp:])
+    return loss, (prefix_hidden, hidden)
+
+  def full(params):
+    hidden = transformer.forward_hidden(graphdef, params, full_tokens, full_mask)
+    hidden = jnp.where(full_mask[:, :, None], hidden, 0.0)
+    return jnp.sum(hidden * probe), hidden
+
+  (loss_s, (prefix_hidden, hidden)), grads_s = jax.jit(
+      jax.value_and_grad(shared, has_aux=True))(params)
+  (loss_f, full_hidden), grads_f = jax.jit(jax.value_and_grad(full, has_aux=True))(params)
+  assert hidden.shape == (2 * group, t, config.d_model)
+  np.testing.assert_allclose(hidden, full_hidden[:, tp:], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(prefix_hidden, full_hidden[::group, :tp], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(loss_s, loss_f, rtol=1e-5)
+  for (path, a), (_, b) in zip(nnx.to_flat_state(grads_s), nnx.to_flat_state(grads_f)):
+    np.testing.assert_allclose(a[...], b[...], atol=1e-4, rtol=1e-4, err_msg=str(path))
+
+
+def test_shared_prefix_rejects_rows_that_do_not_split_into_groups():
+  config = _config("llama_gqa")
+  graphdef, params = transformer.init_model(config)
+  with pytest.raises(ValueError, match="groups"):
+    transformer.shared_prefix_hidden(graphdef, params, np.zeros((2, 3), np.int32),
+                                     np.ones((2, 3), bool), np.zeros((5, 2), np.int32))
+
+
 def test_hidden_states_then_head_equal_forward():
   config = _config("qwen2_bias_untied")
   graphdef, params = _randomised(config, seed=8)

@@ -162,7 +162,23 @@ def test_bfloat16_model_samples_finite_logprobs(model):
   np.testing.assert_array_equal(rollout.mask, 1.0)
 
 
+def test_grouped_prompts_prefilled_once_sample_as_separate_rows(model):
+  """Rows in runs of 3 equal prompts: prefilling each prompt once (group=3) gives the rollout of
+  prefilling every row, and rows of a run still draw their own tokens."""
+  prompts, mask = _prompts(seed=4)
+  prompts, mask = np.repeat(prompts, 3, axis=0), np.repeat(mask, 3, axis=0)
+  key = jax.random.key(5)
+  settings = dict(max_new_tokens=NUM_NEW, eos_id=NEVER)
+  grouped = sampler.sample(*model, prompts, mask, key, group=3, **settings)
+  per_row = sampler.sample(*model, prompts, mask, key, **settings)
+  np.testing.assert_array_equal(grouped.tokens, per_row.tokens)
+  np.testing.assert_allclose(grouped.logprobs, per_row.logprobs, atol=1e-5, rtol=0)
+  assert len({tuple(row) for row in np.asarray(grouped.tokens)}) > 4
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    (dict(group=3), "group"),
+    (dict(group=0), "group"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(temperature=0.0), "temperature"),
     (dict(top_p=0.0), "top_p"),

@@ -35,8 +35,12 @@ def _batch(rewards, train_groups=None, train_valid=None):
   key = jax.random.PRNGKey(1)
   s = rewards.shape[0]
   b = s * G
+  # One prompt per group, repeated for its G rows; left padding of 0..s-1 slots.
+  prompts = jnp.repeat(jax.random.randint(key, (s, TP), 4, V), G, axis=0)
+  pad = jnp.repeat(jnp.arange(s) % TP, G)
+  prompt_mask = jnp.arange(TP)[None, :] >= pad[:, None]
   return rl_step.Batch(
-      prompt_tokens=jax.random.randint(key, (b, TP), 4, V), prompt_mask=jnp.ones((b, TP), bool),
+      prompt_tokens=jnp.where(prompt_mask, prompts, 0), prompt_mask=prompt_mask,
       tokens=jax.random.randint(jax.random.fold_in(key, 1), (b, T), 4, V),
       mask=jnp.ones((b, T)), sampler_logprobs=jnp.zeros((b, T)),
       prompt_ids=jnp.arange(s, dtype=jnp.int32), arms=jnp.arange(s, dtype=jnp.int32) % 2,
@@ -180,6 +184,26 @@ def test_one_minibatch_step_equals_the_two_pass_update():
   expected = jax.tree.map(lambda p, g: p - lr * g, params, grads)
   for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(new_state.params)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
+def test_grouped_completion_logprobs_equal_the_per_row_pass():
+  """The learn step's grouped pass (each group's prompt once) gives the per-row pass's log-probs
+  and gradients."""
+  graphdef, params = _model()
+  batch = _batch(_rewards())
+  weights = jax.random.normal(jax.random.PRNGKey(3), batch.tokens.shape)
+
+  def loss(prm, group):
+    logp = rl_step.completion_logprobs(graphdef, prm, batch.prompt_tokens, batch.prompt_mask,
+                                       batch.tokens, group)
+    return jnp.sum(logp * weights), logp
+
+  (value_g, logp_g), grads_g = jax.value_and_grad(loss, has_aux=True)(params, G)
+  (value_1, logp_1), grads_1 = jax.value_and_grad(loss, has_aux=True)(params, 1)
+  np.testing.assert_allclose(logp_g, logp_1, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(value_g, value_1, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads_g), jax.tree.leaves(grads_1)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_one_minibatch_ratio_guard_and_metrics():
