@@ -15,7 +15,9 @@ held-out accuracy, final per-bin and out-of-distribution accuracy with 95% inter
 seeds, the fraction of sampled groups that carried signal (not all equal), and wall time.
 Outputs OUT/curricula_SETTING.{json,md,png}. Finished runs are skipped when the command is run
 again (each run folder also resumes on its own), so a killed comparison continues where it stopped;
-`--analyse_only` rebuilds the summary from the run folders.
+`--analyse_only` rebuilds the summary from the run folders. `--shard=i/n` runs every n-th planned
+run from the i-th, so n processes (e.g. one per core, under `taskset`) share the plan; start them
+once the warm start exists (one process builds it), and summarise with `--analyse_only`.
 
 Held-out accuracy here is the mean greedy accuracy over the training bins' held-out problems
 (the curriculum's arms; those among the evaluated bins); "ood" is the mean over the task's evaluation-only bins.
@@ -46,6 +48,8 @@ _LR_SWEEP = flags.DEFINE_list("lr_sweep", ["1e-5", "2e-5", "4e-5"],
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/compare", "Folder of the run folders.")
 _OUT = flags.DEFINE_string("out", "benchmarks/results", "Folder of the summary files.")
 _ANALYSE_ONLY = flags.DEFINE_bool("analyse_only", False, "Only rebuild the summary.")
+_SHARD = flags.DEFINE_string("shard", "0/1", "i/n: run only every n-th planned run, from the i-th "
+                             "(n processes in parallel; then --analyse_only).")
 
 # ---------------------------------------------------------------------------------------------
 # Settings and methods.
@@ -391,9 +395,21 @@ def plan(setting: str, methods: Sequence[str], seeds: int, budget: int,
           for seed in range(1, seeds + 1) for method, lr in order]
 
 
+def parse_shard(text: str) -> tuple:
+  """"i/n" -> (i, n) with 0 <= i < n."""
+  try:
+    index, count = (int(x) for x in text.split("/"))
+  except ValueError:
+    raise ValueError(f"--shard must look like i/n, got {text!r}") from None
+  if not 0 <= index < count:
+    raise ValueError(f"--shard {text!r}: need 0 <= i < n")
+  return index, count
+
+
 def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
-            lr_sweep: Sequence[float], workdir: str, log=print) -> bool:
-  """Runs every planned run not finished yet; False when SIGTERM stopped it (run it again)."""
+            lr_sweep: Sequence[float], workdir: str, log=print, shard: tuple = (0, 1)) -> bool:
+  """Runs every planned run of this shard (runs i, i + n, ... of the plan) not finished yet;
+  False when SIGTERM stopped it (run it again)."""
   from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
   root = os.path.join(workdir, setting)
   base = os.path.join(root, "base")
@@ -401,6 +417,8 @@ def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
   loop.prepare(base_config, base, log=log)  # the shared SFT warm start (cached)
   todo = plan(setting, methods, seeds, budget, lr_sweep)
   for i, (method, lr, seed, config) in enumerate(todo):
+    if i % shard[1] != shard[0]:
+      continue
     folder = os.path.join(root, run_name(method, seed, lr))
     if os.path.exists(os.path.join(folder, "compare.json")):
       continue
@@ -473,8 +491,16 @@ def main(argv):
     raise app.UsageError("the comparison needs the uniform baseline (--methods must include it)")
   budget = _BUDGET.value or default_budget(_SETTING.value)
   lrs = [float(x) for x in _LR_SWEEP.value]
+  try:
+    shard = parse_shard(_SHARD.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   if not _ANALYSE_ONLY.value:
-    if not run_all(_SETTING.value, methods, _SEEDS.value, budget, lrs, _WORKDIR.value):
+    if not run_all(_SETTING.value, methods, _SEEDS.value, budget, lrs, _WORKDIR.value,
+                   shard=shard):
+      return
+    if shard[1] > 1:
+      print(f"shard {_SHARD.value} done; once every shard is, run again with --analyse_only")
       return
   summary = analyse(_SETTING.value, _WORKDIR.value, _OUT.value, budget)
   print(markdown(summary, _SETTING.value))

@@ -135,12 +135,27 @@ def test_plan_gives_every_method_the_same_rollouts():
     builders.validate(c)
 
 
+def test_parse_shard():
+  assert cc.parse_shard("0/1") == (0, 1) and cc.parse_shard("1/2") == (1, 2)
+  for bad in ("2/2", "-1/2", "1", "a/b", "0/0"):
+    with pytest.raises(ValueError, match="shard"):
+      cc.parse_shard(bad)
+
+
 @pytest.mark.slow
 def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "compare_curricula.py"),
          "--setting=toy", "--methods=uniform,sec", "--seeds=2", "--lr_sweep=2e-5",
          f"--workdir={tmp_path / 'work'}", f"--out={tmp_path / 'out'}"]
-  first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+  # Two shards share the plan (runs 1, 3 and 2, 4), then the summary is built from both.
+  for shard, ran, skipped in (("0/2", "[1/4]", "[2/4]"), ("1/2", "[4/4]", "[3/4]")):
+    part = subprocess.run(cmd + [f"--shard={shard}"], capture_output=True, text=True,
+                          timeout=900, cwd=ROOT)
+    assert part.returncode == 0, part.stderr[-3000:]
+    assert ran in part.stdout and skipped not in part.stdout
+    assert not os.path.exists(tmp_path / "out" / "curricula_toy.json")
+  first = subprocess.run(cmd + ["--analyse_only"], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT)
   assert first.returncode == 0, first.stderr[-3000:]
   with open(tmp_path / "out" / "curricula_toy.json") as f:
     summary = json.load(f)
