@@ -407,7 +407,8 @@ def parse_shard(text: str) -> tuple:
 
 
 def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
-            lr_sweep: Sequence[float], workdir: str, log=print, shard: tuple = (0, 1)) -> bool:
+            lr_sweep: Sequence[float], workdir: str, log=print, shard: tuple = (0, 1),
+            clock: Callable[[], float] = time.time) -> bool:
   """Runs every planned run of this shard (runs i, i + n, ... of the plan) not finished yet;
   False when SIGTERM stopped it (run it again)."""
   from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
@@ -424,14 +425,22 @@ def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
       continue
     _link_warm_start(base, folder)
     log(f"[{i + 1}/{len(todo)}] {run_name(method, seed, lr)}: {config.rl.steps} steps")
-    t0 = time.time()
+    # Wall time of earlier attempts stopped by SIGTERM (a SIGKILL loses its attempt's time).
+    partial = os.path.join(folder, "compare_partial.json")
+    earlier = 0.0
+    if os.path.exists(partial):
+      with open(partial) as f:
+        earlier = float(json.load(f)["wall_s"])
+    t0 = clock()
     summary = loop.train_and_evaluate(config, folder)
     if "preempted_at" in summary:
+      with open(partial, "w") as f:
+        json.dump({"wall_s": earlier + clock() - t0}, f)
       return False
     meta = {"method": method, "learning_rate": lr, "seed": seed, "steps": config.rl.steps,
             "rollouts_per_step": config.rl.prompts_per_step * config.rl.group_size
                                  * config.curriculum.oversample,
-            "wall_s": time.time() - t0}
+            "wall_s": earlier + clock() - t0}
     with open(os.path.join(folder, "compare.json"), "w") as f:
       json.dump(meta, f, indent=1)
   return True

@@ -135,6 +135,22 @@ def test_plan_gives_every_method_the_same_rollouts():
     builders.validate(c)
 
 
+def test_wall_time_of_a_run_stopped_by_sigterm_is_kept(tmp_path, monkeypatch):
+  """A run preempted after 30 s and finished in 10 s more reports 40 s."""
+  from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
+  outcomes = iter([{"preempted_at": 2}, {}])
+  monkeypatch.setattr(loop, "prepare", lambda *args, **kwargs: None)
+  monkeypatch.setattr(loop, "train_and_evaluate", lambda config, folder: next(outcomes))
+  monkeypatch.setattr(cc, "_link_warm_start",
+                      lambda base, folder: os.makedirs(folder, exist_ok=True))
+  lr = float(cc.SETTINGS["toy"]().rl.learning_rate)
+  args = ("toy", ["uniform"], 1, cc.default_budget("toy"), [lr], str(tmp_path))
+  assert not cc.run_all(*args, log=lambda _: None, clock=iter([100.0, 130.0]).__next__)
+  assert cc.run_all(*args, log=lambda _: None, clock=iter([200.0, 210.0]).__next__)
+  with open(tmp_path / "toy" / cc.run_name("uniform", 1, lr) / "compare.json") as f:
+    assert json.load(f)["wall_s"] == 40.0
+
+
 def test_parse_shard():
   assert cc.parse_shard("0/1") == (0, 1) and cc.parse_shard("1/2") == (1, 2)
   for bad in ("2/2", "-1/2", "1", "a/b", "0/0"):
