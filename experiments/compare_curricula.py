@@ -199,7 +199,7 @@ def _read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[s
       "final_bins": {k[len("eval/acc/"):]: v for k, v in last.items() if k.startswith("eval/acc/")},
       "start_heldout": acc(by_step[steps[0]], train_bin_names) if steps[0] == 0 else None,
       "final_heldout": acc(last, train_bin_names),
-      "final_ood": acc(last, ood_names),
+      "final_ood": acc(last, ood_names) if ood_names else None,  # None: no OOD bins
       "signal_frac": float(np.mean([r["nonzero_adv_frac"] for r in train_rows.values()])),
       "wall_s": meta["wall_s"],
       "arm_probs": [[train_rows[s][k] for k in probs] for s in sorted(train_rows)] if probs else [],
@@ -253,7 +253,8 @@ def summarise(runs: dict, budget: int) -> dict:
                                         for r in seeds.values()])
                          if all(r.get("start_heldout") is not None for r in seeds.values())
                          else None),
-        "final_ood": mean_interval([r["final_ood"] for r in seeds.values()]),
+        "final_ood": (mean_interval([r["final_ood"] for r in seeds.values()])
+                      if all(r["final_ood"] is not None for r in seeds.values()) else None),
         "final_bins": {b: mean_interval([r["final_bins"][b] for r in seeds.values()])
                        for b in bins},
         "signal_frac": mean_interval([r["signal_frac"] for r in seeds.values()]),
@@ -321,7 +322,8 @@ def markdown(summary: dict, setting: str) -> str:
     lines.append(f"| {name} | {m['learning_rate']:g} | {m['seeds_reaching_target']}/"
                  f"{len(m['seeds'])} | {reach} | {_fmt(m['final_heldout'])} | "
                  f"{_fmt(m['gain_heldout'])} | "
-                 f"{_fmt(m['final_ood'])} | {_fmt(m['signal_frac'])} | "
+                 f"{_fmt(m['final_ood']) if m['final_ood'] else '-'} | "
+                 f"{_fmt(m['signal_frac'])} | "
                  f"{m['wall_s']['mean']:.0f} |")
   lines += ["", "Learning-rate sweep (final held-out accuracy, mean over seeds): " + "; ".join(
       f"{m}: " + ", ".join(f"{lr} -> {v * 100:.1f}%" for lr, v in sorted(s.items()))

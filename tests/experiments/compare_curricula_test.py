@@ -53,12 +53,12 @@ def test_first_reaching():
   assert cc.first_reaching(xs, ys, 0.0) == 0
 
 
-def _run(curve, *, per_step=10, signal=0.5, wall=1.0):
+def _run(curve, *, per_step=10, signal=0.5, wall=1.0, ood=0.0):
   steps = list(range(len(curve)))
   return {"steps": steps, "rollouts": [s * per_step for s in steps], "heldout": list(curve),
           "final_bins": {"a": curve[-1], "b": 0.0}, "final_heldout": curve[-1],
           "start_heldout": curve[0],
-          "final_ood": 0.0, "signal_frac": signal, "wall_s": wall, "arm_probs": [],
+          "final_ood": ood, "signal_frac": signal, "wall_s": wall, "arm_probs": [],
           "rollouts_per_step": per_step}
 
 
@@ -104,6 +104,16 @@ def test_a_target_the_warm_start_already_meets_is_flagged():
   assert s["target_above_start"] is False
   assert s["methods"]["sec"]["per_seed_rollouts_to_target"] == {"1": 0.0}
   assert "says nothing here" in cc.markdown(s, "synthetic")
+
+
+def test_a_setting_without_ood_bins_reports_no_ood_accuracy():
+  runs = {("uniform", 2e-5, 1): _run([0.1, 0.2], ood=None),
+          ("sec", 2e-5, 1): _run([0.1, 0.3], ood=None)}
+  s = cc.summarise(runs, 10)
+  assert s["methods"]["sec"]["final_ood"] is None
+  row = next(line for line in cc.markdown(s, "synthetic").splitlines()
+             if line.startswith("| sec |"))
+  assert row.split(" | ")[6] == "-"  # the OOD column
 
 
 def test_sec_goal_not_met_when_a_seed_falls_short():
