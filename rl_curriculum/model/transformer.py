@@ -350,7 +350,7 @@ def forward_hidden(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
 def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Array,
                          prefix_mask: jax.Array, tokens: jax.Array
                          ) -> Tuple[jax.Array, jax.Array]:
-  """Final hidden states of prefix ++ continuation when `group` continuations share a prefix.
+  """Final hidden states of prefix ++ continuation when each prefix has a group of continuations.
 
   The prefix runs once; its keys and values are shared by the continuations that follow it, so a
   group of G completions of one prompt costs Tp + G T token-passes instead of G (Tp + T). The
