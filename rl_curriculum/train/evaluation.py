@@ -12,23 +12,28 @@ from rl_curriculum.tasks.data import TaskPool
 
 def generate_texts(graphdef, params, pool: TaskPool, decode: Callable, *, batch_size: int,
                    max_new_tokens: int, eos_id: int, pad_id: int, stop_ids=(),
-                   greedy: bool = True, temperature: float = 1.0, key=None) -> list[str]:
+                   greedy: bool = True, temperature: float = 1.0, key=None,
+                   group: int = 1) -> list[str]:
   """Completions for every prompt of `pool`, in fixed-size batches (one compile per shape).
 
-  The last batch is padded with copies of the first prompt whose outputs are dropped.
+  With `group` > 1 each prompt gets `group` completions, prefilled once (`sampler.sample`'s
+  `group`); the result lists them prompt by prompt, len(pool) * group texts. A batch then holds
+  max(1, batch_size // group) prompts. The last batch is padded with copies of the first prompt
+  whose outputs are dropped.
   """
   n = len(pool.problems)
+  prompts = max(1, batch_size // group)
   texts = []
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size)
-    idx = np.where(idx < n, idx, 0)
+  for start in range(0, n, prompts):
+    idx = np.arange(start, start + prompts)
+    idx = np.repeat(np.where(idx < n, idx, 0), group)
     k = jax.random.fold_in(key, start) if key is not None else jax.random.PRNGKey(0)
     rollout = sampler.sample(graphdef, params, jnp.asarray(pool.tokens[idx]),
                              jnp.asarray(pool.mask[idx]), k, max_new_tokens=max_new_tokens,
                              eos_id=eos_id, stop_ids=stop_ids, pad_id=pad_id, greedy=greedy,
-                             temperature=temperature)
+                             temperature=temperature, group=group)
     tokens = np.asarray(rollout.tokens)
-    texts.extend(decode(row) for row in tokens[:min(batch_size, n - start)])
+    texts.extend(decode(row) for row in tokens[:min(prompts, n - start) * group])
   return texts
 
 
@@ -58,12 +63,14 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 def sampled_pass_at_k(graphdef, params, pool: TaskPool, task, decode: Callable, *, k: int,
                       samples: int, batch_size: int, max_new_tokens: int, eos_id: int,
                       pad_id: int, temperature: float, key: Any, stop_ids=()) -> float:
-  """Mean pass@k over the pool's prompts from `samples` sampled completions each."""
-  correct = np.zeros((len(pool.problems), samples), bool)
-  for s in range(samples):
-    texts = generate_texts(graphdef, params, pool, decode, batch_size=batch_size,
-                           max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                           stop_ids=stop_ids, greedy=False, temperature=temperature,
-                           key=jax.random.fold_in(key, s))
-    correct[:, s] = task.score_batch(pool.problems, texts)[1]
+  """Mean pass@k over the pool's prompts from `samples` sampled completions each.
+
+  The samples of a prompt are drawn in one batch that prefills the prompt once.
+  """
+  texts = generate_texts(graphdef, params, pool, decode, batch_size=batch_size,
+                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                         stop_ids=stop_ids, greedy=False, temperature=temperature, key=key,
+                         group=samples)
+  problems = [p for p in pool.problems for _ in range(samples)]
+  correct = np.asarray(task.score_batch(problems, texts)[1], bool).reshape(-1, samples)
   return float(np.mean([pass_at_k(samples, int(c), k) for c in correct.sum(axis=1)]))
