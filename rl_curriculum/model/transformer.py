@@ -88,17 +88,41 @@ class Projection(nnx.Module):
     self.lora_b = nnx.data(None)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    n = len(self.in_shape)
-    x = x.astype(self.dtype)
-    y = jnp.tensordot(x, self.kernel[...].astype(self.dtype), axes=n)
+    return project_shared_input(x, (self,))[0]
+
+  def base(self, x: jax.Array) -> jax.Array:
+    """x . W + b, without the adapter."""
+    y = jnp.tensordot(x.astype(self.dtype), self.kernel[...].astype(self.dtype),
+                      axes=len(self.in_shape))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype).reshape((1,) * (y.ndim - len(self.out_shape))
                                                         + self.out_shape)
-    if self.lora_a is not None:
-      scale = self.lora_b.get_metadata("lora_scale")
-      low = jnp.tensordot(x, self.lora_a[...].astype(self.dtype), axes=n)
-      y = y + scale * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
     return y
+
+  def adapter_up(self, low: jax.Array) -> jax.Array:
+    """s * low . B for low = x . A [..., r]."""
+    scale = self.lora_b.get_metadata("lora_scale")
+    return scale * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
+
+
+def project_shared_input(x: jax.Array, projections: Sequence[Projection]) -> list:
+  """[p(x) for p in projections] for projections reading the same x (q|k|v, gate|up).
+
+  The adapters' A matrices are concatenated along the rank axis, so x . A runs as one matmul for
+  all of them (and its backward as one pass over x), instead of one thin rank-r product each.
+  """
+  x = x.astype(projections[0].dtype)
+  outs = [p.base(x) for p in projections]
+  adapted = [i for i, p in enumerate(projections) if p.lora_a is not None]
+  if adapted:
+    a = [projections[i].lora_a[...].astype(x.dtype) for i in adapted]
+    low = jnp.tensordot(x, a[0] if len(a) == 1 else jnp.concatenate(a, axis=-1),
+                        axes=len(projections[0].in_shape))
+    end = 0
+    for i, a_i in zip(adapted, a):
+      start, end = end, end + a_i.shape[-1]
+      outs[i] = outs[i] + projections[i].adapter_up(low[..., start:end])
+  return outs
 
 
 def rope_frequencies(config: ModelConfig) -> np.ndarray:
@@ -169,7 +193,7 @@ class Attention(nnx.Module):
     """x[B, T, D] -> (y[B, T, D], (k, v) cache of this layer or None)."""
     c = self.config
     b, t, _ = x.shape
-    q, k, v = self.q(x), self.k(x), self.v(x)
+    q, k, v = project_shared_input(x, (self.q, self.k, self.v))
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q = apply_rope(q, positions, inv_freq)
@@ -227,7 +251,8 @@ class MLP(nnx.Module):
     self.down = Projection((c.mlp_dim,), (c.d_model,), ("mlp",), ("embed",), **kw)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+    gate, up = project_shared_input(x, (self.gate, self.up))
+    return self.down(jax.nn.silu(gate) * up)
 
 
 class Block(nnx.Module):

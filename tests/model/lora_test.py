@@ -199,3 +199,49 @@ def test_attaching_twice_and_merging_adapters_alone_raise():
   _, lora_params, _ = lora.split(model)
   with pytest.raises(ValueError, match="full state"):
     lora.merge(lora_params)
+
+
+@pytest.mark.parametrize("targets", [("q", "k", "v"), ("q", "v"), ("k",), ("gate", "up")])
+def test_projections_sharing_an_input_equal_each_projection_alone(targets):
+  # project_shared_input runs x . [A_q | A_k | A_v] as one matmul; values and adapter gradients
+  # must equal y = x . W + b + s (x . A) . B computed projection by projection.
+  _, _, graphdef, params = _models(targets=targets, rank=3, alpha=6.0)
+  params = _with_random_b(params)
+  model = nnx.merge(graphdef, params)
+  block = model.blocks[0]
+  projections = ((block.mlp.gate, block.mlp.up) if "gate" in targets
+                 else (block.attn.q, block.attn.k, block.attn.v))
+  x = jax.random.normal(jax.random.key(5), (2, 4, CONFIG.d_model))
+
+  def alone(p, a, x):
+    y = jnp.tensordot(x, p.kernel[...], axes=1)
+    if p.bias is not None:
+      y = y + p.bias[...][None, None]
+    if a is not None:
+      y = y + 2.0 * jnp.tensordot(jnp.tensordot(x, a, axes=1), p.lora_b[...], axes=1)
+    return y
+
+  a_s = [None if p.lora_a is None else p.lora_a[...] for p in projections]
+  expected = [alone(p, a, x) for p, a in zip(projections, a_s)]
+  fused = transformer.project_shared_input(x, projections)
+  assert sum(a is not None for a in a_s) == len(targets)
+  for got, want in zip(fused, expected):
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+  names = ("gate", "up") if "gate" in targets else ("q", "k", "v")
+  part = block.mlp if "gate" in targets else block.attn
+  part_graphdef, adapters, rest = nnx.split(part, lora.LoRAWeight, ...)
+
+  def loss_fused(adapters):
+    module = nnx.merge(part_graphdef, adapters, rest)
+    ys = transformer.project_shared_input(x, [getattr(module, n) for n in names])
+    return sum(jnp.sum(jnp.sin(y)) for y in ys)
+
+  def loss_alone(a_s):
+    return sum(jnp.sum(jnp.sin(alone(p, a, x))) for p, a in zip(projections, a_s))
+
+  grads_fused, grads_alone = jax.grad(loss_fused)(adapters), jax.grad(loss_alone)(a_s)
+  for name, want in zip(names, grads_alone):
+    if want is not None:
+      assert np.max(np.abs(want)) > 1e-3
+      np.testing.assert_allclose(grads_fused[name]["lora_a"][...], want, atol=1e-4, rtol=0)
