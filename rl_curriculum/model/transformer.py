@@ -106,7 +106,8 @@ class Projection(nnx.Module):
 
 
 def project_shared_input(x: jax.Array, projections: Sequence[Projection]) -> list:
-  """[p(x) for p in projections] for projections reading the same x (q|k|v, gate|up).
+  """[p(x) for p in projections] for projections reading the same x (q|k|v, gate|up); they must
+  share in_shape and dtype.
 
   The adapters' A matrices are concatenated along the rank axis, so x . A runs as one matmul for
   all of them (and its backward as one pass over x), instead of one thin rank-r product each.
