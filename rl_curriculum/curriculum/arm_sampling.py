@@ -7,18 +7,26 @@ are filled in two stages:
   2. each slot takes the next prompt of its arm's current random permutation; when an arm's
      permutation is used up, the arm is reshuffled and its cursor starts again.
 
-The first permutation comes from a sort of random keys; reshuffles apply a keyed pseudo-random
-permutation (a Feistel network with cycle walking) to the exhausted arms' segments, which costs
-O(N) without a sort: with many arms some arm runs out on most steps, and a sort of the pool then
-dominated the cost of `select`.
+The first permutation comes from a sort of random keys; reshuffles apply keyed pseudo-random
+permutations (a Feistel network with cycle walking) within the exhausted arms' segments, which
+costs O(N) without a sort: with many arms some arm runs out on most steps, and a sort of the pool
+then dominated the cost of `select`.
 
 So within an arm no prompt repeats until every prompt of that arm has been handed out once (one
 "epoch" of that arm). The state keeps one flat permutation of the pool, grouped by arm in ascending
 arm order and shuffled within each arm's segment, plus one cursor per arm.
 
-Limit: if one step asks an arm for more prompts than it holds (count > size), the slots beyond the
-first `size` come from the arm's next permutation; past two epochs within one step, that same
-permutation is read again, so a prompt can repeat within the step (unavoidable when count > size).
+A step can finish one epoch of an arm and start the next. The next epoch is therefore built as a
+random order of the prompts this step did not take from the old epoch (old positions [0, cursor)),
+followed by a random order of the prompts it did take (old positions [cursor, size)); the step's
+remaining slots read the new epoch from its start, so they never meet a prompt the same step
+already holds.
+
+Limit, exactly: within one call (one step) an arm hands out distinct prompts whenever the call
+asks it for count <= size prompts. Only when count > size does a prompt repeat within the call:
+the slots beyond the first epoch's remainder read the whole new epoch, and past it the same new
+epoch is read again from its start. Every prompt of an arm still appears exactly once per epoch
+(each epoch is a permutation of the arm), whatever the counts.
 
 Everything here is pure and jittable; `ArmSamplerState` is a pytree of arrays that Orbax can save.
 """
@@ -100,17 +108,34 @@ def _keyed_permutation(x: jax.Array, n: jax.Array, round_keys: jax.Array,
 def _shuffle_arms(state: ArmSamplerState, which: jax.Array, key: jax.Array) -> jax.Array:
   """Returns `state.perm` with the segments of the arms in `which: bool[K]` freshly permuted.
 
-  Segments stay in place; other arms are untouched. Each arm draws its own permutation
-  (`_keyed_permutation` with per-arm round keys), so the cost is O(N) without a sort.
+  With c = cursor[k], s = sizes[k] and pi a keyed permutation of [0, s), arm k's new segment is
+  the random order  old[pi(0)], ..., old[pi(s - 1)]  stably partitioned by pi(i) < c: the prompts
+  at old positions [0, c) first, then those at [c, s), each part in the order pi gives it (for a
+  uniform pi, two independent uniform orders). The prompts at [c, s) are the ones the current call
+  takes from the old epoch, so they close the next one (see the module docstring).
+
+  One permutation of the whole segment, not one per part: the Feistel domain then has the arm's
+  size, as before, whereas parts of arbitrary sizes need many more cycle-walking passes over all N
+  positions. The partition is a cumulative sum and one scatter. Segments stay in place; other
+  arms are untouched; each arm has its own round keys. Costs O(N) without a sort.
   """
   num_arms = state.sizes.shape[0]
   bits = jax.random.bits(key, (num_arms, _FEISTEL_ROUNDS + 1), jnp.uint32)
   pos = jnp.arange(state.perm.shape[0], dtype=jnp.int32)
-  within = (pos - state.offsets[state.arms]).astype(jnp.uint32)
-  n = state.sizes[state.arms].astype(jnp.uint32)
+  start = state.offsets[state.arms]
+  within = (pos - start).astype(jnp.uint32)
+  n = jnp.maximum(state.sizes[state.arms], 1).astype(jnp.uint32)  # domains must hold >= 1 value
   per_pos = bits[state.arms]
   src = _keyed_permutation(within, n, per_pos[:, :-1], per_pos[:, -1]).astype(jnp.int32)
-  shuffled = state.perm[state.offsets[state.arms] + src]
+  cursor = state.cursor[state.arms]
+  head = src < cursor                                    # bool[N] drawn from old [0, c)
+  head_i = head.astype(jnp.int32)
+  before = jnp.cumsum(head_i) - head_i                   # heads at earlier flat positions
+  rank_head = before - before[start]                     # heads earlier in the same segment
+  rank_tail = pos - start - rank_head                    # tails earlier in the same segment
+  dest = start + jnp.where(head, rank_head, cursor + rank_tail)
+  shuffled = jnp.zeros_like(state.perm).at[dest].set(state.perm[start + src],
+                                                     unique_indices=True)
   return jnp.where(which[state.arms], shuffled, state.perm)
 
 
@@ -171,8 +196,10 @@ def take_prompts(state: ArmSamplerState, arms: jax.Array,
   """Hands out, for each slot, the next unused prompt of its arm.
 
   Slot p gets position `cursor[a] + rank_p` of arm a's permutation, where rank_p counts the
-  earlier slots of the same arm in this call. Positions past the arm's size come from a fresh
-  permutation of that arm, which then replaces the old one (reshuffle on exhaustion).
+  earlier slots of the same arm in this call. Positions t >= size come from the arm's next
+  permutation, at position (t - size) mod size, which then replaces the old one (reshuffle on
+  exhaustion). The next permutation puts the prompts this call takes from the old one last
+  (`_shuffle_arms`), so an arm asked for count <= size prompts hands out distinct prompts.
 
   Args:
     state: the sampler.

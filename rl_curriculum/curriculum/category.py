@@ -92,10 +92,23 @@ def _unit(name: str, value, *, closed_low: bool = True, closed_high: bool = True
   return float(value)
 
 
-def _order(order: Optional[Sequence[int]], num_arms: int) -> np.ndarray:
-  """Arm order (index 0 = easiest); defaults to 0, 1, ..., K-1."""
+def _order(order: Optional[Sequence[int]], pool_or_num_arms: PoolOrNumArms) -> np.ndarray:
+  """Arm order, easiest first.
+
+  Default: with a PromptPool, the arms sorted by the mean difficulty of their prompts
+  (`PromptPool.difficulty`; ties and empty arms keep index order), so a pool whose arms are
+  listed in any order of difficulty still starts easy; with a number of arms, 0, 1, ..., K-1.
+  """
+  num_arms = _num_arms(pool_or_num_arms)
   if order is None:
-    return np.arange(num_arms, dtype=np.int32)
+    if not isinstance(pool_or_num_arms, PromptPool):
+      return np.arange(num_arms, dtype=np.int32)
+    arms = np.asarray(pool_or_num_arms.arms)
+    diff = np.asarray(pool_or_num_arms.difficulty, np.float64)
+    count = np.bincount(arms, minlength=num_arms)
+    total = np.bincount(arms, weights=diff, minlength=num_arms)
+    mean = np.where(count > 0, total / np.maximum(count, 1), np.inf)
+    return np.argsort(mean, kind="stable").astype(np.int32)
   arr = np.asarray(order, np.int32)
   if arr.shape != (num_arms,) or sorted(arr.tolist()) != list(range(num_arms)):
     raise ValueError(f"order must be a permutation of range({num_arms}), got {list(order)}")
@@ -569,7 +582,8 @@ def easy_to_hard(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
                  accuracy_rate: float = 0.2) -> Curriculum:
   """Fixed easy-to-hard schedule: all P slots on the current arm, then the next one.
 
-  The current arm is `order[stage]` (default order 0, 1, ..., K-1, arm 0 easiest). The stage
+  The current arm is `order[stage]` (default: the pool's arms by increasing mean difficulty, or
+  0, 1, ..., K-1 when built from a number of arms; see `_order`). The stage
   advances after `steps_per_arm` updates on it (default 50, our choice; None disables), or when
   the arm's running accuracy exceeds `accuracy_threshold` (default None = off), whichever comes
   first; it stays on the last arm. Running accuracy: `acc <- acc + accuracy_rate (mean correct -
@@ -580,7 +594,7 @@ def easy_to_hard(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
   """
   num_arms = _num_arms(pool_or_num_arms)
   batch_size = _positive("batch_size", batch_size, integer=True)
-  order = _order(order, num_arms)
+  order = _order(order, pool_or_num_arms)
   args = _progress_args(steps_per_arm, accuracy_threshold, accuracy_rate)
 
   def probs_fn(state, order_j):
@@ -593,9 +607,10 @@ def hard_to_easy(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
                  order: Optional[Sequence[int]] = None, steps_per_arm: Optional[int] = 50,
                  accuracy_threshold: Optional[float] = None,
                  accuracy_rate: float = 0.2) -> Curriculum:
-  """Reverse schedule: `easy_to_hard` walking `order` (default 0..K-1, 0 easiest) backwards."""
+  """Reverse schedule: `easy_to_hard` walking `order` (default easiest first, as there)
+  backwards."""
   num_arms = _num_arms(pool_or_num_arms)
-  order = _order(order, num_arms)[::-1].copy()
+  order = _order(order, pool_or_num_arms)[::-1].copy()
   return easy_to_hard(num_arms, batch_size=batch_size, order=order, steps_per_arm=steps_per_arm,
                       accuracy_threshold=accuracy_threshold, accuracy_rate=accuracy_rate)
 
@@ -613,7 +628,7 @@ def linear_pacing(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
   """
   num_arms = _num_arms(pool_or_num_arms)
   batch_size = _positive("batch_size", batch_size, integer=True)
-  order = _order(order, num_arms)
+  order = _order(order, pool_or_num_arms)
   steps_to_full = _positive("steps_to_full", steps_to_full, integer=True)
   if not 1 <= start_arms <= num_arms:
     raise ValueError(f"start_arms must lie in [1, {num_arms}], got {start_arms!r}")
@@ -640,7 +655,7 @@ def cyclical(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
   """
   num_arms = _num_arms(pool_or_num_arms)
   batch_size = _positive("batch_size", batch_size, integer=True)
-  order = _order(order, num_arms)
+  order = _order(order, pool_or_num_arms)
   period = _positive("period", period, integer=True)
   if not 1 <= start_arms <= num_arms:
     raise ValueError(f"start_arms must lie in [1, {num_arms}], got {start_arms!r}")
@@ -669,7 +684,7 @@ def mixed_replay(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
   """
   num_arms = _num_arms(pool_or_num_arms)
   batch_size = _positive("batch_size", batch_size, integer=True)
-  order = _order(order, num_arms)
+  order = _order(order, pool_or_num_arms)
   rho = _unit("replay_prob", replay_prob)
   args = _progress_args(steps_per_arm, accuracy_threshold, accuracy_rate)
 
@@ -783,47 +798,76 @@ def dump(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int = 300,
 # ------------------------------------------------------------------------------------------------
 
 class ALPState(NamedTuple):
-  """State of `alp_teacher`."""
-  history: jax.Array  # f32[K, 2W] ring buffer of each arm's last 2W per-completion correctness
-  filled: jax.Array   # i32[K] values stored (<= 2W)
+  """State of `alp_teacher`: per-arm ring buffers of the last 2W steps that sampled the arm."""
+  sums: jax.Array     # f32[K, 2W] correct completions of arm k in each stored step
+  counts: jax.Array   # f32[K, 2W] valid completions of arm k in each stored step (> 0 if stored)
+  filled: jax.Array   # i32[K] steps stored (<= 2W)
   head: jax.Array     # i32[K] next write position
   sampler: ArmSamplerState
 
 
-def alp_values(history: jax.Array, filled: jax.Array,
+def alp_values(sums: jax.Array, counts: jax.Array, filled: jax.Array,
                head: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Absolute learning progress per arm from a ring buffer of 2W outcomes.
+  """Absolute learning progress per arm from ring buffers of the arm's last 2W steps.
 
-  recent[k] = mean of the W newest outcomes, older[k] = mean of the (up to) W before them;
-  ALP[k] = |recent[k] - older[k]|, and 0 while the older window is empty.
+  Entry j of arm k holds one step: s[k, j] correct out of n[k, j] valid completions. With R the W
+  newest stored steps of arm k and O the (up to) W stored before them,
+    recent[k] = sum_{j in R} s[k, j] / sum_{j in R} n[k, j]   (0 while R is empty),
+    older[k]  = sum_{j in O} s[k, j] / sum_{j in O} n[k, j]   (0 while O is empty),
+    ALP[k]    = |recent[k] - older[k]|, and 0 while O is empty.
+  The means are weighted by completions, so a step with few valid completions counts little.
 
   Args:
-    history: f32[K, 2W]; filled: i32[K]; head: i32[K].
+    sums: f32[K, 2W]; counts: f32[K, 2W]; filled: i32[K]; head: i32[K] (see `ALPState`).
 
   Returns:
     (alp f32[K], recent f32[K], older f32[K]).
   """
-  width2 = history.shape[1]
+  width2 = sums.shape[1]
   w = width2 // 2
   age = _ring_ages(head, width2)
-  valid = age < filled[:, None]
-  recent, _ = _masked_row_mean(history, valid & (age < w))
-  older, n_old = _masked_row_mean(history, valid & (age >= w))
+  stored = age < filled[:, None]
+
+  def window_mean(mask):
+    n = jnp.sum(jnp.where(mask, counts, 0.0), axis=1)
+    s = jnp.sum(jnp.where(mask, sums, 0.0), axis=1)
+    return jnp.where(n > 0, s / jnp.where(n > 0, n, 1.0), 0.0), n
+
+  recent, _ = window_mean(stored & (age < w))
+  older, n_old = window_mean(stored & (age >= w))
   alp = jnp.where(n_old > 0, jnp.abs(recent - older), 0.0)
   return alp, recent, older
 
 
-def alp_teacher(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int = 256,
+def alp_teacher(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int = 8,
                 epsilon: float = 0.2) -> Curriculum:
   """Absolute-learning-progress teacher over arms (the bin version of ALP-GMM).
 
-  Each arm keeps its last 2W per-completion correctness values; ALP = |mean of the newest W -
-  mean of the W before| (`alp_values`). pi = epsilon / K' + (1 - epsilon) ALP / sum ALP, and
-  uniform over non-empty arms while every ALP is 0. Defaults W = 256 completions and epsilon = 0.2
-  (our choices). Success is read from `Feedback.correct`, never from the shaped reward.
+  Windows count STEPS in which the arm was sampled, not completions: every update pushes, for
+  each arm with at least one valid completion, one entry (correct completions, valid
+  completions) of that step. ALP = |success rate over the arm's W newest steps - success rate
+  over the W steps before| (`alp_values`), so progress is measured between updates of the policy
+  and not between two halves of one batch (a window of W completions would fill both halves from
+  a single step of P x G outcomes). Arms not sampled in a step keep their windows.
+
+  pi = epsilon / K' + (1 - epsilon) ALP / sum ALP over the K' non-empty arms, and uniform over
+  them while every ALP is 0 (in particular until some arm has been sampled in W + 1 steps).
+  Defaults W = 8 steps and epsilon = 0.2 are our choices: the progress between the two windows
+  grows with W while their sampling noise shrinks as 1 / sqrt(W) (a step gives a sampled arm tens
+  to hundreds of outcomes), and ALP still reacts within 2W = 16 steps of the arm. Success is read
+  from `Feedback.correct`, never from the shaped reward.
 
   Reference: Portelas et al. 2019, "Teacher algorithms for curriculum learning of Deep RL in
   continuously parameterized environments" (arXiv:1910.07224).
+
+  Args:
+    pool_or_num_arms: the PromptPool or K.
+    batch_size: P.
+    window: W, steps per window, default 8.
+    epsilon: share of uniform exploration, default 0.2.
+
+  Returns:
+    Curriculum with `ALPState`; metrics: probs, alp, recent, older, arm_counts.
 
   Raises:
     ValueError: window < 1 or epsilon outside [0, 1].
@@ -834,7 +878,7 @@ def alp_teacher(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int
   epsilon = _unit("epsilon", epsilon)
 
   def probs_of(state: ALPState) -> jax.Array:
-    alp, _, _ = alp_values(state.history, state.filled, state.head)
+    alp, _, _ = alp_values(state.sums, state.counts, state.filled, state.head)
     nonempty = state.sampler.sizes > 0
     unif = nonempty.astype(jnp.float32) / jnp.maximum(jnp.sum(nonempty), 1)
     alp = jnp.where(nonempty, alp, 0.0)
@@ -845,8 +889,9 @@ def alp_teacher(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int
   def init(pool: PromptPool, key: jax.Array) -> ALPState:
     _check_init_pool(pool, num_arms)
     zeros = jnp.zeros((num_arms,), jnp.int32)
-    return ALPState(history=jnp.zeros((num_arms, 2 * width), jnp.float32), filled=zeros,
-                    head=zeros, sampler=arm_sampling.init_arm_sampler(pool.arms, num_arms, key))
+    ring = jnp.zeros((num_arms, 2 * width), jnp.float32)
+    return ALPState(sums=ring, counts=ring, filled=zeros, head=zeros,
+                    sampler=arm_sampling.init_arm_sampler(pool.arms, num_arms, key))
 
   def select(state: ALPState, key: jax.Array) -> tuple[Selection, ALPState]:
     sel, sampler = arm_sampling.sample_selection(state.sampler, probs_of(state), key, batch_size)
@@ -854,13 +899,20 @@ def alp_teacher(pool_or_num_arms: PoolOrNumArms, *, batch_size: int, window: int
 
   def update(state: ALPState, feedback: Feedback) -> tuple[ALPState, dict]:
     _check_feedback(feedback)
-    p, g = feedback.correct.shape
-    values = feedback.correct.astype(jnp.float32).reshape(p * g)
-    arms = jnp.broadcast_to(feedback.arms[:, None], (p, g)).reshape(p * g)
-    keep = (_valid(feedback) > 0).reshape(p * g)
-    hist, head, filled = _ring_push(state.history, state.head, state.filled, values, arms, keep)
-    state = state._replace(history=hist, head=head, filled=filled)
-    alp, recent, older = alp_values(hist, filled, head)
+    valid = _valid(feedback)
+    correct = jnp.sum(feedback.correct.astype(jnp.float32) * valid, axis=1)      # f32[P]
+    s = jax.ops.segment_sum(correct, feedback.arms, num_segments=num_arms)      # f32[K]
+    n = jax.ops.segment_sum(jnp.sum(valid, axis=1), feedback.arms, num_segments=num_arms)
+    sampled = n > 0                                                               # bool[K]
+    # Arms without a valid completion push nothing: windows count the steps that sampled them.
+    write = sampled[:, None] & (jnp.arange(2 * width)[None, :] == state.head[:, None])
+    sums = jnp.where(write, s[:, None], state.sums)
+    counts = jnp.where(write, n[:, None], state.counts)
+    step = sampled.astype(jnp.int32)
+    head = jnp.mod(state.head + step, 2 * width).astype(jnp.int32)
+    filled = jnp.minimum(state.filled + step, 2 * width).astype(jnp.int32)
+    state = state._replace(sums=sums, counts=counts, filled=filled, head=head)
+    alp, recent, older = alp_values(sums, counts, filled, head)
     metrics = {"probs": probs_of(state), "alp": alp, "recent": recent, "older": older,
                "arm_counts": _arm_counts(feedback.arms, num_arms)}
     return state, metrics
@@ -910,8 +962,9 @@ def mastering_rate(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
   (default 0.5); it is mastered when its own running success >= mastery_threshold (default 0.9).
   pi is uniform over available, non-mastered, non-empty arms (over available arms once all of
   them are mastered). Prerequisites are (before, after) pairs; default a chain along `order`
-  (0 -> 1 -> ... -> K-1). Running success: `s <- s + rate (mean correct - s)` per step that
-  samples the arm (default rate 0.2), starting from the first observation. Defaults are ours.
+  (easiest first, the default `order` of `easy_to_hard`). Running success: `s <- s + rate (mean
+  correct - s)` per step that samples the arm (default rate 0.2), starting from the first
+  observation. Defaults are ours.
 
   Reference: Willems et al. 2020, "Mastering Rate based Curriculum Learning" (arXiv:2008.06456).
 
@@ -920,7 +973,7 @@ def mastering_rate(pool_or_num_arms: PoolOrNumArms, *, batch_size: int,
   """
   num_arms = _num_arms(pool_or_num_arms)
   batch_size = _positive("batch_size", batch_size, integer=True)
-  order = _order(order, num_arms)
+  order = _order(order, pool_or_num_arms)
   prereq_np = _prerequisite_matrix(prerequisites, order, num_arms)
   unlock = _unit("unlock_threshold", unlock_threshold)
   mastery = _unit("mastery_threshold", mastery_threshold)

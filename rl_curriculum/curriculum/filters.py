@@ -4,16 +4,18 @@ A separate stage from the curricula, with its own small interface. The trainer o
 asks the curriculum for `oversampled_size(P, factor)` prompts, rolls them all out, then
 
   result = dynamic_filter(feedback, mode="all_equal")            # FilterResult(keep, num_kept)
-  indices, slot_valid = compact_indices(result.keep, batch_size=P)
+  indices, slot_valid = compact_indices(result.keep, P, key)     # <= P kept groups, drawn at random
   batch = gather_groups(feedback, indices, slot_valid)            # static shape [P, G]
 
 Groups are judged on raw correctness (`Feedback.correct`, restricted to `Feedback.valid`), never on
 the shaped reward: a format bonus makes the rewards of a group differ although every completion is
 wrong, and such a group carries no correctness signal.
 
-When fewer than P groups survive, the missing slots are filled with MASKED groups (slot_valid False,
-and `gather_groups` clears their `valid` rows), never with silent duplicates. Reference: Yu et al.,
-"DAPO: An Open-Source LLM Reinforcement Learning System at Scale", 2025 (dynamic sampling).
+When more than P groups survive, a uniformly random P of them are kept (not the first P: batches
+may be ordered). When fewer than P groups survive, the missing slots are filled with MASKED groups
+(slot_valid False, and `gather_groups` clears their `valid` rows), never with silent duplicates.
+Reference: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
+(arXiv:2503.14476), dynamic sampling.
 """
 
 import math
@@ -85,18 +87,25 @@ def dynamic_filter(feedback: Feedback, *, mode: str = "all_equal", lo: Optional[
   return FilterResult(keep=keep, num_kept=keep.sum(dtype=jnp.int32))
 
 
-def compact_indices(keep: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array]:
-  """Static-shape gather indices of the kept groups of an over-sampled batch.
+def compact_indices(keep: jax.Array, batch_size: int,
+                    key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Static-shape gather indices of a uniformly random subset of the kept groups.
 
-  Slot j < min(num_kept, batch_size) holds the j-th kept group in batch order; the other slots are
-  padding: `slot_valid` is False there and the index points at group 0 (any in-range index would
-  do; the slot must be masked by the consumer, see `gather_groups`). When more than batch_size
-  groups are kept, the first batch_size in batch order are used (the over-sampled batch is already
-  in random order).
+  With m = num_kept and P = batch_size, slots j < min(m, P) hold distinct kept groups; when m > P
+  they are a uniformly random P-subset of the m kept groups (every kept group is chosen with
+  probability P / m), in random slot order. Batch order is not used: curricula may order their
+  batches (replayed prompts first, prompts sorted by score), and the first P kept groups would
+  then favour the front of the batch. The other slots are padding: `slot_valid` is False there
+  and the index points at group 0 (any in-range index would do; the slot must be masked by the
+  consumer, see `gather_groups`).
+
+  Implementation: a uniform random permutation of the Po groups, then a stable sort of it by
+  `not keep`, so the kept groups come first in random order; the first P are taken.
 
   Args:
     keep: bool[Po] kept groups of the over-sampled batch (Po >= batch_size).
-    batch_size: P, the number of slots of the training batch.
+    batch_size: P, the number of slots of the training batch (static).
+    key: PRNG key that draws the subset.
   Returns:
     (indices i32[P], slot_valid bool[P]).
   Raises:
@@ -108,7 +117,8 @@ def compact_indices(keep: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Ar
   if keep.shape[0] < batch_size:
     raise ValueError(f"the over-sampled batch ({keep.shape[0]} groups) is smaller than "
                      f"batch_size={batch_size}")
-  order = jnp.argsort(~keep, stable=True)[:batch_size].astype(jnp.int32)
+  shuffled = jax.random.permutation(key, keep.shape[0])
+  order = shuffled[jnp.argsort(~keep[shuffled], stable=True)][:batch_size].astype(jnp.int32)
   slot_valid = jnp.arange(batch_size) < keep.sum()
   return jnp.where(slot_valid, order, 0), slot_valid
 

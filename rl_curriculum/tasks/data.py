@@ -21,7 +21,7 @@ class TaskPool(NamedTuple):
   """N problems with their arms and tokenised prompts (host arrays)."""
   problems: tuple            # N Problems, index = prompt id
   arms: np.ndarray           # i32[N] arm of each prompt, in [0, K)
-  difficulty: np.ndarray     # f32[N] scalar difficulty (the bin index unless given)
+  difficulty: np.ndarray     # f32[N] scalar difficulty (the problem's bin unless given)
   tokens: np.ndarray         # i32[N, Tp] prompt tokens, left-padded with pad_id
   mask: np.ndarray           # bool[N, Tp] True on real prompt tokens
   num_arms: int              # K
@@ -70,7 +70,9 @@ def make_pool(problems: Sequence[Problem], encode: Callable[[str], list],
       subset of bins (e.g. the training bins) becomes arms 0..K-1. Problems of other bins raise.
     prompt_fn: Problem -> prompt text; default `problem.prompt` (the plain template). For chat
       models pass a function applying the tokenizer's chat template to `task.prompt_messages`.
-    difficulty: optional f32[N]; default the arm index.
+    difficulty: optional f32[N]; default each problem's own difficulty bin
+      (`Problem.difficulty`, the task's order from easy to hard), NOT its arm: with
+      bins=(5, 0, 1) arm 0 holds the hardest problems.
 
   Raises:
     ValueError: empty problems, a prompt longer than max_prompt_len, a bin not in `bins`.
@@ -90,7 +92,7 @@ def make_pool(problems: Sequence[Problem], encode: Callable[[str], list],
   num_arms = int(arms.max()) + 1 if num_arms is None else int(num_arms)
   if arms.min() < 0 or arms.max() >= num_arms:
     raise ValueError(f"arms must lie in [0, {num_arms}), got [{arms.min()}, {arms.max()}]")
-  diff = (arms.astype(np.float32) if difficulty is None
+  diff = (np.array([p.difficulty for p in problems], np.float32) if difficulty is None
           else np.asarray(difficulty, np.float32).reshape(-1))
   if diff.shape != arms.shape:
     raise ValueError(f"difficulty has shape {diff.shape}, expected {arms.shape}")

@@ -65,21 +65,48 @@ def test_filter_reads_correctness_not_shaped_reward():
 
 def test_compact_pads_with_masked_groups_when_short():
   keep = jnp.array([False, True, False, False, True, False])
-  idx, ok = _compact4(keep)
+  idx, ok = _compact4(keep, key=jax.random.key(0))
+  idx = np.asarray(idx)
   np.testing.assert_array_equal(ok, [True, True, False, False])
-  np.testing.assert_array_equal(np.asarray(idx)[:2], [1, 4])
+  assert sorted(idx[:2].tolist()) == [1, 4]  # both kept groups, in random slot order
+  np.testing.assert_array_equal(idx[2:], [0, 0])
   fb = _feedback(np.ones((6, 3)))
-  out = jax.jit(filters.gather_groups)(fb, idx, ok)
-  np.testing.assert_array_equal(out.prompt_ids[:2], [101, 104])
+  out = jax.jit(filters.gather_groups)(fb, jnp.asarray(idx), ok)
+  np.testing.assert_array_equal(out.prompt_ids[:2], 100 + idx[:2])
   np.testing.assert_array_equal(out.valid, [[True] * 3, [True] * 3, [False] * 3, [False] * 3])
-  np.testing.assert_array_equal(out.advantages[1], np.asarray(fb.advantages)[4])
+  np.testing.assert_array_equal(out.advantages[:2], np.asarray(fb.advantages)[idx[:2]])
 
 
-def test_compact_takes_first_kept_when_more_than_batch():
+def test_compact_takes_distinct_kept_groups_when_more_than_batch():
   keep = jnp.array([True, False, True, True, True, True, False, True])
-  idx, ok = _compact4(keep)
-  np.testing.assert_array_equal(idx, [0, 2, 3, 4])
+  idx, ok = _compact4(keep, key=jax.random.key(0))
+  idx = np.asarray(idx)
+  assert len(set(idx.tolist())) == 4 and set(idx.tolist()) <= {0, 2, 3, 4, 5, 7}
   assert bool(ok.all())
+  # The same key gives the same subset.
+  np.testing.assert_array_equal(_compact4(keep, key=jax.random.key(0))[0], idx)
+
+
+_compact4_many = jax.jit(jax.vmap(lambda keep, key: filters.compact_indices(keep, 4, key),
+                                  in_axes=(None, 0)))
+
+
+@pytest.mark.parametrize("keep", [[True] * 8, [True, False, True, True, False, True, True, True]])
+def test_compact_keeps_a_uniformly_random_subset(keep):
+  """More kept groups than slots: each call takes distinct kept groups, and over 4000 keys every
+  kept group fills a slot with probability 4 / num_kept (binomial sd <= 0.008; bound 0.05). Taking
+  the first four kept groups gives frequencies 1 and 0 instead."""
+  keep = np.asarray(keep)
+  kept = np.flatnonzero(keep)
+  idx, ok = _compact4_many(jnp.asarray(keep), jax.random.split(jax.random.key(7), 4000))
+  idx, ok = np.asarray(idx), np.asarray(ok)
+  assert ok.all()
+  for row in idx:
+    assert len(set(row.tolist())) == 4 and set(row.tolist()) <= set(kept.tolist()), row
+  freq = np.bincount(idx.reshape(-1), minlength=keep.size) / idx.shape[0]
+  np.testing.assert_array_equal(freq[~keep], 0.0)
+  np.testing.assert_allclose(freq[kept], 4 / kept.size, atol=0.05,
+                             err_msg="share of keys whose batch holds each kept group")
 
 
 def test_gather_keeps_existing_invalid_slots():
@@ -104,7 +131,7 @@ def test_oversampled_size_and_bad_arguments():
   with pytest.raises(ValueError, match="accuracy_band"):
     filters.dynamic_filter(fb, mode="all_equal", lo=0.2, hi=0.3)
   with pytest.raises(ValueError, match="batch_size"):
-    filters.compact_indices(jnp.ones(3, bool), batch_size=4)
+    filters.compact_indices(jnp.ones(3, bool), batch_size=4, key=jax.random.key(0))
 
 
 _band_wide = jax.jit(functools.partial(filters.dynamic_filter, mode="accuracy_band", lo=0.25,
@@ -138,14 +165,17 @@ def test_filter_and_compact_properties(num_groups, batch_size, seed, mode):
       want.append(0.25 <= sum(vals) / len(vals) <= 0.75)
   np.testing.assert_array_equal(res.keep, want)
   assert int(res.num_kept) == sum(want)
-  idx, ok = _compact(res.keep, batch_size=batch_size)
+  idx, ok = _compact(res.keep, batch_size=batch_size, key=jax.random.key(seed))
   idx, ok = np.asarray(idx), np.asarray(ok)
   assert idx.shape == ok.shape == (batch_size,)
   kept_positions = [p for p in range(total) if want[p]]
   n_ok = min(len(kept_positions), batch_size)
   np.testing.assert_array_equal(ok, np.arange(batch_size) < n_ok)
-  np.testing.assert_array_equal(idx[:n_ok], kept_positions[:n_ok])  # distinct, kept, in order
-  assert np.all((idx >= 0) & (idx < total))
+  chosen = idx[:n_ok].tolist()
+  assert len(set(chosen)) == n_ok and set(chosen) <= set(kept_positions)  # distinct and kept
+  if len(kept_positions) <= batch_size:
+    assert sorted(chosen) == kept_positions  # nothing to drop: every kept group is used
+  np.testing.assert_array_equal(idx[n_ok:], 0)
   out = _gather(fb, jnp.asarray(idx), jnp.asarray(ok))
   assert not np.asarray(out.valid)[~ok].any()
   np.testing.assert_array_equal(np.asarray(out.valid)[ok], valid[idx[ok]])

@@ -56,3 +56,29 @@ def test_make_pool_bins_map_and_errors():
                         prompt_fn=lambda p: "Q:" + p.prompt)
   np.testing.assert_allclose(pool.difficulty, [0.5, 0.1, 0.9])
   assert "".join(map(chr, pool.tokens[0][pool.mask[0]])) == "Q:" + problems[0].prompt
+
+
+def test_difficulty_is_the_bin_not_the_arm_for_unsorted_bins():
+  """train_bins listed out of order: arm 0 holds bin 5 (the hardest). Curricula that read
+  difficulty must still start on bin 0: easy-to-hard's default order and AdaRFT's target come
+  from the problems' bins, not from the arms' positions."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rl_curriculum import curriculum as cur  # pylint: disable=g-import-not-at-top
+  task = get_task("arithmetic")
+  bins = (5, 0, 1)
+  problems = [task.generate(s, b) for b in bins for s in range(8)]
+  pool = data.make_pool(problems, _encode, pad_id=0, bins=bins)
+  np.testing.assert_array_equal(pool.arms, np.repeat([0, 1, 2], 8))
+  np.testing.assert_array_equal(pool.difficulty, np.repeat([5.0, 0.0, 1.0], 8))
+  prompt_pool = pool.prompt_pool()
+  key = jax.random.PRNGKey(0)
+  for build in (cur.easy_to_hard, cur.mastering_rate, cur.linear_pacing):
+    curriculum = build(prompt_pool, batch_size=4)
+    selection, _ = curriculum.select(curriculum.init(prompt_pool, key), key)
+    np.testing.assert_array_equal(selection.arms, [1, 1, 1, 1])  # bin 0 first
+  hard_first = cur.hard_to_easy(prompt_pool, batch_size=4)
+  selection, _ = hard_first.select(hard_first.init(prompt_pool, key), key)
+  np.testing.assert_array_equal(selection.arms, [0, 0, 0, 0])  # bin 5 first
+  adarft = cur.adarft(batch_size=4)
+  selection, _ = adarft.select(adarft.init(prompt_pool, key), key)
+  assert {problems[i].difficulty for i in np.asarray(selection.prompt_ids)} == {0}
