@@ -1,0 +1,183 @@
+"""Problems for a run: the RL pool, the SFT set and the held-out evaluation sets, kept apart.
+
+  splits = make_splits(task, train_bins=(0, 1, 2, 3, 4, 5), eval_bins=range(12),
+                       train_per_bin=2000, sft_per_bin=2000, eval_per_bin=128,
+                       held_out_fraction=0.2)
+  splits.rl, splits.sft        # [Problem] of the training bins; never a held-out prompt
+  splits.held_out[4]           # [Problem] bin 4's held-out set
+  splits.sizes[4]              # HeldOutSize(count=15, requested=128, trained=True)
+
+Why prompts and not seeds. Every split draws from its own range of generator seeds, but distinct
+seeds do not make distinct prompts: a bin whose whole problem space is small (arithmetic mul_1d_1d
+has 64 problems, add_2d_1d 900) is covered entirely by a 2000-problem RL pool, so a seed-disjoint
+held-out set of such a bin is memorised training data. Here a fixed partition of every bin's
+problem space by a stable hash of the prompt text (`held_out`) decides which prompts are held out:
+a training bin draws its RL and SFT problems only among the other prompts and its held-out set
+only among these, so no held-out prompt is ever trained on, whatever the bin's size. A small bin
+then has fewer held-out problems than asked (about the fraction times its size); `sizes` reports
+the count. Bins the run does not train on (evaluation-only bins, or bins left out of train_bins)
+draw their held-out sets from the whole space: nothing trains on them.
+
+The partition depends only on the prompt text and the fraction: it is the same in every process
+and on every machine, and nested (a prompt held out at fraction f is held out at every larger
+fraction). Everything here is host-side Python and deterministic in its arguments.
+"""
+
+import zlib
+from typing import Callable, NamedTuple, Optional, Sequence
+
+from rl_curriculum.tasks.base import Problem
+
+__all__ = ["SEED_BASE", "BIN_STRIDE", "HeldOutSize", "Splits", "held_out", "problems",
+           "make_splits"]
+
+# Seed offsets that give the RL pool, the SFT set and the held-out sets their own seeds; a bin's
+# seeds start BIN_STRIDE * bin above its split's base.
+SEED_BASE = {"rl": 0, "sft": 10_000_000, "eval": 20_000_000}
+BIN_STRIDE = 100_000
+# Draws per bin are bounded by this times the number asked for: a bin smaller than the request
+# stops there with what it found.
+_ATTEMPTS_PER_PROBLEM = 20
+# A bin also stops once this many times the draws it took to meet its latest new prompt (and at
+# least _STALE_MIN) brought no new prompt: its space is then exhausted in all likelihood (a prompt
+# of probability p stays unseen that long with probability exp(-p * gap)), and small bins do not
+# spend 20 * per_bin draws (5 s of the quickstart's 7) on repeats.
+_STALE_FACTOR = 2
+_STALE_MIN = 2000
+
+
+class HeldOutSize(NamedTuple):
+  """How many held-out problems an evaluation bin has."""
+  count: int        # problems in the bin's held-out set
+  requested: int    # eval_per_bin
+  trained: bool     # the run trains on the bin: its set comes from held-out prompts only
+
+
+class Splits(NamedTuple):
+  """The problems of one run (see the module docstring)."""
+  rl: list          # [Problem] RL pool, training bins in train_bins order, seed order inside
+  sft: list         # [Problem] SFT set, same order ([] when sft_per_bin is 0)
+  held_out: dict    # {eval bin: [Problem]} held-out sets, in eval_bins order
+  sizes: dict       # {eval bin: HeldOutSize}
+
+  def describe(self, bin_names: Optional[Sequence[str]] = None) -> str:
+    """One line for a log: held-out problems per bin, "name count/requested", trained bins
+    marked with "*" (their sets are limited to held-out prompts)."""
+    def name(b):
+      return bin_names[b] if bin_names is not None else str(b)
+    parts = [f"{name(b)}{'*' if s.trained else ''} {s.count}/{s.requested}"
+             for b, s in self.sizes.items()]
+    return "held out per bin (* = trained on): " + ", ".join(parts)
+
+
+def held_out(prompt: str, fraction: float) -> bool:
+  """Whether `prompt` lies in the held-out part (a `fraction` of every problem space).
+
+  CRC-32 of the prompt's UTF-8 bytes, read as a number in [0, 2**32), below fraction * 2**32.
+  Python's `hash` would not do: it is salted per process. Defined for any fraction (0 holds out
+  nothing, 1 everything); `make_splits` asks for one strictly between.
+  """
+  return zlib.crc32(prompt.encode("utf-8")) < fraction * 2**32
+
+
+def problems(task, bins: Sequence[int], per_bin: int, split: str, *,
+             exclude: Optional[Callable[[str], bool]] = None) -> list[Problem]:
+  """Up to `per_bin` problems per bin with distinct prompts, from the split's own seeds.
+
+  Bin b draws `task.generate(SEED_BASE[split] + BIN_STRIDE * b + i, b)` for i = 0, 1, ... and
+  keeps each new prompt for which `exclude(prompt)` is false, until it has `per_bin` problems,
+  has made 20 * per_bin draws, or has gone max(2000, 2 * i_new) draws without a new prompt (kept
+  or excluded; i_new = the draw that met the latest one): a bin whose space, less the excluded
+  prompts, is smaller than `per_bin` yields fewer. `exclude` must depend on the prompt alone: it
+  is asked once per prompt.
+
+  Returns:
+    [Problem], the bins in the given order, each bin's problems in seed order.
+  Raises:
+    ValueError: unknown split, negative per_bin, or a bin outside the task (from task.generate).
+  """
+  if split not in SEED_BASE:
+    raise ValueError(f"unknown split {split!r}; expected one of {sorted(SEED_BASE)}")
+  if per_bin < 0:
+    raise ValueError(f"per_bin must be >= 0, got {per_bin}")
+  out = []
+  for b in bins:
+    seed = SEED_BASE[split] + BIN_STRIDE * int(b)
+    seen = set()  # prompts kept or excluded: a repeated prompt costs a lookup, not a hash
+    kept = last_new = 0
+    for attempt in range(_ATTEMPTS_PER_PROBLEM * per_bin):
+      problem = task.generate(seed + attempt, int(b))
+      if problem.prompt in seen:
+        if attempt - last_new >= max(_STALE_MIN, _STALE_FACTOR * (last_new + 1)):
+          break
+        continue
+      seen.add(problem.prompt)
+      last_new = attempt
+      if exclude is not None and exclude(problem.prompt):
+        continue
+      out.append(problem)
+      kept += 1
+      if kept == per_bin:
+        break
+  return out
+
+
+def _unique(bins: Sequence[int], field: str) -> tuple:
+  bins = tuple(int(b) for b in bins)
+  if len(set(bins)) != len(bins):
+    raise ValueError(f"{field} repeats a bin: {list(bins)}")
+  return bins
+
+
+def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
+                train_per_bin: int, sft_per_bin: int, eval_per_bin: int,
+                held_out_fraction: float) -> Splits:
+  """RL pool, SFT set and held-out sets such that no held-out prompt is in the RL pool or SFT set.
+
+  Training bins draw their RL (`train_per_bin` per bin) and SFT (`sft_per_bin`, 0 for none)
+  problems among prompts with `held_out(prompt, held_out_fraction)` false. An evaluation bin
+  that is also a training bin draws its `eval_per_bin` held-out problems among prompts with it
+  true, so a small bin gets fewer (reported in `sizes`, never an error); any other evaluation
+  bin draws from its whole space. Seeds as in `problems` (splits "rl", "sft", "eval").
+
+  Raises:
+    ValueError: held_out_fraction outside (0, 1); train_per_bin or eval_per_bin below 1, or
+      sft_per_bin below 0; a repeated bin; a training bin among task.eval_only_bins; a training
+      bin without any RL problem; an evaluation bin without any held-out problem.
+  """
+  fraction = float(held_out_fraction)
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"held_out_fraction must lie strictly between 0 and 1, got "
+                     f"{held_out_fraction}")
+  if train_per_bin < 1 or eval_per_bin < 1 or sft_per_bin < 0:
+    raise ValueError(f"need train_per_bin >= 1, sft_per_bin >= 0 and eval_per_bin >= 1, got "
+                     f"{train_per_bin}, {sft_per_bin}, {eval_per_bin}")
+  train_bins = _unique(train_bins, "train_bins")
+  eval_bins = _unique(eval_bins, "eval_bins")
+  reserved = sorted(set(train_bins) & set(task.eval_only_bins))
+  if reserved:
+    raise ValueError(f"training bins {reserved} are evaluation-only bins of {task.name}")
+
+  def is_held_out(prompt):
+    return held_out(prompt, fraction)
+
+  def is_trainable(prompt):
+    return not held_out(prompt, fraction)
+
+  rl = problems(task, train_bins, train_per_bin, "rl", exclude=is_held_out)
+  sft = problems(task, train_bins, sft_per_bin, "sft", exclude=is_held_out)
+  empty = sorted(set(train_bins) - {p.difficulty for p in rl})
+  if empty:
+    raise ValueError(f"training bins {empty} of {task.name} have no prompt outside the held-out "
+                     f"fraction {fraction} (no RL problem); lower held_out_fraction")
+  sets, sizes = {}, {}
+  for b in eval_bins:
+    trained = b in train_bins
+    sets[b] = problems(task, [b], eval_per_bin, "eval",
+                       exclude=is_trainable if trained else None)
+    sizes[b] = HeldOutSize(count=len(sets[b]), requested=int(eval_per_bin), trained=trained)
+  empty = [b for b in eval_bins if not sets[b]]
+  if empty:
+    raise ValueError(f"evaluation bins {empty} of {task.name} have no held-out prompt at "
+                     f"fraction {fraction}; raise held_out_fraction or evaluate other bins")
+  return Splits(rl=rl, sft=sft, held_out=sets, sizes=sizes)
