@@ -25,7 +25,8 @@ is reported separately):
                        use_cache=True, do_sample=False, min_new_tokens = max_new_tokens = N)
                        (whole call; decode = generate - prefill).
   learn                rl_step.make_learn as the trainer builds it (RLOO, one epoch, one
-                       minibatch, kl_coef 0, SEC update inside) on a fixed scored batch of P
+                       minibatch, kl_coef 0, no rollback-KL pass (max_kl 0: the peers have
+                       none), SEC update inside) on a fixed scored batch of P
                        prompts x G completions, prompt Tp, completion T; full fine-tuning and
                        LoRA (rank 8 on q, k, v, o, gate, up, down). tokens = P G (Tp + T),
                        the sequences trained on (what a peer without prompt sharing computes).
@@ -345,6 +346,7 @@ def _learn_setup(policy, mode, p, g, tp, t, num_arms=6, lr=1e-6):
   config = quickstart.get_config()
   config.rl.minibatches = 1
   config.rl.max_new_tokens = t
+  config.rl.max_kl = 0.0  # no rollback pass after the update: the peers' steps have none
   optimizer = builders.build_optimizer(lr, max_grad_norm=1.0)
   pool = cur.PromptPool.from_arms(np.arange(num_arms * 100) % num_arms)
   curriculum = cur.sec(pool, batch_size=p, alpha=0.5, temperature=0.2)

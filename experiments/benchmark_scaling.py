@@ -14,6 +14,7 @@ the partitioning overhead (collectives, smaller per-device kernels, thread conte
 speed-up. Real scaling needs real accelerators.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,8 +55,12 @@ def measure(num_devices: int, repeats: int) -> list:
   from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from rl_curriculum.sampling import sampler  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train import builders, rl_step  # pylint: disable=import-outside-toplevel
+  from configs import quickstart  # pylint: disable=import-outside-toplevel
 
   assert jax.device_count() == num_devices, jax.devices()
+  # The quickstart's learn step (clipping, ratio guard, rollback KL) with two minibatches.
+  learn_config = dataclasses.replace(builders.learn_config(quickstart.get_config()),
+                                     minibatches=2, max_tokens=T)
   graphdef, params = transformer.init_model(ModelConfig.tiny(vocab_size=V), seed=0)
   optimizer = builders.build_optimizer(1e-4, max_grad_norm=1.0)
   curriculum = cur.sec(3, batch_size=P)
@@ -83,7 +88,7 @@ def measure(num_devices: int, repeats: int) -> list:
     placed = distributed.place(batch, mesh_lib.batch_shardings(batch, mesh, rows=b))
     learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                                curriculum_update=curriculum.update,
-                               config=rl_step.LearnConfig(minibatches=2), use_lora=False,
+                               config=learn_config, use_lora=False,
                                out_shardings=(state_sh, rep, rep))
     holder = {"state": state}
 

@@ -20,7 +20,9 @@ run from the i-th, so n processes (e.g. one per core, under `taskset`) share the
 once the warm start exists (one process builds it), and summarise with `--analyse_only`.
 
 Held-out accuracy here is the mean greedy accuracy over the training bins' held-out problems
-(the curriculum's arms; those among the evaluated bins); "ood" is the mean over the task's evaluation-only bins.
+(the curriculum's arms; those among the evaluated bins), which no run trains on; bins whose problem
+space leaves fewer than `eval.min_held_out` held-out problems are left out of it (listed in the
+summary). "ood" is the mean over the task's evaluation-only bins.
 """
 
 import json
@@ -36,6 +38,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import quickstart  # pylint: disable=g-import-not-at-top,wrong-import-position
+from rl_curriculum.train import builders  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _SETTING = flags.DEFINE_enum("setting", "quickstart", ["quickstart", "countdown", "toy"],
                              "Task and model setting (see SETTINGS).")
@@ -126,7 +129,7 @@ def run_config(setting_config, method: str, seed: int, budget: int,
   c.curriculum.options = o["options"]
   c.curriculum.filter = o.get("filter", "none")
   c.curriculum.oversample = o.get("oversample", 1)
-  per_step = c.rl.prompts_per_step * c.rl.group_size * c.curriculum.oversample
+  per_step = builders.sampled_prompts(c) * c.rl.group_size
   c.rl.steps = max(budget // per_step, 1)
   if method == "easy_to_hard":  # the schedule covers every arm within the run
     c.curriculum.options = dict(steps_per_arm=max(c.rl.steps // len(c.task.train_bins), 1))
@@ -440,8 +443,7 @@ def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
         json.dump({"wall_s": earlier + clock() - t0}, f)
       return False
     meta = {"method": method, "learning_rate": lr, "seed": seed, "steps": config.rl.steps,
-            "rollouts_per_step": config.rl.prompts_per_step * config.rl.group_size
-                                 * config.curriculum.oversample,
+            "rollouts_per_step": builders.sampled_prompts(config) * config.rl.group_size,
             "wall_s": earlier + clock() - t0}
     with open(os.path.join(folder, "compare.json"), "w") as f:
       json.dump(meta, f, indent=1)
@@ -456,15 +458,22 @@ def analyse(setting: str, workdir: str, out: str, budget: int) -> dict:
   train_names = [task.bin_names[b] for b in config.task.train_bins if b in config.task.eval_bins]
   ood_names = [task.bin_names[b] for b in config.task.eval_bins if b in task.eval_only_bins]
   root = os.path.join(workdir, setting)
+  folders = [os.path.join(root, name) for name in sorted(os.listdir(root))
+             if os.path.exists(os.path.join(root, name, "compare.json"))]
+  # Bins whose problem space leaves too few held-out problems are not compared (the runs share
+  # the data, so any run's summary says which).
+  small = []
+  if folders:
+    with open(os.path.join(folders[0], "summary.json")) as f:
+      small = json.load(f)["small_bins"]
+  train_names = [n for n in train_names if n not in small]
   runs = {}
-  for name in sorted(os.listdir(root)):
-    meta_path = os.path.join(root, name, "compare.json")
-    if not os.path.exists(meta_path):
-      continue
+  for folder in folders:
+    meta_path = os.path.join(folder, "compare.json")
     with open(meta_path) as f:
       meta = json.load(f)
     runs[(meta["method"], meta["learning_rate"], meta["seed"])] = _read_run(
-        os.path.join(root, name), train_names, ood_names)
+        folder, train_names, ood_names)
   # Only seeds that every (method, learning rate) finished, so that a comparison cut short
   # compares like with like.
   configs = {(m, lr) for m, lr, _ in runs}
@@ -474,6 +483,7 @@ def analyse(setting: str, workdir: str, out: str, budget: int) -> dict:
   runs = {k: v for k, v in runs.items() if k[2] in complete}
   summary = summarise(runs, budget)
   summary.update({"setting": setting, "train_bins": train_names, "ood_bins": ood_names,
+                  "small_bins_excluded": small,
                   "date": time.strftime("%Y-%m-%d"), "cpu_affinity": sorted(os.sched_getaffinity(0))})
   os.makedirs(out, exist_ok=True)
   stem = os.path.join(out, f"curricula_{setting}")

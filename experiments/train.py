@@ -15,6 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from rl_curriculum.train import builders
 from rl_curriculum.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -27,7 +28,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # library INFO lines (checkpoint I/O) drown the progress
-  loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except builders.ConfigError as e:  # a bad field: one line naming it, no traceback
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

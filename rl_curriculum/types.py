@@ -1,10 +1,12 @@
 """Pytrees shared across the package, and the shape-letter legend used in every docstring.
 
 Shape legend:
-  B  batch rows (B = P * G in a rollout)     P  prompts in a step
-  G  completions per prompt (a group)        T  time (tokens)
-  V  vocabulary                              K  arms (curriculum categories)
-  N  prompts in the pool                     D  feature width
+  B  batch rows (B = P * G in a rollout)     P  prompts (groups) the policy trains on in a step
+  S  prompts sampled in a step (S = P, or    G  completions per prompt (a group)
+     P x oversample with a post-rollout      T  time (tokens)
+     filter; the curriculum sees all S)      V  vocabulary
+  K  arms (curriculum categories)            N  prompts in the pool
+  D  feature width
 """
 
 from typing import NamedTuple, Optional

@@ -123,9 +123,22 @@ def kl_divergence(
     k2 = x^2 / 2                  (biased, low variance, >= 0)
     k3 = exp(x) - x - 1           (unbiased, >= 0)
 
-  Reference: Schulman 2020, "Approximating KL Divergence" (joschu.net/blog/kl-approx.html); k3
-  is the KL penalty of GRPO (Shao et al. 2024, arXiv:2402.03300). Beyond the clamp the estimate is
-  constant and its gradient 0.
+  As a VALUE, each estimates KL(pi || pi_ref) (k2 with a bias of third order in the log-ratio).
+  As a LOSS, differentiated with respect to logp on tokens y ~ pi (what a KL loss term does), the
+  per-token gradients are, in expectation over y:
+    k1:  E[grad logp(y)] = 0: no regularisation at all (the learn step rejects k1 as a loss);
+    k2:  E[(logp - logp_ref)(y) grad logp(y)] = grad KL(pi || pi_ref), the reverse KL's gradient;
+    k3:  E[(1 - pi_ref / pi)(y) grad logp(y)] = -sum_y pi_ref(y) grad logp(y)
+         = grad KL(pi_ref || pi), the FORWARD KL's gradient (mass-covering), not the reverse one
+         its value estimates.
+  Both are per-token gradients: neither accounts for a token's effect on later tokens of the
+  completion; a k1 penalty folded into the rewards (as PPO-based RLHF does) penalises the reverse
+  KL of whole completions.
+
+  References: Schulman 2020, "Approximating KL Divergence" (joschu.net/blog/kl-approx.html); k3
+  is the KL penalty of GRPO (Shao et al. 2024, arXiv:2402.03300); the gradients as a loss: Tang
+  and Munos 2025, "On a few pitfalls in KL divergence gradient estimation for RL"
+  (arXiv:2506.09477). Beyond the clamp the estimate is constant and its gradient 0.
 
   Args:
     logp: float[B, T] log-prob of each sampled token under the policy, in nats.

@@ -6,7 +6,7 @@ Pure functions and NamedTuple states, all jittable:
 - an importance-ratio guard that drops tokens with extreme log-ratios: `ratio_guard`;
 - update rollback: `all_finite`, `should_skip`, `select_tree`
     skip = should_skip(loss, kl, max_kl=...)
-    state = select_tree(skip, old_state, new_state)
+    state = select_tree(skip, state_before, candidate)
 - an adaptive sampling temperature that holds policy entropy near a target:
   `temperature_init`, `temperature_update`;
 - a detector of silently frozen LoRA adapters: `adapter_health`.
@@ -201,23 +201,24 @@ def should_skip(loss: jax.Array, kl: jax.Array, *, max_kl: Optional[float] = Non
   return skip
 
 
-def select_tree(pred: jax.Array, new: Any, old: Any) -> Any:
-  """Leafwise `new if pred else old` for two pytrees of the same structure.
+def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+  """Leafwise `on_true if pred else on_false` for two pytrees of one structure (the argument
+  order of `jax.lax.select`).
 
-  Typical use rolls back a train state: `state = select_tree(skip, old_state, candidate)`.
+  Typical use rolls back a train state: `state = select_tree(skip, state_before, candidate)`.
 
   Args:
     pred: bool[] scalar predicate.
-    new: pytree returned where pred is True.
-    old: pytree of the same structure, shapes and dtypes, returned where pred is False.
+    on_true: pytree returned where pred is True.
+    on_false: pytree of the same structure, shapes and dtypes, returned where pred is False.
 
   Returns:
-    A pytree like `new`.
+    A pytree like `on_true`.
   """
   chex.assert_rank(pred, 0)
-  chex.assert_trees_all_equal_shapes_and_dtypes(new, old)
+  chex.assert_trees_all_equal_shapes_and_dtypes(on_true, on_false)
   pred = jnp.asarray(pred, bool)
-  return jax.tree_util.tree_map(lambda a, b: jax.lax.select(pred, a, b), new, old)
+  return jax.tree_util.tree_map(lambda a, b: jax.lax.select(pred, a, b), on_true, on_false)
 
 
 # --- Adaptive sampling temperature ------------------------------------------------------------

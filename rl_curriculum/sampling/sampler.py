@@ -12,10 +12,11 @@ cached by `jax.jit`:
             not fed (nothing reads its logits): N tokens cost N - 1 decode forwards, and the
             final state's logits, cache and positions are those after token N - 1.
 
-Log-probs: `Rollout.logprobs[b, t] = log_softmax(logits)[token]` of the RAW policy logits, i.e.
-before temperature, top-k and top-p. These are the log-probs of the policy being trained (what
-the RL losses and the KL term need as log pi_old); they are not the log-probs of the filtered
-distribution the tokens were drawn from, which differ whenever temperature != 1 or a filter is on.
+Log-probs: `Rollout.logprobs[b, t] = log_softmax(logits / temperature)[token]`, the log-prob of
+the token under the tempered policy the tokens were drawn from (the RL losses compute their log-probs
+the same way, `train.forward`), before top-k and top-p: a filter renormalises over fewer tokens,
+and these log-probs do not account for it. With `greedy` the temperature is ignored and the
+log-probs are those of the raw logits.
 
 Stopping: a row stops at the first token in {eos_id} | stop_ids. The stop token is kept and
 counted (mask 1); every later slot of the row holds pad_id with log-prob 0 and mask 0. The loop
@@ -37,7 +38,7 @@ from rl_curriculum.types import Rollout
 class SamplingState(NamedTuple):
   """Everything the decode loop carries; donated to the decode program."""
   tokens: jax.Array     # i32[B, N] completion buffer, pad_id where nothing counts
-  logprobs: jax.Array   # f32[B, N] raw-policy log-prob of each recorded token, 0 where masked
+  logprobs: jax.Array   # f32[B, N] log-prob of each recorded token under logits / temperature
   mask: jax.Array       # f32[B, N] 1 on recorded tokens (stop token included), else 0
   logits: jax.Array     # f32[B, V] raw logits of each row's next token
   cache: transformer.KVCache  # L x [B, S, Hkv, head_dim] keys/values, S = Tp + N
@@ -99,8 +100,9 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_gree
     token = strategies.sample_token(
         s.logits, jax.random.fold_in(s.key, s.step), temperature=temperature, top_k=top_k,
         top_p=top_p, use_greedy=use_greedy)
-    logprob = jnp.take_along_axis(jax.nn.log_softmax(s.logits, axis=-1), token[:, None],
-                                  axis=-1)[:, 0]
+    scaled = s.logits if use_greedy else strategies.apply_temperature(s.logits, temperature)
+    logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled.astype(jnp.float32), axis=-1),
+                                  token[:, None], axis=-1)[:, 0]
     live = ~s.done
     token = jnp.where(live, token, pad_id)
     column = (0, s.step)
@@ -146,8 +148,8 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
       run are not read.
 
   Returns:
-    Rollout(prompt_tokens i32[B, Tp], tokens i32[B, N], logprobs f32[B, N] under the raw policy
-    logits (see the module docstring), mask f32[B, N]).
+    Rollout(prompt_tokens i32[B, Tp], tokens i32[B, N], logprobs f32[B, N] under logits /
+    temperature (see the module docstring), mask f32[B, N]).
 
   Raises:
     ValueError: bad shapes or settings (non-positive max_new_tokens or temperature, top_k < 0,

@@ -6,6 +6,7 @@ one plain dict `CURRICULA` below.
 """
 
 import inspect
+import os
 from typing import Callable, Optional
 
 import ml_collections
@@ -14,6 +15,7 @@ import optax
 
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.model import pretrained
 from rl_curriculum.model.config import PRESETS
 from rl_curriculum.train import rl_step
 
@@ -68,7 +70,13 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
     _fail("model.dtype", f"must be float32 or bfloat16, got {c.model.dtype!r}")
   if c.model.lora_rank < 0:
     _fail("model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {c.model.lora_rank}")
+  if c.model.source and c.model.source not in pretrained.NAMED_CHECKPOINTS:
+    if not os.path.exists(os.path.expanduser(c.model.source)):
+      _fail("model.source", f"nothing at {c.model.source!r}: give an HF checkpoint folder, a "
+            f".gguf file, or one of {sorted(pretrained.NAMED_CHECKPOINTS)}")
   if c.model.lora_rank > 0:
+    if not c.model.lora_alpha > 0:
+      _fail("model.lora_alpha", f"must be > 0, got {c.model.lora_alpha}")
     unknown = [t for t in c.model.lora_targets if t not in lora_lib.TARGETS]
     if unknown or not c.model.lora_targets:
       _fail("model.lora_targets", f"{list(unknown) or 'empty'}: the model has the projections "
@@ -93,48 +101,124 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
     _fail("rl.aggregation", f"must be one of {_AGGREGATIONS}, got {rl.aggregation!r}")
   if rl.kl_estimator not in ("k1", "k2", "k3"):
     _fail("rl.kl_estimator", f"must be k1, k2 or k3, got {rl.kl_estimator!r}")
+  if rl.kl_coef < 0:
+    _fail("rl.kl_coef", f"must be >= 0, got {rl.kl_coef}")
+  if rl.kl_coef > 0 and rl.kl_estimator not in rl_step.KL_LOSS_ESTIMATORS:
+    _fail("rl.kl_estimator", f"{rl.kl_estimator} cannot be a loss term (rl.kl_coef > 0): its "
+          "gradient on the policy's own samples is grad logp, whose mean is 0, so it "
+          f"regularises nothing; use one of {rl_step.KL_LOSS_ESTIMATORS}")
   if rl.learning_rate <= 0:
     _fail("rl.learning_rate", f"must be > 0, got {rl.learning_rate}")
-  if rl.get("seed", 0) < 0:
+  if rl.seed < 0:
     _fail("rl.seed", f"must be >= 0, got {rl.seed}")
   for field in ("gamma", "lam"):
     if not 0.0 <= getattr(rl, field) <= 1.0:
       _fail(f"rl.{field}", f"must lie in [0, 1], got {getattr(rl, field)}")
+  for field in ("eps_low", "eps_high", "ratio_guard", "max_kl", "max_grad_norm", "vf_coef",
+                "vf_clip"):
+    if getattr(rl, field) < 0:
+      _fail(f"rl.{field}", f"must be >= 0, got {getattr(rl, field)}")
 
-  name = c.curriculum.name
-  if name not in CURRICULA:
-    _fail("curriculum.name", f"unknown curriculum {name!r}; choose from {sorted(CURRICULA)}")
-  allowed = _options_of(CURRICULA[name][0])
-  for key in c.curriculum.options:
-    if key not in allowed:
-      _fail(f"curriculum.options.{key}", f"{name} takes no option {key!r}; it takes "
-            f"{sorted(allowed)}")
-  if c.curriculum.filter not in FILTERS:
-    _fail("curriculum.filter", f"unknown filter {c.curriculum.filter!r}; choose from {FILTERS}")
-  if c.curriculum.oversample < 1:
-    _fail("curriculum.oversample", f"must be >= 1, got {c.curriculum.oversample}")
-  if c.curriculum.filter == "none" and c.curriculum.oversample != 1:
-    _fail("curriculum.oversample", "over-sampling only makes sense with a post-rollout filter")
-
+  _validate_curriculum(c)
+  task = c.task
+  if not 0.0 <= task.format_bonus < 1.0:
+    _fail("task.format_bonus", f"must lie in [0, 1) (a right answer earns 1), got "
+          f"{task.format_bonus}")
+  if not 0.0 < task.held_out_fraction < 1.0:
+    _fail("task.held_out_fraction", f"must lie in (0, 1), got {task.held_out_fraction}")
+  for field in ("train_per_bin", "eval_per_bin"):
+    if getattr(task, field) < 1:
+      _fail(f"task.{field}", f"must be >= 1, got {getattr(task, field)}")
   if c.sft.steps < 0:
     _fail("sft.steps", f"must be >= 0, got {c.sft.steps}")
+  if c.sft.steps:
+    for field in ("batch_size", "learning_rate"):
+      if getattr(c.sft, field) <= 0:
+        _fail(f"sft.{field}", f"must be > 0, got {getattr(c.sft, field)}")
+    if task.sft_per_bin < 1:
+      _fail("task.sft_per_bin", f"must be >= 1 with an SFT warm start, got {task.sft_per_bin}")
   if c.model.source and c.sft.steps:
     _fail("sft.steps", "must be 0 with a pretrained model (config.model.source): the SFT "
           "targets are plain-template completions for models trained here")
-  if c.task.template not in ("plain", "chat", "chat_short"):
-    _fail("task.template", f"must be plain, chat or chat_short, got {c.task.template!r}")
-  if c.task.template != "plain" and not c.model.source:
+  if task.template not in ("plain", "chat", "chat_short"):
+    _fail("task.template", f"must be plain, chat or chat_short, got {task.template!r}")
+  if task.template != "plain" and not c.model.source:
     _fail("task.template", "chat prompts need a pretrained instruct model (config.model.source)")
-  if c.eval.every < 1 or c.checkpoint.every < 1:
-    _fail("eval.every" if c.eval.every < 1 else "checkpoint.every", "must be >= 1")
+  if c.eval.min_held_out < 0:
+    _fail("eval.min_held_out", f"must be >= 0, got {c.eval.min_held_out}")
+  for group, name in (("eval", "every"), ("eval", "batch_size"), ("checkpoint", "every"),
+                      ("checkpoint", "keep")):
+    if c[group][name] < 1:
+      _fail(f"{group}.{name}", f"must be >= 1, got {c[group][name]}")
   if num_task_bins is not None:
-    bad = [b for b in c.task.train_bins if not 0 <= b < num_task_bins or b in eval_only_bins]
-    if bad or not c.task.train_bins:
+    bad = [b for b in task.train_bins if not 0 <= b < num_task_bins or b in eval_only_bins]
+    if bad or not task.train_bins:
       _fail("task.train_bins", f"{list(bad) or 'empty'}: training bins must lie in "
             f"[0, {num_task_bins}) and not be evaluation-only {tuple(eval_only_bins)}")
-    bad = [b for b in c.task.eval_bins if not 0 <= b < num_task_bins]
+    if len(set(task.train_bins)) != len(task.train_bins):
+      _fail("task.train_bins", f"{list(task.train_bins)} lists a bin twice")
+    bad = [b for b in task.eval_bins if not 0 <= b < num_task_bins]
     if bad:
       _fail("task.eval_bins", f"{bad} outside [0, {num_task_bins})")
+
+
+def sampled_prompts(config: ml_collections.ConfigDict) -> int:
+  """S: prompts rolled out a step, prompts_per_step x oversample (a whole number: `validate`)."""
+  return int(round(config.rl.prompts_per_step * config.curriculum.oversample))
+
+
+def _validate_curriculum(c: ml_collections.ConfigDict) -> None:
+  """The curriculum, its options and the post-rollout filter, checked by building the curriculum
+  for the configured number of arms (the constructors check every option's value)."""
+  cur_config = c.curriculum
+  name = cur_config.name
+  if name not in CURRICULA:
+    _fail("curriculum.name", f"unknown curriculum {name!r}; choose from {sorted(CURRICULA)}")
+  allowed = _options_of(CURRICULA[name][0])
+  for key in cur_config.options:
+    if key not in allowed:
+      _fail(f"curriculum.options.{key}", f"{name} takes no option {key!r}; it takes "
+            f"{sorted(allowed)}")
+  if cur_config.feedback not in rl_step.CURRICULUM_FEEDBACK:
+    _fail("curriculum.feedback", f"must be one of {rl_step.CURRICULUM_FEEDBACK}, got "
+          f"{cur_config.feedback!r}")
+  if cur_config.filter not in FILTERS:
+    _fail("curriculum.filter", f"unknown filter {cur_config.filter!r}; choose from {FILTERS}")
+  p, factor = c.rl.prompts_per_step, cur_config.oversample
+  if cur_config.filter == "none":
+    if factor != 1:
+      _fail("curriculum.oversample", "over-sampling only makes sense with a post-rollout filter "
+            f"(curriculum.filter is 'none'), got {factor}")
+  else:
+    if not factor > 1:
+      _fail("curriculum.oversample", f"must be > 1 with the {cur_config.filter!r} filter (a "
+            f"filter can only shrink the batch), got {factor}")
+    if not float(p * factor).is_integer():
+      _fail("curriculum.oversample", f"rl.prompts_per_step x oversample = {p} x {factor} must be "
+            "a whole number of prompts")
+  band = tuple(cur_config.band)
+  if len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0:
+    _fail("curriculum.band", f"must be (lo, hi) with 0 <= lo <= hi <= 1, got {band}")
+  if cur_config.features_every < 0:
+    _fail("curriculum.features_every", f"must be >= 0, got {cur_config.features_every}")
+  if cur_config.features_batch_size < 1:
+    _fail("curriculum.features_batch_size", f"must be >= 1, got "
+          f"{cur_config.features_batch_size}")
+  num_arms = len(c.task.train_bins)
+  if num_arms < 1:
+    _fail("task.train_bins", "empty: the curriculum needs at least one arm")
+  fn, takes_pool = CURRICULA[name]
+  options = dict(cur_config.options)
+  slots = sampled_prompts(c)
+  try:
+    if name == "pcl":  # the features are the policy's, computed later: one stand-in row here
+      fn(np.zeros((1, 1), np.float32), batch_size=slots, **options)
+    elif takes_pool:
+      fn(num_arms, batch_size=slots, **options)
+    else:
+      fn(batch_size=slots, **options)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"config.curriculum.options: {name}: {e}") from e
 
 
 def build_curriculum(config: ml_collections.ConfigDict, pool: cur.PromptPool, batch_size: int,
@@ -167,10 +251,13 @@ def build_optimizer(learning_rate: float, *, max_grad_norm: float, warmup_steps:
 
 
 def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
+  """The learn step's static hyperparameters, every one from the config."""
   rl = config.rl
   return rl_step.LearnConfig(
       algorithm=rl.algorithm, epochs=rl.epochs, minibatches=rl.minibatches,
       eps_low=rl.eps_low, eps_high=rl.eps_high, level=rl.level, aggregation=rl.aggregation,
-      max_tokens=rl.max_new_tokens, kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator,
-      ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None, whiten_rewards=rl.whiten_rewards,
-      gamma=rl.gamma, lam=rl.lam, vf_coef=rl.vf_coef, vf_clip=rl.vf_clip)
+      max_tokens=rl.max_new_tokens, temperature=float(rl.temperature), kl_coef=rl.kl_coef,
+      kl_estimator=rl.kl_estimator, ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None,
+      whiten_rewards=rl.whiten_rewards, curriculum_feedback=config.curriculum.feedback,
+      gamma=rl.gamma, lam=rl.lam, vf_coef=rl.vf_coef, vf_clip=rl.vf_clip,
+      value_detach=rl.value_detach)

@@ -1,7 +1,8 @@
 """`train_and_evaluate(config, workdir)`: the whole experiment, in labelled phases.
 
-  1. config checks       (before anything compiles)
-  2. data                (task problems per bin: RL pool, SFT set, held-out sets; tokenizer)
+  1. config checks       (every field and option, before data, tokenizer, SFT or compiling)
+  2. data                (task problems per bin: RL pool, SFT set, held-out sets whose prompts
+                          neither trains on (`data.make_splits`); tokenizer)
   3. model               (tiny preset from scratch; SFT warm start cached in the workdir)
   4. RL state            (optimizer, curriculum, checkpoint restore)
   5. loop                select -> sample -> score (host) -> learn (one jit) -> log / eval / save
@@ -35,13 +36,10 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool, make_pool
-from rl_curriculum.train import builders, checkpointing, evaluation, report, rl_step, sft
+from rl_curriculum.train import builders, checkpointing, data, evaluation, forward, report
+from rl_curriculum.train import rl_step, sft
 from rl_curriculum.train.metrics import MetricsWriter, read_jsonl
 from rl_curriculum.types import Feedback
-
-# Seed offsets that keep the RL pool, the SFT set and the held-out sets apart.
-_SEED_BASE = {"rl": 0, "sft": 10_000_000, "eval": 20_000_000}
-
 
 class _Preemption:
   """Turns SIGTERM into a flag the loop checks between steps (save, then exit cleanly)."""
@@ -64,28 +62,6 @@ class _Preemption:
   def __exit__(self, *exc):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
-
-
-def _problems(task, bins, per_bin: int, split: str) -> list:
-  """`per_bin` problems per bin with distinct prompts, from the split's own range of seeds.
-
-  Splits never share a seed, but a bin whose whole problem space is small (one-digit sums: 100
-  problems) necessarily repeats prompts across splits; such a bin may also yield fewer than
-  `per_bin` problems (generation stops after a bounded number of draws).
-  """
-  out = []
-  for b in bins:
-    seen = set()
-    seed = _SEED_BASE[split] + 100_000 * int(b)
-    for attempt in range(20 * per_bin):
-      problem = task.generate(seed + attempt, int(b))
-      if problem.prompt in seen:
-        continue
-      seen.add(problem.prompt)
-      out.append(problem)
-      if len(seen) == per_bin:
-        break
-  return out
 
 
 def _tokenizer(workdir: str, corpus, vocab_size: int) -> SentencePieceTokenizer:
@@ -158,10 +134,24 @@ def _sft_params(config, workdir, graphdef, params, sft_pool, targets, target_mas
 
 def _scored_batch(task, pool: TaskPool, prompt_rows, tokens, decode):
   """Host side: decode and score completions tokens i32[b, T] of the pool prompts prompt_rows
-  i32[b] (this process's rows of the batch); returns rewards f32[b], correct bool[b]."""
+  i32[b] (this process's rows of the batch); returns rewards f32[b], correct bool[b].
+
+  Raises:
+    ValueError: a reward is not finite (a verifier bug; one NaN would reach every statistic that
+      averages rewards), naming the task, the prompt and the completion.
+  """
   texts = [decode(row) for row in np.asarray(tokens)]
-  rewards, correct, _ = task.score_batch([pool.problems[i] for i in prompt_rows], texts)
-  return np.asarray(rewards, np.float32), np.asarray(correct, bool)
+  problems = [pool.problems[i] for i in prompt_rows]
+  rewards, correct, _ = task.score_batch(problems, texts)
+  rewards = np.asarray(rewards, np.float32)
+  bad = np.flatnonzero(~np.isfinite(rewards))
+  if bad.size:
+    i = int(bad[0])
+    raise ValueError(f"task {problems[i].task!r} scored {rewards[i]} (not finite) for prompt "
+                     f"{problems[i].prompt!r} and completion {texts[i]!r} ({bad.size} of "
+                     f"{rewards.size} rewards of this batch are not finite); rewards must be "
+                     "finite numbers")
+  return rewards, np.asarray(correct, bool)
 
 
 def _mesh(config):
@@ -172,9 +162,10 @@ def _mesh(config):
     raise builders.ConfigError(f"config.parallel.mesh_shape: {e}") from e
 
 
-def _select_groups(config, correct, p: int):
-  """Post-rollout filter on raw correctness: indices of the P groups to train on and whether each
-  slot holds a real group (short batches are padded with masked slots, never duplicates)."""
+def _select_groups(config, correct, p: int, key):
+  """Post-rollout filter on raw correctness: indices of the P groups to train on (a uniformly
+  random subset of the survivors when more than P survive) and whether each slot holds a real
+  group (short batches are padded with masked slots, never duplicates)."""
   if config.curriculum.filter == "none":
     return np.arange(p, dtype=np.int32), np.ones(p, bool)
   s, g = correct.shape
@@ -185,7 +176,7 @@ def _select_groups(config, correct, p: int):
   if config.curriculum.filter == "accuracy_band":
     kwargs = dict(lo=config.curriculum.band[0], hi=config.curriculum.band[1])
   result = filters.dynamic_filter(fb, mode=config.curriculum.filter, **kwargs)
-  indices, slot_valid = filters.compact_indices(result.keep, p)
+  indices, slot_valid = filters.compact_indices(result.keep, p, key)
   return np.asarray(indices, np.int32), np.asarray(slot_valid, bool)
 
 
@@ -196,6 +187,7 @@ class Prepared(NamedTuple):
   pool: TaskPool              # the RL pool; arms = index into config.task.train_bins
   eval_sets: dict             # {bin name: TaskPool} held-out sets
   ood: list                   # names of the evaluation-only bins among them
+  held_out_sizes: dict        # {bin name: problems in its held-out set} (small bins have fewer)
   graphdef: Any               # model graph (with LoRA adapters when lora_rank > 0)
   trainable: Any              # parameters the optimizer updates
   frozen: Any                 # parameters that stay fixed (the base under LoRA), or None
@@ -218,8 +210,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
   """
   # 1. Config checks: nothing below compiles until these pass.
   builders.validate(config)
-  task = tasks_lib.get_task(config.task.name, template=config.task.template,
-                            format_bonus=config.task.format_bonus)
+  try:
+    task = tasks_lib.get_task(config.task.name, template=config.task.template,
+                              format_bonus=config.task.format_bonus)
+  except (KeyError, ValueError, TypeError) as e:
+    raise builders.ConfigError(f"config.task: {e}") from e
   builders.validate(config, num_task_bins=task.num_difficulties,
                     eval_only_bins=task.eval_only_bins)
   os.makedirs(workdir, exist_ok=True)
@@ -227,11 +222,12 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
 
   # 2. Data and tokenizer (trained on the task corpus, or the checkpoint's own).
   train_bins, eval_bins = tuple(config.task.train_bins), tuple(config.task.eval_bins)
-  eval_problems = {b: _problems(task, [b], config.task.eval_per_bin, "eval") for b in eval_bins}
-  rl_problems = _problems(task, train_bins, config.task.train_per_bin, "rl")
-  sft_problems = (_problems(task, train_bins, config.task.sft_per_bin, "sft")
-                  if config.sft.steps else [])
-  all_eval = [p for ps in eval_problems.values() for p in ps]
+  splits = data.make_splits(task, train_bins, eval_bins, train_per_bin=config.task.train_per_bin,
+                            sft_per_bin=config.task.sft_per_bin if config.sft.steps else 0,
+                            eval_per_bin=config.task.eval_per_bin,
+                            held_out_fraction=config.task.held_out_fraction)
+  rl_problems, sft_problems = splits.rl, splits.sft
+  all_eval = [p for ps in splits.held_out.values() for p in ps]
   policy = None
   if config.model.source:
     policy = pretrained.load_pretrained(config.model.source, dtype=config.model.dtype)
@@ -245,13 +241,12 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
                    bins=train_bins, prompt_fn=text)
   eval_sets = {task.bin_names[b]: make_pool(ps, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
                                             prompt_fn=text)
-               for b, ps in eval_problems.items()}
+               for b, ps in splits.held_out.items()}
   ood = [task.bin_names[b] for b in eval_bins if b in task.eval_only_bins]
-  held_out = {p.prompt for p in all_eval}
-  seen = {p.prompt for p in rl_problems + sft_problems}
+  held_out_sizes = {task.bin_names[b]: size.count for b, size in splits.sizes.items()}
   log(f"data: {len(rl_problems)} RL prompts in {len(train_bins)} bins, {len(sft_problems)} SFT, "
-      f"{len(all_eval)} held out ({len(held_out & seen) / max(len(held_out), 1):.0%} of them "
-      f"also in training: small bins); vocab {tok.vocab_size}, prompt length {prompt_len}")
+      f"{len(all_eval)} held out, none of them in training; vocab {tok.vocab_size}, prompt "
+      f"length {prompt_len}\n  {splits.describe(task.bin_names)}")
 
   # 3. Model and SFT warm start.
   if policy is not None:
@@ -280,6 +275,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
   else:
     trainable, frozen, ref_params = params, None, params  # reference: the warm-started model
   return Prepared(task=task, tokenizer=tok, pool=pool, eval_sets=eval_sets, ood=ood,
+                  held_out_sizes=held_out_sizes,
                   graphdef=graphdef, trainable=trainable, frozen=frozen, ref_params=ref_params,
                   stop_ids=tuple(getattr(tok, "stop_ids", ())))
 
@@ -289,8 +285,15 @@ def rl_root_key(config: ml_collections.ConfigDict) -> jax.Array:
   `config.rl.seed` folded in when nonzero. Runs that differ only in rl.seed share the data, the
   tokenizer and the SFT warm start, which is what seeds of a curricula comparison should vary."""
   key = jax.random.PRNGKey(config.seed)
-  rl_seed = config.rl.get("seed", 0)  # configs written before the field existed: 0
-  return jax.random.fold_in(key, rl_seed) if rl_seed else key
+  return jax.random.fold_in(key, config.rl.seed) if config.rl.seed else key
+
+
+def pool_features(config: ml_collections.ConfigDict, run: Prepared, trainable) -> np.ndarray:
+  """f32[N, D] the pool prompts' features for PCL: the policy's mean-pooled final hidden states,
+  computed `config.curriculum.features_batch_size` prompts at a time."""
+  return forward.prompt_features(run.graphdef, forward.model_params(trainable, run.frozen),
+                                 run.pool.tokens, run.pool.mask,
+                                 batch_size=config.curriculum.features_batch_size)
 
 
 def init_states(config: ml_collections.ConfigDict, run: Prepared):
@@ -298,21 +301,17 @@ def init_states(config: ml_collections.ConfigDict, run: Prepared):
   optimizer = builders.build_optimizer(config.rl.learning_rate,
                                        max_grad_norm=config.rl.max_grad_norm)
   features = None
-  if config.curriculum.name == "pcl":  # prompt features: mean-pooled hidden states of the policy
-    hidden = transformer.forward_hidden(run.graphdef,
-                                        rl_step.model_params(run.trainable, run.frozen),
-                                        jnp.asarray(run.pool.tokens), jnp.asarray(run.pool.mask))
-    m = jnp.asarray(run.pool.mask, jnp.float32)[..., None]
-    features = np.asarray((hidden * m).sum(1) / m.sum(1))
-  slots = config.rl.prompts_per_step * config.curriculum.oversample
-  curriculum = builders.build_curriculum(config, run.pool.prompt_pool(), slots, features)
+  if config.curriculum.name == "pcl":
+    features = pool_features(config, run, run.trainable)
+  curriculum = builders.build_curriculum(config, run.pool.prompt_pool(),
+                                         builders.sampled_prompts(config), features)
   value = None
   if config.rl.algorithm == "ppo":  # a value head on the policy's final hidden states
     width = jax.eval_shape(
         lambda params: transformer.forward_hidden(run.graphdef, params,
                                                   jnp.zeros((1, 1), jnp.int32),
                                                   jnp.ones((1, 1), bool)),
-        rl_step.model_params(run.trainable, run.frozen)).shape[-1]
+        forward.model_params(run.trainable, run.frozen)).shape[-1]
     value = rl_step.init_value_head(width)
   train_state = rl_step.init_train_state(run.trainable, optimizer, value)
   # Steps count from 1, so key 0 of the root is free for the curriculum's initial shuffle.
@@ -329,7 +328,7 @@ def restore_params(config: ml_collections.ConfigDict, run: Prepared, workdir: st
   step = 0
   if restored is not None:
     step, train_state = restored[0], restored[1]["train"]
-  return step, rl_step.model_params(train_state.params, run.frozen)
+  return step, forward.model_params(train_state.params, run.frozen)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -338,10 +337,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   Multi-process runs (config.parallel, docs/scaling.md) run this on every process; only process
   0 writes logs and reports, and the others return {"process_index": i}.
   """
+  builders.validate(config)  # before anything starts: the mesh check below reads the config
   distributed.initialize(config.parallel.coordinator_address or None,
                          config.parallel.num_processes, config.parallel.process_id)
   mesh = _mesh(config)
-  num_rows = config.rl.prompts_per_step * config.curriculum.oversample * config.rl.group_size
+  num_rows = builders.sampled_prompts(config) * config.rl.group_size
   if num_rows % mesh_lib.batch_size_of(mesh):
     raise builders.ConfigError(
         f"config.parallel.mesh_shape: {num_rows} rollout rows (prompts_per_step x oversample x "
@@ -362,7 +362,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   use_lora = config.model.lora_rank > 0
 
   def policy(train_state):
-    return rl_step.model_params(train_state.params, frozen)
+    return forward.model_params(train_state.params, frozen)
 
   decode = lambda row: tok.decode(row)  # pylint: disable=unnecessary-lambda-assignment
   eval_kwargs = dict(batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
@@ -412,12 +412,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     checkpointing.save(manager, step, {"train": train_state, "curriculum": cur_state},
                        {"before": before, "step": step}, wait=wait)
 
+  refresh_features = config.curriculum.name == "pcl" and config.curriculum.features_every > 0
+
   # 5. The loop.
   with _Preemption() as preemption:
     for step in range(start + 1, config.rl.steps + 1):
       t0 = time.time()
       key = jax.random.fold_in(root, step)
-      k_select, k_sample, k_learn = jax.random.split(key, 3)
+      k_select, k_sample, k_learn, k_filter = jax.random.split(key, 4)
       selection, cur_state = select(cur_state, k_select)  # replicated: the same everywhere
       ids = np.asarray(selection.prompt_ids)
       rows = np.repeat(ids, g)
@@ -436,7 +438,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       rewards = distributed.gather_rows(my_rewards, my_rows, num_rows).reshape(len(ids), g)
       correct = distributed.gather_rows(my_correct, my_rows, num_rows).reshape(len(ids), g)
       t2 = time.time()
-      groups, group_valid = _select_groups(config, correct, p)
+      groups, group_valid = _select_groups(config, correct, p, k_filter)
       batch = rl_step.Batch(
           prompt_tokens=rollout.prompt_tokens, prompt_mask=prompt_mask,
           tokens=rollout.tokens, mask=rollout.mask, sampler_logprobs=rollout.logprobs,
@@ -445,6 +447,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid))
       train_state, cur_state, metrics = learn(train_state, cur_state, batch, k_learn, frozen,
                                               ref_params)
+      if refresh_features and step % config.curriculum.features_every == 0:
+        # PCL's value model reads the current policy's view of each prompt, not the warm start's.
+        features = pool_features(config, run, train_state.params)
+        cur_state = cur_state._replace(features=distributed.place(jnp.asarray(features), rep))
       if config.parallel.check_replicated:
         distributed.assert_replicated(cur_state, f"curriculum state after step {step}")
       metrics = jax.device_get(metrics)
@@ -481,8 +487,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   after = {k: v for k, v in rows[-1].items() if k.startswith("eval/acc/")}
   after = {k[len("eval/acc/"):]: v for k, v in after.items()}
-  table = report.accuracy_table(before, after, ood=ood)
+  # A bin is too small when its problem space, not the request, limits its held-out set.
+  small = [name for name, n in run.held_out_sizes.items()
+           if n < min(config.eval.min_held_out, config.task.eval_per_bin)]
+  table = report.accuracy_table(before, after, ood=ood, sizes=run.held_out_sizes, small=small)
   summary = {"before": before, "after": after, "ood_bins": ood, "steps": config.rl.steps,
+             "held_out_sizes": run.held_out_sizes, "small_bins": small,
              "final_metrics": {k: v for k, v in rows[-1].items()
                                if isinstance(v, (int, float))}}
   if is_main:

@@ -31,16 +31,28 @@ def _smooth(values, width):
 
 
 def accuracy_table(before: Mapping[str, float], after: Mapping[str, float],
-                   ood: Sequence[str] = ()) -> str:
-  """A plain-text table of held-out accuracy per bin, before and after training."""
+                   ood: Sequence[str] = (), sizes: Optional[Mapping[str, int]] = None,
+                   small: Sequence[str] = ()) -> str:
+  """A plain-text table of held-out accuracy per bin, before and after training.
+
+  Args:
+    before, after: {bin name: accuracy in [0, 1]}.
+    ood: names of out-of-distribution bins (tagged).
+    sizes: optional {bin name: held-out problems}, shown as a column.
+    small: names of bins whose held-out set is too small to compare (tagged; a gain there is
+      within noise).
+  """
   names = list(before)
   width = max([len(n) for n in names] + [8])
-  lines = [f"{'bin':<{width}}  before   after   change",
-           "-" * (width + 27)]
+  n_col = "      n" if sizes else ""
+  lines = [f"{'bin':<{width}}  before   after   change{n_col}",
+           "-" * (width + 27 + len(n_col))]
   for name in names:
     b, a = before[name], after.get(name, float("nan"))
-    tag = "  (ood)" if name in ood else ""
-    lines.append(f"{name:<{width}}  {100 * b:6.1f}  {100 * a:6.1f}  {100 * (a - b):+7.1f}{tag}")
+    tags = (["ood"] if name in ood else []) + (["too few to compare"] if name in small else [])
+    tag = f"  ({', '.join(tags)})" if tags else ""
+    n = f"  {sizes[name]:5d}" if sizes else ""
+    lines.append(f"{name:<{width}}  {100 * b:6.1f}  {100 * a:6.1f}  {100 * (a - b):+7.1f}{n}{tag}")
   return "\n".join(lines)
 
 

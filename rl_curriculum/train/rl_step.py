@@ -2,10 +2,24 @@
 
   train_state, cur_state, metrics = learn(train_state, cur_state, batch, key, ...)
 
-Inside one jit: rewards -> (whitening) -> group advantages -> curriculum update -> log-probs of
-the old policy and the reference -> `epochs` passes of `minibatches` optimizer steps (minibatches
-are whole groups) -> stability check (a non-finite or runaway update is discarded and the
-parameters and optimizer state roll back; `skipped` counts it).
+`learn` runs six phases, each a module-level function that can be tested alone:
+
+  1. feedback   `score_groups`: rewards -> (whitening) -> advantages f32[S, G] of every sampled
+                group, and the curriculum's `Feedback` (whose advantages come from correctness by
+                default, see `LearnConfig.curriculum_feedback`); then `Curriculum.update`.
+  2. view       `train_view`: the P trained groups as B = P * G rows (`TrainView`): per-token
+                advantages, mask, the old policy's and the reference's log-probs, values and
+                returns (PPO).
+  3. objective  `policy_objective`: loss and metrics of one minibatch of rows (the only function
+                that differentiates the policy).
+  4. updates    `minibatch_updates`: `epochs` passes of `minibatches` optimizer steps under
+                `lax.scan` (whole groups per minibatch); a minibatch made only of padding groups
+                leaves the parameters and the optimizer state as they were.
+  5. rollback   `roll_back_if`: an update with a non-finite loss, parameter, curriculum state or
+                whitening, or whose KL(pi_old || pi_new) exceeds `max_kl`, is discarded: the
+                parameters, optimizer state, curriculum state and reward whitening all return to
+                their values before the step (`skipped` counts it).
+  6. metrics    `batch_metrics`: statistics of every sampled group and of the trained rows.
 
 Forward passes per step (the configuration is static, so the choice is made at trace time); each
 runs a group's prompt once and its G completions on the prompt's shared keys and values
@@ -16,9 +30,14 @@ runs a group's prompt once and its G completions on the prompt's shared keys and
                values, one forward pass fewer).
   reference    only when kl_coef != 0; otherwise there is no "kl" metric (not measured).
   policy       forward and backward, once per minibatch.
+  new policy   only when max_kl is set: one forward pass with the updated parameters, for the
+               rollback's KL(pi_old || pi_new) (`update_kl`).
+
+Every log-prob is that of the sampling distribution softmax(logits / temperature), the
+distribution the rollout drew its tokens from (`forward`).
 
 Rows are prompt-major: row b = p * G + g holds completion g of prompt p. A batch may hold more
-groups than the policy trains on (over-sampling for a post-rollout filter): the curriculum sees
+groups (S) than the policy trains on (P; S > P with a post-rollout filter): the curriculum sees
 every sampled group, the policy loss only the `train_groups`.
 """
 
@@ -31,11 +50,11 @@ import jax.numpy as jnp
 import optax
 
 from rl_curriculum.model import lora as lora_lib
-from rl_curriculum.model import transformer
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import logprobs as logprobs_lib
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import stability
+from rl_curriculum.train import forward
 from rl_curriculum.types import Feedback
 
 ADVANTAGES = {
@@ -44,6 +63,9 @@ ADVANTAGES = {
     "dr_grpo": adv_lib.dr_grpo,
     "reinforce_pp": adv_lib.reinforce_pp,
 }
+CURRICULUM_FEEDBACK = ("correct", "reward")
+# KL estimators that may serve as a loss term: k1's gradient has zero mean (see `check_config`).
+KL_LOSS_ESTIMATORS = ("k2", "k3")
 
 
 class TrainState(NamedTuple):
@@ -57,18 +79,18 @@ class TrainState(NamedTuple):
 
 
 class Batch(NamedTuple):
-  """A scored rollout of S sampled prompts x G completions (B = S * G rows), of which P groups
-  (S = P without a filter) are trained on. The G rows of a group repeat its prompt (the learn
-  step runs each group's prompt once, from the group's first row)."""
-  prompt_tokens: jax.Array     # i32[B, Tp] left-padded prompts
-  prompt_mask: jax.Array       # bool[B, Tp] True on real prompt tokens
-  tokens: jax.Array            # i32[B, T] completion tokens
-  mask: jax.Array              # f32[B, T] 1 on completion tokens that count
-  sampler_logprobs: jax.Array  # f32[B, T] log-probs the sampler reported
-  prompt_ids: jax.Array        # i32[P] pool indices
-  arms: jax.Array              # i32[P] curriculum arms
-  rewards: jax.Array           # f32[P, G] shaped rewards
-  correct: jax.Array           # bool[P, G] raw correctness
+  """A scored rollout of S sampled prompts x G completions (rows R = S * G), of which P groups
+  (S = P without a post-rollout filter) are trained on. The G rows of a group repeat its prompt
+  (the learn step runs each group's prompt once, from the group's first row)."""
+  prompt_tokens: jax.Array     # i32[R, Tp] left-padded prompts
+  prompt_mask: jax.Array       # bool[R, Tp] True on real prompt tokens
+  tokens: jax.Array            # i32[R, T] completion tokens
+  mask: jax.Array              # f32[R, T] 1 on completion tokens that count
+  sampler_logprobs: jax.Array  # f32[R, T] log-probs the sampler reported
+  prompt_ids: jax.Array        # i32[S] pool indices
+  arms: jax.Array              # i32[S] curriculum arms
+  rewards: jax.Array           # f32[S, G] shaped rewards
+  correct: jax.Array           # bool[S, G] raw correctness
   valid: jax.Array             # bool[S, G] completions that exist (all True unless allocated)
   train_groups: jax.Array      # i32[P] groups (indices into S) the policy trains on
   train_valid: jax.Array       # bool[P] False on padding slots a filter could not fill
@@ -76,24 +98,48 @@ class Batch(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LearnConfig:
-  """Static hyperparameters of `learn` (hashable: part of the jit cache key)."""
-  algorithm: str = "rloo"
-  epochs: int = 1
-  minibatches: int = 1
-  eps_low: float = 0.2
-  eps_high: float = 0.2
-  level: str = "token"
-  aggregation: str = "token_mean"
-  max_tokens: Optional[int] = None
-  kl_coef: float = 0.0
-  kl_estimator: str = "k3"
-  ratio_guard: float = 0.0
-  max_kl: Optional[float] = None
-  whiten_rewards: bool = False
-  gamma: float = 1.0       # PPO: discount per token
-  lam: float = 0.95        # PPO: GAE lambda
-  vf_coef: float = 0.5     # PPO: value-loss weight
-  vf_clip: float = 0.2     # PPO: value clipping range
+  """Static hyperparameters of `learn` (hashable: part of the jit cache key).
+
+  No field has a default: `builders.learn_config` fills every one from `config.rl` and
+  `config.curriculum`, the one place the defaults live (configs/quickstart.py documents each).
+  """
+  algorithm: str              # rloo | grpo | dr_grpo | reinforce_pp | ppo
+  epochs: int                 # passes over the batch
+  minibatches: int            # optimizer steps per pass (whole groups each)
+  eps_low: float              # PPO clip below 1
+  eps_high: float             # PPO clip above 1 (Clip-Higher)
+  level: str                  # token (PPO) | sequence (GSPO)
+  aggregation: str            # losses.AGGREGATIONS, for the policy loss and the KL term
+  max_tokens: int             # constant normaliser of seq_mean_token_sum_norm (tokens)
+  temperature: float          # sampling temperature; log-probs are those of logits / temperature
+  kl_coef: float              # weight of the KL-to-reference loss term (0: no reference pass)
+  kl_estimator: str           # k2 | k3 as a loss (k1 is rejected, see `check_config`)
+  ratio_guard: float          # drop tokens with |logp_old - logp_sampler| above this (0: off)
+  max_kl: Optional[float]     # roll back an update whose KL(pi_old || pi_new) exceeds this
+  whiten_rewards: bool        # running mean/std reward whitening before the advantages
+  curriculum_feedback: str    # correct | reward: what the curriculum's advantages come from
+  gamma: float                # PPO: discount per token
+  lam: float                  # PPO: GAE lambda
+  vf_coef: float              # PPO: value-loss weight
+  vf_clip: float              # PPO: value clipping range
+  value_detach: bool          # PPO: the value loss trains the head only, not the policy trunk
+
+
+def check_config(config: LearnConfig) -> None:
+  """Raises ValueError for a LearnConfig `learn` cannot run (called at trace time)."""
+  if config.algorithm not in tuple(ADVANTAGES) + ("ppo",):
+    raise ValueError(f"unknown RL algorithm {config.algorithm!r}; choose from "
+                     f"{sorted(ADVANTAGES) + ['ppo']}")
+  if config.curriculum_feedback not in CURRICULUM_FEEDBACK:
+    raise ValueError(f"curriculum_feedback must be one of {CURRICULUM_FEEDBACK}, got "
+                     f"{config.curriculum_feedback!r}")
+  if config.kl_coef != 0 and config.kl_estimator not in KL_LOSS_ESTIMATORS:
+    raise ValueError(
+        f"kl_estimator {config.kl_estimator!r} cannot be a loss term: the gradient of "
+        "k1 = logp - logp_ref on tokens sampled from the policy is grad logp, whose expectation "
+        f"is 0; use one of {KL_LOSS_ESTIMATORS} (see losses.kl_divergence)")
+  if config.temperature <= 0:
+    raise ValueError(f"temperature must be > 0, got {config.temperature}")
 
 
 def init_value_head(width: int) -> dict:
@@ -113,46 +159,6 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation,
   return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
 
-def model_params(trainable: Any, frozen: Any) -> Any:
-  """The argument `transformer.forward` takes: the trainable state alone, or (trainable, frozen)."""
-  return trainable if frozen is None else (trainable, frozen)
-
-
-def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
-                      group: int = 1) -> jax.Array:
-  """Final hidden states [B, T, D] at the positions that predict each completion token.
-
-  The sequence is prompt ++ completion; position Tp - 1 + t predicts completion token t. Tokens
-  after a row's stop are padding but only ever attend backwards, so they change nothing that
-  counts. With `group` > 1 the rows come in runs of `group` completions of one prompt (a rollout
-  group; each run's prompt rows are equal and the first is used): the prompt runs once per group
-  (`transformer.shared_prefix_hidden`), with the same result up to float rounding.
-  """
-  tp, t = prompt_tokens.shape[1], tokens.shape[1]
-  if group > 1:
-    first = lambda x: x.reshape((-1, group) + x.shape[1:])[:, 0]
-    prompt_hidden, hidden = transformer.shared_prefix_hidden(
-        graphdef, params, first(prompt_tokens), first(prompt_mask), tokens)
-    last = jnp.repeat(prompt_hidden[:, -1:], group, axis=0)
-    return jnp.concatenate([last, hidden[:, :t - 1]], axis=1)
-  seq = jnp.concatenate([prompt_tokens, tokens], axis=1)
-  seq_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones(tokens.shape, bool)], axis=1)
-  hidden = transformer.forward_hidden(graphdef, params, seq, seq_mask)
-  return hidden[:, tp - 1:tp - 1 + t]
-
-
-def completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens,
-                      group: int = 1) -> jax.Array:
-  """Logits f32[B, T, V] predicting each completion token (`group`: see `completion_hidden`)."""
-  hidden = completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens, group)
-  return transformer.logits_from_hidden(graphdef, params, hidden)
-
-
-def values_from_hidden(value: dict, hidden: jax.Array) -> jax.Array:
-  """f32[B, T] value estimates of the value head on hidden states [B, T, D]."""
-  return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), value["w"]) + value["b"]
-
-
 def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
   """f32[B, T]: each completion's scalar reward f32[B] on its last counted token, 0 elsewhere."""
   last = jnp.maximum(jnp.sum(mask > 0, axis=1) - 1, 0)
@@ -160,15 +166,8 @@ def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(on_last & (mask > 0), rewards[:, None], 0.0)
 
 
-def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens,
-                        group: int = 1) -> jax.Array:
-  """f32[B, T] log-probs of the completion tokens (see `completion_logits`)."""
-  logits = completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens, group)
-  return logprobs_lib.token_logprobs(logits, tokens)
-
-
 def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str) -> jax.Array:
-  """f32[P, G] advantages of the configured estimator; zero on invalid slots.
+  """f32[S, G] advantages of the configured estimator; zero on invalid slots.
 
   PPO's own advantages are per token (GAE on a value head); for the curriculum's feedback PPO
   uses the group-relative RLOO advantage of the outcome rewards, which does not depend on how
@@ -182,10 +181,285 @@ def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str) -> ja
   return ADVANTAGES[algorithm](rewards, valid=valid) * valid
 
 
-def _minibatch_rows(key: jax.Array, num_prompts: int, group: int, minibatches: int) -> jax.Array:
+# --- 1. Rewards, advantages and the curriculum's feedback ---------------------------------------
+
+
+class GroupScores(NamedTuple):
+  """Phase 1's output: what every sampled group's rewards mean for training and the curriculum."""
+  whitening: stability.WhiteningState  # running reward statistics after this batch
+  rewards: jax.Array                   # f32[S, G] rewards the policy trains on (whitened if on)
+  advantages: jax.Array                # f32[S, G] the estimator's advantages of `rewards`
+  feedback: Feedback                   # what `Curriculum.update` reads (every sampled group)
+
+
+def score_groups(batch: Batch, whitening: stability.WhiteningState,
+                 config: LearnConfig) -> GroupScores:
+  """Phase 1: rewards -> (whitening) -> group advantages, and the curriculum's feedback.
+
+  The curriculum's `Feedback.advantages` are the estimator's advantages of the raw correctness
+  (`curriculum_feedback="correct"`) or of the trained rewards ("reward"). With a format bonus the
+  two differ: an all-wrong group whose completions differ only in format has nonzero reward
+  advantages (under GRPO exactly as large as a group with one right answer) but zero correctness
+  advantages, so a curriculum fed rewards chases formatting. `Feedback.rewards` are always the
+  shaped rewards, `Feedback.correct` the raw correctness.
+  """
+  valid = batch.valid.astype(bool)
+  rewards = batch.rewards
+  if config.whiten_rewards:
+    whitening = stability.whitening_update(whitening, rewards, valid)
+    rewards = stability.whiten(whitening, rewards)
+  advantages = group_advantages(rewards, valid, config.algorithm)
+  if config.curriculum_feedback == "correct":
+    cur_advantages = group_advantages(batch.correct.astype(jnp.float32), valid, config.algorithm)
+  else:
+    cur_advantages = advantages
+  feedback = Feedback(prompt_ids=batch.prompt_ids, arms=batch.arms, rewards=batch.rewards,
+                      correct=batch.correct, advantages=cur_advantages, valid=valid)
+  return GroupScores(whitening=whitening, rewards=rewards, advantages=advantages,
+                     feedback=feedback)
+
+
+# --- 2. The trained rows ------------------------------------------------------------------------
+
+
+class TrainView(NamedTuple):
+  """The P trained groups as B = P * G rows: everything the policy objective reads.
+
+  Optional fields are None when the configuration does not need them (a None leaf is an empty
+  pytree, so `jax.tree.map(lambda x: x[rows], view)` takes a minibatch of every present field).
+  """
+  prompt_tokens: jax.Array     # i32[B, Tp] left-padded prompts
+  prompt_mask: jax.Array       # bool[B, Tp]
+  tokens: jax.Array            # i32[B, T] completion tokens
+  mask: jax.Array              # f32[B, T] completion tokens that count; 0 on padding groups
+  advantages: jax.Array        # f32[B, T] per-token advantages (0 where mask is 0)
+  sampler_logprobs: jax.Array  # f32[B, T] the sampler's log-probs of the tokens
+  logp_old: Optional[jax.Array] = None    # f32[B, T] old policy; None: on-policy (one step)
+  logp_ref: Optional[jax.Array] = None    # f32[B, T] reference policy; None: no KL term
+  values_old: Optional[jax.Array] = None  # f32[B, T] PPO: value head at sampling time
+  returns: Optional[jax.Array] = None     # f32[B, T] PPO: GAE lambda-returns (value targets)
+
+
+def on_policy(config: LearnConfig) -> bool:
+  """True when one optimizer step uses the batch and there is no critic: the old policy is the
+  policy being differentiated, and its forward pass is skipped."""
+  return config.epochs * config.minibatches == 1 and config.algorithm != "ppo"
+
+
+def trained_rows(train_groups: jax.Array, group: int) -> jax.Array:
+  """i32[P * G] rows of the trained groups i32[P] (prompt-major)."""
+  return (train_groups[:, None] * group + jnp.arange(group)[None, :]).reshape(-1)
+
+
+def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
+               config: LearnConfig, use_lora: bool, value: Any = None) -> TrainView:
+  """Phase 2: the trained groups' rows, their per-token advantages and the constant forward
+  passes (old policy, reference, values), all without gradient.
+
+  PPO: the outcome reward on each completion's last counted token, GAE(gamma, lambda) on the value
+  head's estimates at sampling time, advantages whitened over the batch's tokens. With an
+  untrained critic (V = 0) the advantage of token t is lambda^(L - 1 - t) r for a completion of L
+  tokens, so lambda < 1 shrinks the early tokens' advantages of long completions towards 0;
+  lambda = 1 gives every token r - V(t).
+  """
+  _, g = batch.rewards.shape
+  rows = trained_rows(batch.train_groups, g)
+  valid = batch.valid.astype(bool)[batch.train_groups] & batch.train_valid[:, None]
+  row_valid = valid.reshape(-1).astype(jnp.float32)
+  mask = batch.mask[rows] * row_valid[:, None]
+  prompt_tokens, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
+  tokens = batch.tokens[rows]
+  advantages = scores.advantages[batch.train_groups] * valid
+  adv_tokens = adv_lib.broadcast_to_tokens(advantages.reshape(-1), mask)
+
+  def logprobs_and_hidden(prm):
+    hidden = forward.completion_hidden(graphdef, prm, prompt_tokens, prompt_mask, tokens, g)
+    logits = forward.scaled_logits(graphdef, prm, hidden, config.temperature)
+    return jax.lax.stop_gradient(logprobs_lib.token_logprobs(logits, tokens)), hidden
+
+  logp_old = values_old = returns = logp_ref = None
+  if not on_policy(config):
+    logp_old, hidden_old = logprobs_and_hidden(params)
+    if config.algorithm == "ppo":
+      values_old = jax.lax.stop_gradient(forward.values_from_hidden(value, hidden_old)) * mask
+      rewards = (scores.rewards[batch.train_groups] * valid).reshape(-1)
+      adv_tokens, returns = adv_lib.gae(outcome_token_rewards(rewards, mask), values_old, mask,
+                                        gamma=config.gamma, lam=config.lam)
+      mean = losses.masked_mean(adv_tokens, mask)
+      std = jnp.sqrt(losses.masked_mean(jnp.square(adv_tokens - mean), mask))
+      adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
+  if config.kl_coef != 0:
+    ref = lora_lib.disable(params) if use_lora else ref_params
+    logp_ref, _ = logprobs_and_hidden(ref)
+  return TrainView(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
+                   advantages=adv_tokens, sampler_logprobs=batch.sampler_logprobs[rows],
+                   logp_old=logp_old, logp_ref=logp_ref, values_old=values_old, returns=returns)
+
+
+# --- 3. The objective of one minibatch ----------------------------------------------------------
+
+
+def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, group: int,
+                     config: LearnConfig) -> tuple[jax.Array, dict]:
+  """Phase 3: loss f32[] and metrics of one minibatch `view` (whole groups of `group` rows).
+
+  loss = policy_loss + kl_coef * KL + vf_coef * value_loss (each term present only when
+  configured). The KL term is aggregated over tokens like the policy loss (`config.aggregation`).
+  Tokens whose old and sampler log-probs differ by more than `ratio_guard` nats are dropped from
+  every term.
+
+  Args:
+    trained: the trainable parameters, or (parameters, value head) with PPO.
+    view: the minibatch's rows (`TrainView`).
+    graphdef, frozen: the model's graph and its untrained parameters (None: full fine-tuning).
+    group: rows per prompt (G).
+    config: static hyperparameters.
+
+  Returns:
+    (loss, metrics): metrics are scalars; "logp_old" f32[b, T] (the old log-probs the loss used)
+    is returned too, for the rollback's KL after the step.
+  """
+  trainable, value = trained if config.algorithm == "ppo" else (trained, None)
+  params = forward.model_params(trainable, frozen)
+  hidden = forward.completion_hidden(graphdef, params, view.prompt_tokens, view.prompt_mask,
+                                     view.tokens, group)
+  logits = forward.scaled_logits(graphdef, params, hidden, config.temperature)
+  logp = logprobs_lib.token_logprobs(logits, view.tokens)
+  old = jax.lax.stop_gradient(logp) if view.logp_old is None else view.logp_old
+  m, guard_frac = view.mask, jnp.zeros(())
+  if config.ratio_guard > 0:
+    # Tokens where the sampler and the trainer disagree wildly (numerics, stale weights) are dropped.
+    m, guard_frac = stability.ratio_guard(old, view.sampler_logprobs, m,
+                                          max_log_ratio=config.ratio_guard)
+  pg_loss, metrics = losses.policy_loss(
+      logp, old, view.advantages, m, eps_low=config.eps_low, eps_high=config.eps_high,
+      level=config.level, aggregation=config.aggregation, max_tokens=config.max_tokens)
+  loss = pg_loss
+  metrics = {**metrics, "pg_loss": pg_loss, "ratio_guard_frac": guard_frac,
+             "sampler_logp_gap": losses.masked_mean(jnp.abs(old - view.sampler_logprobs), m),
+             "entropy": losses.masked_mean(
+                 logprobs_lib.token_entropy(jax.lax.stop_gradient(logits)), m)}
+  if view.logp_ref is not None:  # (kl_coef = 0: no reference pass, and no "kl" metric)
+    kl = losses.aggregate(
+        losses.kl_divergence(logp, view.logp_ref, estimator=config.kl_estimator), m,
+        config.aggregation, config.max_tokens)
+    loss = loss + config.kl_coef * kl
+    metrics["kl"] = kl
+  if value is not None:
+    value_hidden = jax.lax.stop_gradient(hidden) if config.value_detach else hidden
+    v_loss, v_metrics = losses.value_loss(forward.values_from_hidden(value, value_hidden),
+                                          view.values_old, view.returns, m, clip=config.vf_clip)
+    loss = loss + config.vf_coef * v_loss
+    metrics = {**metrics, **v_metrics, "value_loss": v_loss}
+  return loss, {**metrics, "logp_old": old}
+
+
+# --- 4. Optimizer steps over minibatches --------------------------------------------------------
+
+
+def minibatch_rows(key: jax.Array, num_prompts: int, group: int, minibatches: int) -> jax.Array:
   """i32[M, (P / M) * G] row indices: prompts shuffled, each minibatch holds whole groups."""
   prompts = jax.random.permutation(key, num_prompts).reshape(minibatches, -1)
   return (prompts[:, :, None] * group + jnp.arange(group)[None, None, :]).reshape(minibatches, -1)
+
+
+def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Array, *,
+                      graphdef, frozen: Any, group: int, optimizer: optax.GradientTransformation,
+                      config: LearnConfig) -> tuple[Any, Any, dict, jax.Array]:
+  """Phase 4: `epochs` x `minibatches` optimizer steps over the view, under `lax.scan`.
+
+  Each epoch shuffles the groups (`fold_in(key, epoch)`). A minibatch whose mask is all zero
+  (padding groups only, e.g. a filter that could not fill the batch) takes no step: Adam's
+  momentum would otherwise move the parameters on a zero gradient.
+
+  Returns:
+    (trained, opt_state, metrics, logp_old): metrics f32[] are means over minibatches (including
+    "loss", "grad_norm" and "steps_taken", the number of minibatches that stepped); logp_old
+    f32[B, T] are the old log-probs the losses used (those of the view, or on-policy the loss's
+    own stop-gradient log-probs).
+  """
+  num_rows = view.tokens.shape[0]
+  p = num_rows // group
+  rows = jnp.concatenate([minibatch_rows(jax.random.fold_in(key, e), p, group, config.minibatches)
+                          for e in range(config.epochs)])
+  objective = functools.partial(policy_objective, graphdef=graphdef, frozen=frozen, group=group,
+                                config=config)
+
+  def step(carry, mb_rows):
+    trained, opt_state = carry
+    mb = jax.tree.map(lambda x: x[mb_rows], view)
+    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(trained, mb)
+    updates, new_opt_state = optimizer.update(grads, opt_state, trained)
+    new_trained = optax.apply_updates(trained, updates)
+    has_tokens = jnp.sum(mb.mask) > 0
+    trained, opt_state = stability.select_tree(has_tokens, (new_trained, new_opt_state),
+                                               (trained, opt_state))
+    logp_old = metrics.pop("logp_old")
+    metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads),
+               "steps_taken": has_tokens.astype(jnp.float32)}
+    return (trained, opt_state), (metrics, logp_old)
+
+  (trained, opt_state), (per_mb, old_mb) = jax.lax.scan(step, (trained, opt_state), rows)
+  metrics = jax.tree.map(jnp.mean, per_mb)
+  metrics["steps_taken"] = jnp.sum(per_mb["steps_taken"])
+  logp_old = view.logp_old
+  if logp_old is None:  # on-policy: one minibatch of every row, in its shuffled order
+    logp_old = jnp.zeros(view.tokens.shape, jnp.float32).at[rows[0]].set(old_mb[0])
+  return trained, opt_state, metrics, logp_old
+
+
+# --- 5. Rollback --------------------------------------------------------------------------------
+
+
+def update_kl(new_params: Any, view: TrainView, logp_old: jax.Array, *, graphdef,
+              group: int, config: LearnConfig) -> jax.Array:
+  """f32[] KL(pi_old || pi_new) estimated on the sampled tokens: the masked mean of
+  logp_old - logp_new (the k1 estimator; the samples come from pi_old), after the step's last
+  update. One forward pass with the new parameters."""
+  logp_new = forward.completion_logprobs(graphdef, new_params, view.prompt_tokens,
+                                         view.prompt_mask, view.tokens, group, config.temperature)
+  return losses.masked_mean(logp_old - jax.lax.stop_gradient(logp_new), view.mask)
+
+
+def roll_back_if(skip: jax.Array, before: Any, after: Any) -> Any:
+  """`before` where skip is True, else `after` (pytrees of one structure)."""
+  return stability.select_tree(skip, before, after)
+
+
+# --- 6. Batch statistics ------------------------------------------------------------------------
+
+
+def batch_metrics(batch: Batch, scores: GroupScores, view: TrainView) -> dict:
+  """Phase 6: statistics of every sampled group (what the curriculum chose) and of the rows the
+  policy trained on.
+
+    reward_mean, correct_mean  over valid completions of every sampled group
+    abs_adv_mean               mean |advantage| the policy trains on, over every sampled group
+    nonzero_adv_frac           sampled groups with a nonzero advantage (what the loss can use)
+    mixed_correct_frac         sampled groups with both right and wrong completions (a
+                               correctness signal; below nonzero_adv_frac when a format bonus
+                               separates all-wrong completions)
+    completion_len             counted tokens per trained completion
+  """
+  valid = batch.valid.astype(bool)
+  count = jnp.maximum(valid.sum(), 1)
+  groups = jnp.maximum(jnp.any(valid, axis=1).sum(), 1)
+  right = jnp.any(batch.correct & valid, axis=1)
+  wrong = jnp.any(~batch.correct & valid, axis=1)
+  g = batch.rewards.shape[1]
+  trained = jnp.any(view.mask.reshape(-1, g, view.mask.shape[1]) > 0, axis=2)  # bool[P, G]
+  return {
+      "reward_mean": jnp.sum(batch.rewards * valid) / count,
+      "correct_mean": jnp.sum(batch.correct & valid) / count,
+      "abs_adv_mean": jnp.sum(jnp.abs(scores.advantages)) / count,
+      "nonzero_adv_frac": jnp.sum(jnp.any(jnp.abs(scores.advantages) > 0, axis=1)
+                                  & jnp.any(valid, axis=1)) / groups,
+      "mixed_correct_frac": jnp.sum(right & wrong) / groups,
+      "completion_len": jnp.sum(view.mask) / jnp.maximum(jnp.sum(trained), 1),
+  }
+
+
+# --- The learn step -----------------------------------------------------------------------------
 
 
 def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array, *,
@@ -209,157 +483,56 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
 
   Returns:
     (train_state, cur_state, metrics): metrics are scalars (and per-arm vectors from the
-    curriculum) averaged over minibatches.
+    curriculum under "curriculum"), the objective's averaged over minibatches.
+
+  Raises:
+    ValueError (at trace time): a batch whose shapes disagree, P not divisible into minibatches,
+      or a configuration `check_config` rejects.
   """
+  check_config(config)
   s, g = batch.rewards.shape
   if batch.tokens.shape[0] != s * g:
     raise ValueError(f"batch rows {batch.tokens.shape[0]} != prompts {s} x group {g}")
   p = batch.train_groups.shape[0]
-  b, t = p * g, batch.tokens.shape[1]
   if p % config.minibatches:
     raise ValueError(f"{p} prompts do not split into {config.minibatches} minibatches")
-  valid = batch.valid.astype(bool)
-
-  # Rewards and advantages (per completion), then the curriculum's feedback.
-  whitening = train_state.whitening
-  rewards = batch.rewards
-  if config.whiten_rewards:
-    whitening = stability.whitening_update(whitening, rewards, valid)
-    rewards = stability.whiten(whitening, rewards)
-  advantages = group_advantages(rewards, valid, config.algorithm)
-  feedback = Feedback(prompt_ids=batch.prompt_ids, arms=batch.arms, rewards=batch.rewards,
-                      correct=batch.correct, advantages=advantages, valid=valid)
-  cur_state, cur_metrics = curriculum_update(cur_state, feedback)
-
-  # The groups the policy trains on.
-  rows = (batch.train_groups[:, None] * g + jnp.arange(g)[None, :]).reshape(b)
-  batch_valid = valid
-  valid = valid[batch.train_groups] & batch.train_valid[:, None]
-  advantages_train = advantages[batch.train_groups] * valid
-  batch = batch._replace(prompt_tokens=batch.prompt_tokens[rows],
-                         prompt_mask=batch.prompt_mask[rows], tokens=batch.tokens[rows],
-                         mask=batch.mask[rows], sampler_logprobs=batch.sampler_logprobs[rows])
-  row_valid = valid.reshape(b).astype(jnp.float32)
-  mask = batch.mask * row_valid[:, None]
-  adv_tokens = adv_lib.broadcast_to_tokens(advantages_train.reshape(b), mask)
-
-  # The old policy (this step's parameters) and the reference, without gradients. With a single
-  # optimizer step over the batch and no critic (`on_policy`) the old policy IS the policy being
-  # differentiated: logp_old = stop_gradient(logp) inside the loss, and its forward pass is
-  # skipped. Without a KL term (kl_coef = 0) the reference's forward pass is skipped too.
   ppo = config.algorithm == "ppo"
-  on_policy = config.epochs * config.minibatches == 1 and not ppo
-  use_ref = config.kl_coef != 0
-  params = model_params(train_state.params, frozen)
-  hidden_old = logp_old = None
-  if not on_policy:
-    hidden_old = jax.lax.stop_gradient(completion_hidden(
-        graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens, g))
-    logp_old = logprobs_lib.token_logprobs(
-        transformer.logits_from_hidden(graphdef, params, hidden_old), batch.tokens)
-  values_old = returns = None
-  if ppo:
-    # Outcome reward on the last token, GAE on the value head, advantages whitened over tokens.
-    values_old = values_from_hidden(train_state.value, hidden_old) * mask
-    rewards_train = (rewards[batch.train_groups] * valid).reshape(b)
-    adv_tokens, returns = adv_lib.gae(outcome_token_rewards(rewards_train, mask), values_old,
-                                      mask, gamma=config.gamma, lam=config.lam)
-    mean = losses.masked_mean(adv_tokens, mask)
-    std = jnp.sqrt(losses.masked_mean(jnp.square(adv_tokens - mean), mask))
-    adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
-  logp_ref = None
-  if use_ref:
-    ref = lora_lib.disable(params) if use_lora else ref_params
-    logp_ref = jax.lax.stop_gradient(completion_logprobs(
-        graphdef, ref, batch.prompt_tokens, batch.prompt_mask, batch.tokens, g))
-  guard_frac = jnp.zeros(())
-  if config.ratio_guard > 0 and not on_policy:
-    # Tokens where the sampler and the trainer disagree wildly (numerics, stale weights) are dropped.
-    mask, guard_frac = stability.ratio_guard(logp_old, batch.sampler_logprobs, mask,
-                                             max_log_ratio=config.ratio_guard)
-  max_tokens = config.max_tokens or t
 
-  def loss_fn(trained, rows):
-    trainable, value = trained if ppo else (trained, None)
-    hidden = completion_hidden(graphdef, model_params(trainable, frozen),
-                               batch.prompt_tokens[rows], batch.prompt_mask[rows],
-                               batch.tokens[rows], g)
-    logits = transformer.logits_from_hidden(graphdef, model_params(trainable, frozen), hidden)
-    logp = logprobs_lib.token_logprobs(logits, batch.tokens[rows])
-    m = mask[rows]
-    extra = {}
-    if on_policy:
-      old = jax.lax.stop_gradient(logp)
-      guard = jnp.zeros(())
-      if config.ratio_guard > 0:
-        m, guard = stability.ratio_guard(old, batch.sampler_logprobs[rows], m,
-                                         max_log_ratio=config.ratio_guard)
-      extra = {"ratio_guard_frac": guard,
-               "sampler_logp_gap": losses.masked_mean(
-                   jnp.abs(old - batch.sampler_logprobs[rows]), m),
-               "completion_len": jnp.sum(m) / jnp.maximum(row_valid.sum(), 1)}
-    else:
-      old = logp_old[rows]
-    pg_loss, pg_metrics = losses.policy_loss(
-        logp, old, adv_tokens[rows], m, eps_low=config.eps_low,
-        eps_high=config.eps_high, level=config.level, aggregation=config.aggregation,
-        max_tokens=max_tokens)
-    loss = pg_loss
-    if use_ref:  # (kl_coef = 0: no reference pass, and no "kl" metric)
-      kl = losses.masked_mean(
-          losses.kl_divergence(logp, logp_ref[rows], estimator=config.kl_estimator), m)
-      loss = pg_loss + config.kl_coef * kl
-      extra = {**extra, "kl": kl}
-    entropy = losses.masked_mean(logprobs_lib.token_entropy(jax.lax.stop_gradient(logits)), m)
-    if ppo:
-      v_loss, v_metrics = losses.value_loss(values_from_hidden(value, hidden), values_old[rows],
-                                            returns[rows], m, clip=config.vf_clip)
-      loss = loss + config.vf_coef * v_loss
-      extra = {**extra, **v_metrics, "value_loss": v_loss}
-    return loss, {**pg_metrics, **extra, "pg_loss": pg_loss, "entropy": entropy}
+  # 1. Feedback: advantages of every sampled group; the curriculum learns from them.
+  scores = score_groups(batch, train_state.whitening, config)
+  new_cur_state, cur_metrics = curriculum_update(cur_state, scores.feedback)
 
-  def minibatch_step(carry, rows):
-    trainable, opt_state = carry
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, rows)
-    updates, opt_state = optimizer.update(grads, opt_state, trainable)
-    trainable = optax.apply_updates(trainable, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-    return (trainable, opt_state), metrics
+  # 2. View: the trained rows and the constant forward passes.
+  params = forward.model_params(train_state.params, frozen)
+  view = train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
+                    config=config, use_lora=use_lora, value=train_state.value)
 
-  minibatch_rows = jnp.concatenate([
-      _minibatch_rows(jax.random.fold_in(key, e), p, g, config.minibatches)
-      for e in range(config.epochs)])
-  old_trained = (train_state.params, train_state.value) if ppo else train_state.params
-  (new_trained, new_opt_state), per_mb = jax.lax.scan(
-      minibatch_step, (old_trained, train_state.opt_state), minibatch_rows)
-  metrics = jax.tree.map(jnp.mean, per_mb)
+  # 3-4. Optimizer steps.
+  trained = (train_state.params, train_state.value) if ppo else train_state.params
+  new_trained, new_opt_state, metrics, logp_old = minibatch_updates(
+      trained, train_state.opt_state, view, key, graphdef=graphdef, frozen=frozen, group=g,
+      optimizer=optimizer, config=config)
 
-  skip = stability.should_skip(metrics["loss"], metrics["approx_kl"], max_kl=config.max_kl)
-  skip = skip | ~stability.all_finite(new_trained)
-  new_trained = stability.select_tree(skip, old_trained, new_trained)
-  new_opt_state = stability.select_tree(skip, train_state.opt_state, new_opt_state)
+  # 5. Rollback of a non-finite or runaway update: nothing of this step is kept.
   new_params, new_value = new_trained if ppo else (new_trained, None)
+  skip = ~jnp.isfinite(metrics["loss"]) | ~stability.all_finite(new_trained)
+  skip = skip | ~stability.all_finite((new_cur_state, scores.whitening))
+  if config.max_kl is not None:
+    kl = update_kl(forward.model_params(new_params, frozen), view, logp_old, graphdef=graphdef,
+                   group=g, config=config)
+    metrics["update_kl"] = kl
+    skip = skip | stability.should_skip(metrics["loss"], kl, max_kl=config.max_kl)
+  before = (trained, train_state.opt_state, cur_state, train_state.whitening)
+  after = (new_trained, new_opt_state, new_cur_state, scores.whitening)
+  new_trained, new_opt_state, cur_state, whitening = roll_back_if(skip, before, after)
+  new_params, new_value = new_trained if ppo else (new_trained, None)
+  skipped = train_state.skipped + skip.astype(jnp.int32)
   train_state = TrainState(step=train_state.step + 1, params=new_params, opt_state=new_opt_state,
-                           whitening=whitening,
-                           skipped=train_state.skipped + skip.astype(jnp.int32), value=new_value)
+                           whitening=whitening, skipped=skipped, value=new_value)
 
-  # Batch statistics over every sampled group (what the curriculum chose).
-  count = jnp.maximum(batch_valid.sum(), 1)
-  group_signal = jnp.any(jnp.abs(advantages) > 0, axis=1) & jnp.any(batch_valid, axis=1)
-  if not on_policy:  # (on-policy, the loss reports these three from its own log-probs)
-    metrics.update({
-        "completion_len": jnp.sum(mask) / jnp.maximum(row_valid.sum(), 1),
-        "ratio_guard_frac": guard_frac,
-        "sampler_logp_gap": losses.masked_mean(jnp.abs(logp_old - batch.sampler_logprobs), mask),
-    })
-  metrics.update({
-      "reward_mean": jnp.sum(batch.rewards * batch_valid) / count,
-      "correct_mean": jnp.sum(batch.correct & batch_valid) / count,
-      "abs_adv_mean": jnp.sum(jnp.abs(advantages)) / count,
-      "nonzero_adv_frac": group_signal.sum() / jnp.maximum(jnp.any(batch_valid, axis=1).sum(), 1),
-      "update_skipped": skip.astype(jnp.float32),
-      "skipped_total": train_state.skipped,
-  })
+  # 6. Batch statistics.
+  metrics.update(batch_metrics(batch, scores, view))
+  metrics.update({"update_skipped": skip.astype(jnp.float32), "skipped_total": skipped})
   return train_state, cur_state, {**metrics, "curriculum": cur_metrics}
 
 
@@ -372,7 +545,11 @@ def make_learn(*, graphdef, optimizer, curriculum_update, config: LearnConfig, u
   (train state shardings, curriculum state sharding, metrics sharding) (a prefix tree, e.g. one
   replicated NamedSharding for the last two), so the parameters keep their layout step after
   step and the donated buffers are reused; jit partitions the rest from the inputs (GSPMD).
+
+  Raises:
+    ValueError: a configuration `check_config` rejects (at once, before anything compiles).
   """
+  check_config(config)
   fn = functools.partial(learn, graphdef=graphdef, optimizer=optimizer,
                          curriculum_update=curriculum_update, config=config, use_lora=use_lora)
 

@@ -15,7 +15,7 @@ import optax
 
 from rl_curriculum.rl import losses
 from rl_curriculum.tasks.data import TaskPool
-from rl_curriculum.train import rl_step
+from rl_curriculum.train import forward
 
 
 def target_tokens(targets: Sequence[str], encode, eos_id: int, pad_id: int,
@@ -38,7 +38,7 @@ def target_tokens(targets: Sequence[str], encode, eos_id: int, pad_id: int,
 
 def sft_loss(params, graphdef, prompt_tokens, prompt_mask, tokens, mask):
   """Mean negative log-likelihood per target token (scalar)."""
-  logp = rl_step.completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens)
+  logp = forward.completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens)
   return -losses.masked_mean(logp, mask)
 
 

@@ -132,7 +132,7 @@ def test_plan_gives_every_method_the_same_rollouts():
                                                    ("uniform", 4e-5), ("sec", 4e-5)]
   assert len(todo) == 2 * (len(cc.METHODS) + 2)
   for method, lr, seed, c in todo:
-    per_step = c.rl.prompts_per_step * c.rl.group_size * c.curriculum.oversample
+    per_step = c.rl.prompts_per_step * c.rl.group_size * int(c.curriculum.oversample)
     assert c.rl.steps * per_step == budget, method
     assert c.rl.seed == seed and c.rl.learning_rate == lr
   by_method = {m: c for m, _, s, c in todo if s == 1}

@@ -83,7 +83,10 @@ def test_greedy_follows_forward_argmax_and_top_k_one_and_cold_temperature_equal_
                           eos_id=NEVER, temperature=1e-6)
     for other in (top1, cold):
       np.testing.assert_array_equal(other.tokens, greedy.tokens)
-      np.testing.assert_allclose(other.logprobs, greedy.logprobs, atol=1e-6, rtol=0)
+    # Log-probs are those of the tempered policy that drew the token: at temperature 1 (top-k
+    # does not renormalise them) the raw policy's, at 1e-6 those of a point mass, 0.
+    np.testing.assert_allclose(top1.logprobs, greedy.logprobs, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(cold.logprobs, 0.0, atol=1e-6, rtol=0)
 
 
 def test_top_p_draws_only_from_the_nucleus(model):

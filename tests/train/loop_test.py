@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import toy
-from rl_curriculum.train import builders, checkpointing, loop
+from rl_curriculum import tasks
+from rl_curriculum.tasks import data as tasks_data
+from rl_curriculum.train import builders, checkpointing, data, loop
 from rl_curriculum.train.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,7 +57,9 @@ def test_quickstart_toy_runs_and_logs(tmp_path):
   assert summary["ood_bins"] == ["add_3d_3d"]
   assert (tmp_path / "report.png").stat().st_size > 10_000
   assert os.listdir(tmp_path / "tensorboard")
-  assert json.load(open(tmp_path / "summary.json"))["steps"] == 3
+  saved = json.load(open(tmp_path / "summary.json"))
+  assert saved["steps"] == 3
+  assert saved["held_out_sizes"] == {"add_1d_1d": 8, "add_2d_2d": 8, "add_3d_3d": 8}
   # evaluate.py restores the newest checkpoint: its greedy accuracy is the run's final evaluation.
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), "--config",
@@ -94,6 +99,11 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     ("curriculum.options", {"alpha": 0.5, "temprature": 1.0}, "curriculum.options.temprature"),
     ("rl.algorithm", "a2c", "config.rl.algorithm"),
     ("rl.seed", -1, "config.rl.seed: must be >= 0"),
+    # Option VALUES too: sec() rejects alpha = 2 when it is built, which comes after the SFT warm
+    # start; the config phase builds the curriculum first.
+    ("curriculum.options", {"alpha": 2.0}, "config.curriculum.options: sec: alpha must lie in"),
+    ("task.held_out_fraction", 1.0, "config.task.held_out_fraction"),
+    ("task.name", "sudoku", "config.task: \"unknown task 'sudoku'"),
 ])
 def test_bad_config_fails_before_compiling(field, value, message, tmp_path):
   c = toy_config()
@@ -127,6 +137,33 @@ def _cli(workdir, *overrides, config="quickstart"):
   return [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
           "--config", os.path.join(ROOT, "configs", f"{config}.py"), "--workdir", workdir,
           *overrides]
+
+
+def test_cli_prints_a_bad_option_as_one_line(tmp_path):
+  result = subprocess.run(_cli(str(tmp_path), "--config.curriculum.options.alpha=2.0"),
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: config.curriculum.options: sec: alpha must lie in (0, 1], got 2.0")
+  assert "Traceback" not in result.stderr
+  assert not os.path.exists(tmp_path / "tokenizer.model")  # before data, tokenizer and SFT
+
+
+def test_a_non_finite_reward_is_rejected_on_the_host_naming_task_and_prompt():
+  class NaNTask:
+    def score_batch(self, problems, texts):
+      n = len(texts)
+      return [float("nan")] + [1.0] * (n - 1), [False] * n, [True] * n
+
+  problems = tuple(data.problems(tasks.get_task("arithmetic"), [0], 2, "rl"))
+  pool = tasks_data.TaskPool(problems=problems, arms=np.zeros(2, np.int32),
+                             difficulty=np.zeros(2, np.float32),
+                             tokens=np.zeros((2, 1), np.int32), mask=np.ones((2, 1), bool),
+                             num_arms=1)
+  score = loop._scored_batch  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match=re.escape(
+      f"task 'arithmetic' scored nan (not finite) for prompt '{problems[0].prompt}'")):
+    score(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
 
 
 @pytest.mark.parametrize("override,message", [
@@ -190,3 +227,22 @@ def test_toy_lora_ppo_with_dynamic_filtering_runs(tmp_path):
   names = ["/".join(map(str, path)) for path, _ in
            jax.tree_util.tree_flatten_with_path(saved["train"]["params"])[0]]
   assert names and all("lora" in n for n in names), names[:5]
+
+
+def test_pcl_features_follow_the_policy(tmp_path):
+  """PCL's prompt features are recomputed from the current policy every features_every steps
+  (not only from the warm start), in batches of features_batch_size prompts."""
+  c = toy_config(steps=2)
+  c.curriculum.name = "pcl"
+  c.curriculum.options = {}
+  c.curriculum.features_every = 2
+  c.curriculum.features_batch_size = 16  # 120 pool prompts: 8 batches
+  c.rl.learning_rate = 1e-3
+  loop.train_and_evaluate(c, str(tmp_path))
+  run = loop.prepare(c, str(tmp_path), log=lambda _: None)  # cached: tokenizer, warm start
+  _, saved = _final_params(str(tmp_path))
+  features = np.asarray(saved["curriculum"]["features"])
+  warm = loop.pool_features(c, run, run.trainable)
+  trained = loop.pool_features(c, run, saved["train"]["params"])
+  assert not np.allclose(features, warm, atol=1e-4)
+  np.testing.assert_allclose(features, trained, atol=1e-5)

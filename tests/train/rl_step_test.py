@@ -1,37 +1,54 @@
-"""The jitted learn step: updates, rollback on a non-finite loss, filtered groups."""
+"""The jitted learn step and its phases: feedback, view, objective, updates, rollback, metrics."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
+from flax import nnx
 
+from configs import quickstart
 from rl_curriculum import curriculum as cur
+from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.rl import losses
-from rl_curriculum.train import builders, rl_step
+from rl_curriculum.rl import stability
+from rl_curriculum.sampling import sampler
+from rl_curriculum.train import builders, forward, rl_step
 
 P, G, TP, T, V = 4, 4, 5, 3, 16
 
 
-def _setup(minibatches=2, algorithm="rloo", kl_coef=0.0, optimizer=None, ratio_guard=0.0):
+def _learn_config(**overrides) -> rl_step.LearnConfig:
+  """The quickstart's learn config at this file's sizes, with overrides."""
+  base = builders.learn_config(quickstart.get_config())
+  small = dict(minibatches=2, eps_high=0.2, ratio_guard=0.0, max_kl=None, max_tokens=T)
+  return dataclasses.replace(base, **{**small, **overrides})
+
+
+def _model(dtype="float32"):
   config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                            mlp_dim=64)
-  graphdef, params = transformer.init_model(config, seed=0)
+                            mlp_dim=64, dtype=dtype)
+  return transformer.init_model(config, seed=0)
+
+
+def _setup(optimizer=None, **overrides):
+  graphdef, params = _model()
   optimizer = optimizer or builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
-  learn_config = rl_step.LearnConfig(algorithm=algorithm, minibatches=minibatches, lam=1.0,
-                                     kl_coef=kl_coef, ratio_guard=ratio_guard)
+  config = _learn_config(**overrides)
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=learn_config,
-                             use_lora=False)
-  value = rl_step.init_value_head(config.d_model) if algorithm == "ppo" else None
+                             curriculum_update=curriculum.update, config=config, use_lora=False)
+  value = rl_step.init_value_head(32) if config.algorithm == "ppo" else None
   state = rl_step.init_train_state(params, optimizer, value)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
   return params, state, cur_state, learn
 
 
-def _batch(rewards, train_groups=None, train_valid=None):
+def _batch(rewards, train_groups=None, train_valid=None, mask=None, correct=None):
   key = jax.random.PRNGKey(1)
   s = rewards.shape[0]
   b = s * G
@@ -42,9 +59,11 @@ def _batch(rewards, train_groups=None, train_valid=None):
   return rl_step.Batch(
       prompt_tokens=jnp.where(prompt_mask, prompts, 0), prompt_mask=prompt_mask,
       tokens=jax.random.randint(jax.random.fold_in(key, 1), (b, T), 4, V),
-      mask=jnp.ones((b, T)), sampler_logprobs=jnp.zeros((b, T)),
+      mask=jnp.ones((b, T)) if mask is None else jnp.asarray(mask, jnp.float32),
+      sampler_logprobs=jnp.zeros((b, T)),
       prompt_ids=jnp.arange(s, dtype=jnp.int32), arms=jnp.arange(s, dtype=jnp.int32) % 2,
-      rewards=jnp.asarray(rewards, jnp.float32), correct=jnp.asarray(rewards) > 0.5,
+      rewards=jnp.asarray(rewards, jnp.float32),
+      correct=jnp.asarray(rewards) > 0.5 if correct is None else jnp.asarray(correct, bool),
       valid=jnp.ones(rewards.shape, bool),
       train_groups=jnp.arange(P, dtype=jnp.int32) if train_groups is None else train_groups,
       train_valid=jnp.ones(P, bool) if train_valid is None else train_valid)
@@ -54,49 +73,60 @@ def _rewards():
   return np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1], [1, 1, 1, 1]], np.float32)
 
 
+def _rloo(rewards):
+  r = np.asarray(rewards, np.float64)
+  g = r.shape[1]
+  return r - (r.sum(1, keepdims=True) - r) / (g - 1)
+
+
+def _sec_q(rewards):
+  """SEC's q after one update with alpha = 1: per arm (prompt index % 2), mean |RLOO advantage|."""
+  adv = np.abs(_rloo(rewards))
+  return [adv[arm::2].mean() for arm in (0, 1)]
+
+
+def _tree_equal(a, b):
+  return all(np.array_equal(np.asarray(x), np.asarray(y))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def test_update_changes_params_and_curriculum():
   params, state, cur_state, learn = _setup(kl_coef=1e-3)
   before = jax.tree.map(np.asarray, params)
   new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
                                       None, params)
   assert int(new_state.step) == 1 and int(new_state.skipped) == 0
-  changed = [not np.array_equal(a, np.asarray(b))
-             for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new_state.params))]
-  assert any(changed)
+  assert not _tree_equal(before, new_state.params)
   # SEC with alpha = 1: q = mean |RLOO advantage| of the arm. Arm 0 = prompts 0, 2; arm 1 = 1, 3.
   np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(_rewards()), atol=1e-6)
   assert float(metrics["nonzero_adv_frac"]) == 0.5
+  assert float(metrics["mixed_correct_frac"]) == 0.5
+  assert float(metrics["steps_taken"]) == 2.0
   # The reference is the pre-update policy: KL is 0 in the first minibatch, > 0 after an update.
   assert 0.0 < float(metrics["kl"]) < 1.0
 
 
-def _sec_q(rewards):
-  """SEC's q after one update with alpha = 1: per arm (prompt index % 2), mean |RLOO advantage|."""
-  expected = []
-  for arm in (0, 1):
-    vals = []
-    for r in rewards[arm::2]:
-      for g in range(G):
-        vals.append(abs(r[g] - (r.sum() - r[g]) / (G - 1)))
-    expected.append(np.mean(vals))
-  return expected
-
-
-def test_non_finite_loss_skips_and_rolls_back():
-  params, state, cur_state, learn = _setup()
-  before = jax.tree.map(np.asarray, params)
+@pytest.mark.parametrize("whiten", [False, True])
+def test_non_finite_reward_rolls_back_params_curriculum_and_whitening(whiten):
+  # The curriculum is fed the rewards here, so a NaN reaches SEC's Q unless the step is undone.
+  params, state, cur_state, learn = _setup(whiten_rewards=whiten, curriculum_feedback="reward")
+  first, cur_state, _ = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None,
+                              params)
+  before = jax.tree.map(np.asarray, (first.params, first.opt_state, first.whitening, cur_state))
   rewards = _rewards()
   rewards[0, 0] = np.nan
-  new_state, _, metrics = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(2), None,
-                                params)
-  assert float(metrics["update_skipped"]) == 1.0 and int(new_state.skipped) == 1
-  assert int(new_state.step) == 1
-  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new_state.params)):
-    np.testing.assert_array_equal(a, np.asarray(b))
+  second, new_cur, metrics = learn(first, cur_state, _batch(rewards), jax.random.PRNGKey(3),
+                                   None, params)
+  assert float(metrics["update_skipped"]) == 1.0 and int(second.skipped) == 1
+  assert int(second.step) == 2
+  # Nothing of the step is kept: parameters, optimizer, whitening and the curriculum's state.
+  assert _tree_equal(before, (second.params, second.opt_state, second.whitening, new_cur))
+  assert np.all(np.isfinite(np.asarray(new_cur.q)))
   # Training continues: the next finite batch updates normally.
-  newer, _, metrics = learn(new_state, cur_state, _batch(_rewards()), jax.random.PRNGKey(3), None,
-                            params)
-  assert float(metrics["update_skipped"]) == 0.0 and int(newer.skipped) == 1
+  third, newer_cur, metrics = learn(second, new_cur, _batch(_rewards()), jax.random.PRNGKey(4),
+                                    None, params)
+  assert float(metrics["update_skipped"]) == 0.0 and int(third.skipped) == 1
+  assert np.all(np.isfinite(np.asarray(newer_cur.q)))
 
 
 def test_curriculum_sees_all_groups_policy_only_kept_ones():
@@ -116,6 +146,25 @@ def test_curriculum_sees_all_groups_policy_only_kept_ones():
   np.testing.assert_allclose(float(metrics["loss"]), float(alone["loss"]), atol=1e-6)
 
 
+def test_curriculum_feedback_from_correctness_ignores_a_format_bonus():
+  # Group 1 is all wrong; two of its completions earn the format bonus. GRPO gives that group the
+  # same |advantage| as a group with real successes; its correctness advantages are 0.
+  rewards = _rewards()
+  rewards[1] = [0.1, 0.0, 0.1, 0.0]
+  correct = _rewards() > 0.5
+  q = {}
+  for source in ("correct", "reward"):
+    params, state, cur_state, learn = _setup(algorithm="grpo", curriculum_feedback=source)
+    _, new_cur, metrics = learn(state, cur_state, _batch(rewards, correct=correct),
+                                jax.random.PRNGKey(2), None, params)
+    q[source] = np.asarray(new_cur.q)
+  # Arm 1 holds groups 1 (all wrong) and 3 (all right): no correctness signal at all.
+  assert q["correct"][1] == 0.0 and q["reward"][1] > 0.4
+  np.testing.assert_allclose(q["correct"][0], q["reward"][0], rtol=1e-6)  # arm 0: no bonus
+  assert float(metrics["nonzero_adv_frac"]) == 0.75  # the loss still trains on the format
+  assert float(metrics["mixed_correct_frac"]) == 0.5
+
+
 def test_outcome_token_rewards_sit_on_the_last_counted_token():
   mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], jnp.float32)
   got = rl_step.outcome_token_rewards(jnp.array([2.0, -1.0, 5.0]), mask)
@@ -123,14 +172,13 @@ def test_outcome_token_rewards_sit_on_the_last_counted_token():
 
 
 def test_ppo_step_trains_policy_and_value_head():
-  params, state, cur_state, learn = _setup(algorithm="ppo")
+  params, state, cur_state, learn = _setup(algorithm="ppo", value_detach=False)
   new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
                                       None, params)
   assert float(metrics["update_skipped"]) == 0.0
   assert float(metrics["value_loss"]) > 0.0  # the head starts at 0, the returns are 0/1
   assert float(jnp.abs(new_state.value["w"]).sum()) > 0.0
-  assert any(not np.array_equal(np.asarray(a), np.asarray(b))
-             for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_state.params)))
+  assert not _tree_equal(params, new_state.params)
   # The curriculum is fed group-relative (RLOO) advantages under PPO too.
   np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(_rewards()), atol=1e-6)
   # The critic learns: on the same batch, its loss falls over a few steps.
@@ -142,38 +190,209 @@ def test_ppo_step_trains_policy_and_value_head():
   assert value_losses[-1] < value_losses[0], value_losses
 
 
+@pytest.mark.parametrize("detach", [True, False])
+def test_detached_value_head_leaves_the_policy_update_alone(detach):
+  """With value_detach the value loss trains the head only: the policy's update does not depend
+  on vf_coef. Without it, the value loss's gradient reaches the trunk."""
+  updates = []
+  for vf_coef in (0.5, 50.0):
+    params, state, cur_state, learn = _setup(optax.sgd(0.1), algorithm="ppo", minibatches=1,
+                                             value_detach=detach, vf_coef=vf_coef)
+    # A trained-looking head, so that the value loss has a gradient through the hidden states.
+    state = state._replace(value={"w": jnp.full((32,), 0.3), "b": jnp.zeros(())})
+    new_state, _, _ = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None,
+                            params)
+    updates.append(new_state.params)
+  assert _tree_equal(updates[0], updates[1]) == detach
+
+
+def test_gae_advantages_and_returns_match_a_float64_loop():
+  """PPO's view: outcome reward on the last counted token (EOS mid-row), GAE over a trained
+  value head's estimates, whitened over tokens; against a float64 loop."""
+  graphdef, params = _model()
+  gamma, lam = 0.9, 0.8
+  config = _learn_config(algorithm="ppo", gamma=gamma, lam=lam)
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, T + 1, P * G)
+  mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.float32)
+  rewards = _rewards()
+  batch = _batch(rewards, mask=mask)
+  value = {"w": jnp.asarray(rng.normal(0, 0.3, 32), jnp.float32), "b": jnp.float32(0.1)}
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  view = rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
+                            config=config, use_lora=False, value=value)
+  hidden = forward.completion_hidden(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                                     batch.tokens, G)
+  values = np.asarray(forward.values_from_hidden(value, hidden), np.float64)
+  adv = np.zeros((P * G, T))
+  ret = np.zeros((P * G, T))
+  for b in range(P * G):
+    n = lengths[b]
+    r = np.zeros(n)
+    r[-1] = rewards.reshape(-1)[b]
+    running = 0.0
+    for t in reversed(range(n)):
+      next_v = values[b, t + 1] if t + 1 < n else 0.0
+      delta = r[t] + gamma * next_v - values[b, t]
+      running = delta + gamma * lam * running
+      adv[b, t] = running
+      ret[b, t] = running + values[b, t]
+  on = mask > 0
+  whitened = np.where(on, (adv - adv[on].mean()) / (adv[on].std() + 1e-6), 0.0)
+  np.testing.assert_allclose(np.asarray(view.values_old), values * mask, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(view.returns), ret, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(view.advantages), whitened, atol=1e-4)
+
+
 def test_kl_is_zero_while_the_policy_equals_the_reference():
   params, state, cur_state, learn = _setup(minibatches=1, kl_coef=0.1)
   _, _, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None, params)
   assert abs(float(metrics["kl"])) < 1e-6  # one minibatch: the policy is the reference
 
 
-def test_one_minibatch_step_equals_the_two_pass_update():
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_kl_term_is_aggregated_like_the_policy_loss(aggregation):
+  graphdef, params = _model()
+  config = _learn_config(kl_coef=0.5, kl_estimator="k2", aggregation=aggregation)
+  mask = np.ones((P * G, T), np.float32)
+  mask[::3, 1:] = 0.0  # ragged rows: the aggregations differ
+  batch = _batch(_rewards(), mask=mask)
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
+  view = rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=ref,
+                            config=config, use_lora=False)
+  loss, metrics = rl_step.policy_objective(params, view, graphdef=graphdef, frozen=None, group=G,
+                                           config=config)
+  logp = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                                     batch.tokens)
+  logp_ref = forward.completion_logprobs(graphdef, ref, batch.prompt_tokens, batch.prompt_mask,
+                                         batch.tokens)
+  per_token = 0.5 * np.square(np.asarray(logp, np.float64) - np.asarray(logp_ref, np.float64))
+  if aggregation == "token_mean":
+    expected = (per_token * mask).sum() / mask.sum()
+  elif aggregation == "seq_mean_token_mean":
+    expected = np.mean((per_token * mask).sum(1) / mask.sum(1))
+  else:
+    expected = (per_token * mask).sum() / (P * G * T)
+  assert float(metrics["kl"]) > 1e-4
+  np.testing.assert_allclose(float(metrics["kl"]), expected, rtol=1e-4)
+  np.testing.assert_allclose(float(loss), float(metrics["pg_loss"]) + 0.5 * expected, rtol=1e-4)
+
+
+def test_k1_as_a_loss_is_rejected():
+  with pytest.raises(ValueError, match="k1"):
+    _setup(kl_coef=0.1, kl_estimator="k1")
+  c = quickstart.get_config()
+  c.rl.kl_coef, c.rl.kl_estimator = 0.1, "k1"
+  with pytest.raises(builders.ConfigError, match="config.rl.kl_estimator: k1 cannot be a loss"):
+    builders.validate(c)
+
+
+def test_update_kl_measures_the_last_update_and_rolls_back_past_max_kl():
+  # One optimizer step (on-policy): the pre-update ratio is 1 on every token, so only a KL taken
+  # after the update can see it.
+  lr = 2.0
+  params, state, cur_state, learn = _setup(optax.sgd(lr), minibatches=1, max_kl=100.0)
+  graphdef, _ = _model()
+  batch = _batch(_rewards())
+  new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
+  assert float(metrics["approx_kl"]) == 0.0  # measured before the update
+  logp_of = lambda prm: forward.completion_logprobs(  # pylint: disable=unnecessary-lambda-assignment
+      graphdef, prm, batch.prompt_tokens, batch.prompt_mask, batch.tokens)
+  expected = np.mean(np.asarray(logp_of(params)) - np.asarray(logp_of(new_state.params)))
+  assert expected > 1e-3
+  np.testing.assert_allclose(float(metrics["update_kl"]), expected, rtol=1e-4)
+  # Above max_kl the update is discarded.
+  params, state, cur_state, learn = _setup(optax.sgd(lr), minibatches=1,
+                                           max_kl=float(expected) / 2)
+  rolled, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
+  assert float(metrics["update_skipped"]) == 1.0
+  assert _tree_equal(params, rolled.params)
+
+
+def test_minibatch_of_padding_groups_takes_no_step():
+  params, state, cur_state, learn = _setup(minibatches=2)
+  stepped, cur_state, _ = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None,
+                                params)
+  # Adam now carries momentum: a step on a zero gradient would still move every weight.
+  padding = _batch(_rewards(), train_valid=jnp.zeros(P, bool))
+  before = jax.tree.map(np.asarray, (stepped.params, stepped.opt_state))  # (stepped is donated)
+  after, _, metrics = learn(stepped, cur_state, padding, jax.random.PRNGKey(3), None, params)
+  assert float(metrics["steps_taken"]) == 0.0 and float(metrics["update_skipped"]) == 0.0
+  assert _tree_equal(before, (after.params, after.opt_state))
+
+
+def test_tokens_after_a_stop_change_nothing():
+  """Masks that end mid-row (EOS at different positions): the padding tokens after a row's stop
+  change neither the loss nor the update."""
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(1, T + 1, P * G)
+  mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.float32)
+  batch = _batch(_rewards(), mask=mask)
+  noise = jax.random.randint(jax.random.PRNGKey(9), batch.tokens.shape, 4, V)
+  other = batch._replace(tokens=jnp.where(mask > 0, batch.tokens, noise))
+  assert not np.array_equal(np.asarray(other.tokens), np.asarray(batch.tokens))
+  results = []
+  for b in (batch, other):
+    params, state, cur_state, learn = _setup(optax.sgd(0.5), minibatches=2, kl_coef=0.1)
+    new_state, _, metrics = learn(state, cur_state, b, jax.random.PRNGKey(2), None, params)
+    results.append((new_state.params, float(metrics["loss"]), float(metrics["kl"])))
+  np.testing.assert_allclose(results[0][1:], results[1][1:], rtol=1e-6, atol=1e-7)
+  for x, y in zip(jax.tree.leaves(results[0][0]), jax.tree.leaves(results[1][0])):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def test_two_epochs_keep_logp_old_frozen_and_clipping_engages():
+  graphdef, params = _model()
+  config = _learn_config(epochs=2, minibatches=1)
+  optimizer = optax.sgd(20.0)
+  batch = _batch(_rewards())
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  view = rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
+                            config=config, use_lora=False)
+  before = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                                       batch.tokens)
+  np.testing.assert_allclose(np.asarray(view.logp_old), np.asarray(before), atol=1e-6)
+  new, _, metrics, logp_old = rl_step.minibatch_updates(
+      params, optimizer.init(params), view, jax.random.PRNGKey(0), graphdef=graphdef, frozen=None,
+      group=G, optimizer=optimizer, config=config)
+  np.testing.assert_array_equal(np.asarray(logp_old), np.asarray(view.logp_old))
+  assert float(metrics["steps_taken"]) == 2.0
+  # Epoch 1 starts at ratio 1 (no clipping); epoch 2 compares the moved policy with the frozen
+  # old one, and the large step pushes ratios out of [0.8, 1.2].
+  assert float(metrics["clipfrac_low"]) + float(metrics["clipfrac_high"]) > 0.0
+  assert float(metrics["approx_kl"]) > 0.0
+  assert not _tree_equal(params, new)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_one_minibatch_step_equals_the_textbook_update(level, aggregation):
   """One epoch of one minibatch skips the old policy's forward pass (logp_old = stop_gradient of
   the loss's own log-probs); the update must equal the textbook one computed here with an
-  explicit old-policy pass: the same loss, gradient norm and SGD parameters."""
+  explicit old-policy pass: the same loss, gradient norm and SGD parameters, for every level and
+  aggregation, on ragged masks."""
   lr = 0.5
-  params, state, cur_state, learn = _setup(minibatches=1, optimizer=optax.sgd(lr))
-  batch = _batch(_rewards())
+  params, state, cur_state, learn = _setup(optax.sgd(lr), minibatches=1, level=level,
+                                           aggregation=aggregation)
+  rng = np.random.default_rng(2)
+  mask = (np.arange(T)[None, :] < rng.integers(1, T + 1, P * G)[:, None]).astype(np.float32)
+  batch = _batch(_rewards(), mask=mask)
   new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
 
   graphdef, _ = _model()
-  adv = np.zeros((P, G), np.float32)
-  r = _rewards()
-  for p in range(P):
-    for g in range(G):
-      adv[p, g] = r[p, g] - (r[p].sum() - r[p, g]) / (G - 1)
-  adv_tokens = jnp.asarray(np.repeat(adv.reshape(P * G, 1), T, axis=1))
+  adv_tokens = jnp.asarray(np.repeat(_rloo(_rewards()).reshape(P * G, 1), T, axis=1) * mask,
+                           jnp.float32)
 
   def logp_of(prm):
-    return rl_step.completion_logprobs(graphdef, prm, batch.prompt_tokens, batch.prompt_mask,
+    return forward.completion_logprobs(graphdef, prm, batch.prompt_tokens, batch.prompt_mask,
                                        batch.tokens)
 
   logp_old = jax.lax.stop_gradient(logp_of(params))
 
   def loss_fn(prm):
     loss, _ = losses.policy_loss(logp_of(prm), logp_old, adv_tokens, batch.mask, eps_low=0.2,
-                                 eps_high=0.2, level="token", aggregation="token_mean",
+                                 eps_high=0.2, level=level, aggregation=aggregation,
                                  max_tokens=T)
     return loss
 
@@ -194,7 +413,7 @@ def test_grouped_completion_logprobs_equal_the_per_row_pass():
   weights = jax.random.normal(jax.random.PRNGKey(3), batch.tokens.shape)
 
   def loss(prm, group):
-    logp = rl_step.completion_logprobs(graphdef, prm, batch.prompt_tokens, batch.prompt_mask,
+    logp = forward.completion_logprobs(graphdef, prm, batch.prompt_tokens, batch.prompt_mask,
                                        batch.tokens, group)
     return jnp.sum(logp * weights), logp
 
@@ -206,21 +425,109 @@ def test_grouped_completion_logprobs_equal_the_per_row_pass():
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+def _lora_model(dtype="float32", b_scale=0.0):
+  graphdef, params = _model(dtype)
+  model = nnx.merge(graphdef, params)
+  lora_lib.attach(model, lora_lib.LoRAConfig(rank=4, alpha=8.0, targets=("q", "v", "up")),
+                  rngs=nnx.Rngs(1))
+  graphdef, adapters, base = lora_lib.split(model)
+  if b_scale:  # adapters that already moved away from B = 0
+    adapters = jax.tree.map(lambda x: x + b_scale * jnp.cos(jnp.arange(x.size)).reshape(x.shape),
+                            adapters)
+  return graphdef, adapters, base
+
+
+def test_shared_prefix_pass_with_lora_in_bfloat16_is_as_exact_as_the_per_row_pass():
+  """In bfloat16 the grouped pass (prompt once per group) and the per-row pass differ by
+  rounding; the grouped one must be no further from the float32 answer than the per-row one."""
+  batch = _batch(_rewards())
+  out = {}
+  for dtype in ("float32", "bfloat16"):
+    graphdef, adapters, base = _lora_model(dtype, b_scale=0.05)
+    for group in (1, G):
+      out[dtype, group] = np.asarray(forward.completion_logprobs(
+          graphdef, (adapters, base), batch.prompt_tokens, batch.prompt_mask, batch.tokens,
+          group), np.float64)
+  np.testing.assert_allclose(out["float32", G], out["float32", 1], atol=1e-5)
+  exact = out["float32", 1]
+  err_grouped = np.abs(out["bfloat16", G] - exact).max()
+  err_rows = np.abs(out["bfloat16", 1] - exact).max()
+  assert err_grouped <= 2.0 * err_rows + 1e-3, (err_grouped, err_rows)
+  assert err_grouped < 0.1  # bfloat16 keeps 8 bits of mantissa: log-probs within a tenth of a nat
+
+
+def test_lora_with_kl_trains_only_adapters_against_the_base_model():
+  graphdef, adapters, base = _lora_model()
+  optimizer = optax.adam(5e-2)
+  curriculum = cur.sec(2, batch_size=P, alpha=1.0)
+  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
+                             curriculum_update=curriculum.update,
+                             config=_learn_config(kl_coef=0.1, minibatches=2), use_lora=True)
+  state = rl_step.init_train_state(adapters, optimizer)
+  cur_state = curriculum.init(cur.PromptPool.from_arms([0, 1] * 3), jax.random.PRNGKey(0))
+  batch = _batch(_rewards())
+  base_before = jax.tree.map(np.asarray, base)
+  new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), base, None)
+  assert _tree_equal(base_before, base)
+  assert not _tree_equal(adapters, new_state.params)
+  # The reference is the adapters switched off, i.e. the base model: B starts at 0, so the first
+  # minibatch's KL is 0 and the mean over two minibatches is that of the second, after a step.
+  assert float(metrics["kl"]) > 0.0
+  config = _learn_config(kl_coef=0.1)
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  view = rl_step.train_view(batch, scores, (new_state.params, base), graphdef=graphdef,
+                            ref_params=None, config=config, use_lora=True)
+  plain_graphdef, plain_params = _model()
+  base_logp = forward.completion_logprobs(plain_graphdef, plain_params, batch.prompt_tokens,
+                                          batch.prompt_mask, batch.tokens)
+  np.testing.assert_allclose(np.asarray(view.logp_ref), np.asarray(base_logp), atol=1e-5)
+
+
+def test_learner_logprobs_are_those_of_the_sampling_temperature():
+  """Tokens drawn at temperature 0.7: the sampler reports log_softmax(logits / 0.7) of the drawn
+  tokens, and the learner's old log-probs equal the sampler's."""
+  tau = 0.7
+  graphdef, params = _model()
+  batch = _batch(_rewards())
+  rollout = sampler.sample(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                           jax.random.PRNGKey(5), max_new_tokens=T, eos_id=V, temperature=tau,
+                           group=G)
+  logits = forward.completion_logits(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                                     rollout.tokens)
+  expected = jnp.take_along_axis(jax.nn.log_softmax(logits / tau, axis=-1),
+                                 rollout.tokens[..., None], axis=-1)[..., 0]
+  np.testing.assert_allclose(np.asarray(rollout.logprobs), np.asarray(expected), atol=1e-5)
+  config = _learn_config(temperature=tau)  # two minibatches: the old policy's pass runs
+  batch = batch._replace(tokens=rollout.tokens, mask=rollout.mask,
+                         sampler_logprobs=rollout.logprobs)
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  view = rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
+                            config=config, use_lora=False)
+  np.testing.assert_allclose(np.asarray(view.logp_old), np.asarray(rollout.logprobs), atol=1e-5)
+  # At temperature 1 the two would disagree: the test can tell the difference.
+  assert np.abs(np.asarray(view.logp_old) - np.asarray(jax.nn.log_softmax(logits, -1).max(-1))
+                ).max() > 1e-2
+
+
 def test_one_minibatch_ratio_guard_and_metrics():
   params, state, cur_state, learn = _setup(minibatches=1, ratio_guard=1.0)
   batch = _batch(_rewards())
-  logp = rl_step.completion_logprobs(*_model(), batch.prompt_tokens, batch.prompt_mask,
+  logp = forward.completion_logprobs(*_model(), batch.prompt_tokens, batch.prompt_mask,
                                      batch.tokens)
   # The sampler's log-probs agree on the first completion token and are 3 nats off elsewhere.
   sampler_logp = logp.at[:, 1:].add(-3.0)
   _, _, metrics = learn(state, cur_state, batch._replace(sampler_logprobs=sampler_logp),
                         jax.random.PRNGKey(2), None, params)
   np.testing.assert_allclose(float(metrics["ratio_guard_frac"]), (T - 1) / T, rtol=1e-6)
-  np.testing.assert_allclose(float(metrics["completion_len"]), 1.0, rtol=1e-6)
   np.testing.assert_allclose(float(metrics["sampler_logp_gap"]), 0.0, atol=1e-5)
+  # The completion length counts the rollout's tokens, whatever the guard dropped.
+  np.testing.assert_allclose(float(metrics["completion_len"]), T, rtol=1e-6)
 
 
-def _model():
-  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                            mlp_dim=64)
-  return transformer.init_model(config, seed=0)
+def test_make_learn_compiles_once_across_steps():
+  params, state, cur_state, learn = _setup(minibatches=2, kl_coef=0.1, max_kl=5.0)
+  for i in range(3):
+    rewards = np.roll(_rewards(), i, axis=1)
+    state, cur_state, _ = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(i), None,
+                                params)
+  assert learn._cache_size() == 1  # pylint: disable=protected-access
