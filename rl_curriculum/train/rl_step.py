@@ -373,10 +373,10 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
   momentum would otherwise move the parameters on a zero gradient.
 
   Returns:
-    (trained, opt_state, metrics, logp_old): metrics f32[] are means over minibatches (including
-    "loss", "grad_norm" and "steps_taken", the number of minibatches that stepped); logp_old
-    f32[B, T] are the old log-probs the losses used (those of the view, or on-policy the loss's
-    own stop-gradient log-probs).
+    (trained, opt_state, metrics, logp_old): metrics f32[] are means over the minibatches that
+    stepped (including "loss" and "grad_norm"; 0 when none did), and "steps_taken", the number
+    of minibatches that stepped; logp_old f32[B, T] are the old log-probs the losses used (those
+    of the view, or on-policy the loss's own stop-gradient log-probs).
   """
   num_rows = view.tokens.shape[0]
   p = num_rows // group
@@ -400,8 +400,12 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
     return (trained, opt_state), (metrics, logp_old)
 
   (trained, opt_state), (per_mb, old_mb) = jax.lax.scan(step, (trained, opt_state), rows)
-  metrics = jax.tree.map(jnp.mean, per_mb)
-  metrics["steps_taken"] = jnp.sum(per_mb["steps_taken"])
+  # Means over the minibatches that stepped: padding-only ones would dilute every average.
+  stepped = per_mb["steps_taken"]
+  metrics = jax.tree.map(
+      lambda x: jnp.sum(jnp.where(stepped > 0, x, 0.0)) / jnp.maximum(jnp.sum(stepped), 1.0),
+      per_mb)
+  metrics["steps_taken"] = jnp.sum(stepped)
   logp_old = view.logp_old
   if logp_old is None:  # on-policy: one minibatch of every row, in its shuffled order
     logp_old = jnp.zeros(view.tokens.shape, jnp.float32).at[rows[0]].set(old_mb[0])

@@ -322,6 +322,27 @@ def test_minibatch_of_padding_groups_takes_no_step():
   assert _tree_equal(before, (after.params, after.opt_state))
 
 
+def test_metrics_average_only_the_minibatches_that_stepped():
+  # Groups 0 and 1 are real, 2 and 3 padding; with two minibatches of two groups the key below
+  # puts both padding groups in one minibatch, which takes no step and must not halve the means.
+  params, state, cur_state, learn = _setup(minibatches=2)
+  key = jax.random.PRNGKey(2)
+  first = np.asarray(rl_step.minibatch_rows(jax.random.fold_in(key, 0), P, G, 2))[0] // G
+  real = np.isin(np.arange(P), first)
+  batch = _batch(_rewards(), train_valid=jnp.asarray(real))
+  _, _, metrics = learn(state, cur_state, batch, key, None, params)
+  assert float(metrics["steps_taken"]) == 1.0
+  # The same two groups as one minibatch (two more padding slots): the same minibatch metrics.
+  _, state_1, cur_state_1, learn_1 = _setup(minibatches=1)
+  _, _, alone = learn_1(state_1, cur_state_1, batch._replace(
+      train_groups=jnp.asarray(np.concatenate([np.flatnonzero(real)] * 2), jnp.int32),
+      train_valid=jnp.asarray([True, True, False, False])), key, None, params)
+  assert float(alone["steps_taken"]) == 1.0
+  for name in ("loss", "entropy", "approx_kl", "ratio_mean"):
+    np.testing.assert_allclose(float(metrics[name]), float(alone[name]), rtol=1e-5, atol=1e-7)
+  assert float(metrics["entropy"]) > 1.0 and float(metrics["ratio_mean"]) == 1.0
+
+
 def test_tokens_after_a_stop_change_nothing():
   """Masks that end mid-row (EOS at different positions): the padding tokens after a row's stop
   change neither the loss nor the update."""
