@@ -7,7 +7,7 @@ one plain dict `CURRICULA` below.
 
 import inspect
 import os
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import ml_collections
 import numpy as np
@@ -207,23 +207,17 @@ def _validate_curriculum(c: ml_collections.ConfigDict) -> None:
   num_arms = len(c.task.train_bins)
   if num_arms < 1:
     _fail("task.train_bins", "empty: the curriculum needs at least one arm")
-  fn, takes_pool = CURRICULA[name]
-  options = dict(cur_config.options)
-  slots = sampled_prompts(c)
   try:
-    if name == "pcl":  # the features are the policy's, computed later: one stand-in row here
-      fn(np.zeros((1, 1), np.float32), batch_size=slots, **options)
-    elif takes_pool:
-      fn(num_arms, batch_size=slots, **options)
-    else:
-      fn(batch_size=slots, **options)
+    # The features are the policy's, computed later: one stand-in row here.
+    build_curriculum(c, num_arms, sampled_prompts(c), features=np.zeros((1, 1), np.float32))
   except (ValueError, TypeError) as e:
     raise ConfigError(f"config.curriculum.options: {name}: {e}") from e
 
 
-def build_curriculum(config: ml_collections.ConfigDict, pool: cur.PromptPool, batch_size: int,
-                     features: Optional[np.ndarray] = None) -> cur.Curriculum:
-  """The configured curriculum for `batch_size` prompt slots a step."""
+def build_curriculum(config: ml_collections.ConfigDict, pool: Union[cur.PromptPool, int],
+                     batch_size: int, features: Optional[np.ndarray] = None) -> cur.Curriculum:
+  """The configured curriculum for `batch_size` prompt slots a step (`pool`: the PromptPool, or
+  its number of arms where no pool exists yet, as in `validate`)."""
   fn, takes_pool = CURRICULA[config.curriculum.name]
   options = dict(config.curriculum.options)
   if config.curriculum.name == "pcl":

@@ -359,8 +359,8 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
 
 def minibatch_rows(key: jax.Array, num_prompts: int, group: int, minibatches: int) -> jax.Array:
   """i32[M, (P / M) * G] row indices: prompts shuffled, each minibatch holds whole groups."""
-  prompts = jax.random.permutation(key, num_prompts).reshape(minibatches, -1)
-  return (prompts[:, :, None] * group + jnp.arange(group)[None, None, :]).reshape(minibatches, -1)
+  prompts = jax.random.permutation(key, num_prompts)
+  return trained_rows(prompts, group).reshape(minibatches, -1)
 
 
 def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Array, *,
@@ -422,7 +422,7 @@ def update_kl(new_params: Any, view: TrainView, logp_old: jax.Array, *, graphdef
   update. One forward pass with the new parameters."""
   logp_new = forward.completion_logprobs(graphdef, new_params, view.prompt_tokens,
                                          view.prompt_mask, view.tokens, group, config.temperature)
-  return losses.masked_mean(logp_old - jax.lax.stop_gradient(logp_new), view.mask)
+  return losses.masked_mean(logp_old - logp_new, view.mask)
 
 
 def roll_back_if(skip: jax.Array, before: Any, after: Any) -> Any:
@@ -518,11 +518,11 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
       optimizer=optimizer, config=config)
 
   # 5. Rollback of a non-finite or runaway update: nothing of this step is kept.
-  new_params, new_value = new_trained if ppo else (new_trained, None)
   skip = ~jnp.isfinite(metrics["loss"]) | ~stability.all_finite(new_trained)
   skip = skip | ~stability.all_finite((new_cur_state, scores.whitening))
   if config.max_kl is not None:
-    kl = update_kl(forward.model_params(new_params, frozen), view, logp_old, graphdef=graphdef,
+    new_policy = new_trained[0] if ppo else new_trained
+    kl = update_kl(forward.model_params(new_policy, frozen), view, logp_old, graphdef=graphdef,
                    group=g, config=config)
     metrics["update_kl"] = kl
     skip = skip | stability.should_skip(metrics["loss"], kl, max_kl=config.max_kl)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from rl_curriculum.train import builders
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -132,7 +134,7 @@ def test_plan_gives_every_method_the_same_rollouts():
                                                    ("uniform", 4e-5), ("sec", 4e-5)]
   assert len(todo) == 2 * (len(cc.METHODS) + 2)
   for method, lr, seed, c in todo:
-    per_step = c.rl.prompts_per_step * c.rl.group_size * int(c.curriculum.oversample)
+    per_step = builders.sampled_prompts(c) * c.rl.group_size
     assert c.rl.steps * per_step == budget, method
     assert c.rl.seed == seed and c.rl.learning_rate == lr
   by_method = {m: c for m, _, s, c in todo if s == 1}
@@ -140,7 +142,6 @@ def test_plan_gives_every_method_the_same_rollouts():
   assert by_method["dynamic_filtering"].rl.steps * 2 == by_method["uniform"].rl.steps
   assert by_method["lp_teacher"].curriculum.name == "alp_teacher"
   # Every method's options are ones its constructor takes.
-  from rl_curriculum.train import builders  # pylint: disable=import-outside-toplevel
   for c in by_method.values():
     builders.validate(c)
 
