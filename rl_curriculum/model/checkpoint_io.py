@@ -16,6 +16,10 @@ Names. HF names (`model.layers.{i}.self_attn.q_proj.weight`, ...) are the same f
 Qwen2 and Qwen3 families; GGUF names (`blk.{i}.attn_q.weight`, ...) are renamed to HF names first
 (`GGUF_TO_HF`), so there is one table from HF names to parameter paths (`_HF_LAYER`).
 
+Layer layouts. Files always hold per-layer tensors. Paths here are per-layer,
+("blocks", i, ...); a scanned model's stacked parameters ("blocks", ...) [L, ...] are split into
+them by `per_layer_arrays` (which `hf_tensors` applies), and stacked on load by `pretrained.py`.
+
 GGUF specifics. llama.cpp's converter permutes the rows of the Llama q and k projections (per
 head, from the rotate-half layout HF uses to interleaved pairs); `unpermute_qk` undoes it. Without
 it the logits are wrong; with it float32 logits match transformers. Qwen2 and Qwen3 files are
@@ -540,14 +544,35 @@ def fill_state(flat_abstract: Mapping[Path, Any], tensors: Iterable[Tuple[str, n
   return out
 
 
+def is_stacked(path: Path) -> bool:
+  """True for a parameter path of the scanned layout, ("blocks", name, ...) with no layer index."""
+  return len(path) > 1 and path[0] == "blocks" and not isinstance(path[1], (int, np.integer))
+
+
+def per_layer_arrays(flat_params: Mapping[Path, np.ndarray]) -> Dict[Path, np.ndarray]:
+  """Stacked ("blocks", *rest) arrays [L, ...] split into per-layer ("blocks", l, *rest) arrays
+  (views, no copy); per-layer and top-level paths pass through."""
+  out = {}
+  for path, array in flat_params.items():
+    path = tuple(path)
+    if is_stacked(path):
+      array = np.asarray(array)
+      for layer in range(array.shape[0]):
+        out[path[:1] + (layer,) + path[1:]] = array[layer]
+    else:
+      out[path] = array
+  return out
+
+
 def hf_tensors(flat_params: Mapping[Path, np.ndarray]) -> Dict[str, np.ndarray]:
-  """HF name -> tensor in HF layout for every base parameter (the inverse of `fill_state`).
+  """HF name -> tensor in HF layout for every base parameter (the inverse of `fill_state`);
+  stacked parameters of a scanned model give their L per-layer tensors.
 
   Raises:
     KeyError: a path that is not a base parameter (merge or drop adapters first).
   """
   out = {}
-  for path, array in flat_params.items():
+  for path, array in per_layer_arrays(flat_params).items():
     name, n_in = hf_name(path)
     out[name] = from_param_layout(np.asarray(array), path, n_in)
   return out

@@ -5,9 +5,19 @@ so two models with equal configs share compiled programs. Presets:
 
   ModelConfig.tiny(vocab_size=...)    ~3M parameters plus the embedding; the CPU quickstart model
   ModelConfig.smollm2_135m()          SmolLM2-135M (Llama architecture, tied embeddings)
+  ModelConfig.qwen2_5_0_5b() ... qwen2_5_7b()
+                                      Qwen2.5 0.5B / 1.5B / 3B / 7B (Qwen Team 2024; q/k/v bias;
+                                      tied embeddings except 7B)
+  ModelConfig.qwen3_0_6b() ... qwen3_8b()
+                                      Qwen3 0.6B / 1.7B / 4B / 8B (Qwen Team 2025; q/k RMSNorm,
+                                      head_dim 128; tied embeddings except 8B)
+  ModelConfig.llama3_2_1b(), llama3_2_3b()
+                                      Llama 3.2 1B / 3B (Meta 2024; Llama 3 rotary scaling with
+                                      factor 32; tied embeddings)
 
 Variants are `dataclasses.replace(config, ...)` or keyword overrides of a preset, e.g.
-`ModelConfig.tiny(vocab_size=300, qkv_bias=True)` for a Qwen2-style block.
+`ModelConfig.tiny(vocab_size=300, qkv_bias=True)` for a Qwen2-style block. `PRESETS` maps each
+preset name to its constructor.
 """
 
 import dataclasses
@@ -16,6 +26,9 @@ from typing import Optional
 import jax.numpy as jnp
 
 _DTYPES = ("float32", "bfloat16", "float16")
+# none: keep every activation for the backward pass; block: keep only each block's input and
+# recompute the block; dots: keep the block's matmul outputs, recompute the rest (elementwise).
+REMAT_POLICIES = ("none", "block", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +60,9 @@ class ModelConfig:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  # Memory and compile time (they change no value, see transformer.py):
+  scan_layers: bool = False         # the block stack as one scanned block with [L, ...] parameters
+  remat: str = "none"               # recompute each block in the backward pass: none | block | dots
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
@@ -77,6 +93,8 @@ class ModelConfig:
       if canonical not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {_DTYPES}, got {value!r}.")
       object.__setattr__(self, name, canonical)
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}.")
     if self.rope_scaling_factor is not None:
       if self.rope_scaling_factor < 1.0:
         raise ValueError(
@@ -115,6 +133,98 @@ class ModelConfig:
     fields.update(overrides)
     return cls(**fields)
 
+  @classmethod
+  def qwen2_5_0_5b(cls, **overrides) -> "ModelConfig":
+    """Qwen2.5-0.5B (Qwen Team 2024): Qwen2 block with q/k/v bias, tied embeddings."""
+    fields = dict(vocab_size=151936, d_model=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                  mlp_dim=4864, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=True,
+                  qkv_bias=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def qwen2_5_1_5b(cls, **overrides) -> "ModelConfig":
+    """Qwen2.5-1.5B (Qwen Team 2024): Qwen2 block with q/k/v bias, tied embeddings."""
+    fields = dict(vocab_size=151936, d_model=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+                  mlp_dim=8960, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=True,
+                  qkv_bias=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def qwen2_5_3b(cls, **overrides) -> "ModelConfig":
+    """Qwen2.5-3B (Qwen Team 2024): Qwen2 block with q/k/v bias, tied embeddings."""
+    fields = dict(vocab_size=151936, d_model=2048, num_layers=36, num_heads=16, num_kv_heads=2,
+                  mlp_dim=11008, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=True,
+                  qkv_bias=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def qwen2_5_7b(cls, **overrides) -> "ModelConfig":
+    """Qwen2.5-7B (Qwen Team 2024): Qwen2 block with q/k/v bias, untied output head."""
+    fields = dict(vocab_size=152064, d_model=3584, num_layers=28, num_heads=28, num_kv_heads=4,
+                  mlp_dim=18944, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=False,
+                  qkv_bias=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def qwen3_0_6b(cls, **overrides) -> "ModelConfig":
+    """Qwen3-0.6B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, tied embeddings."""
+    fields = dict(vocab_size=151936, d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+                  mlp_dim=3072, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+                  tie_embeddings=True, qk_norm=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def qwen3_1_7b(cls, **overrides) -> "ModelConfig":
+    """Qwen3-1.7B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, tied embeddings."""
+    fields = dict(vocab_size=151936, d_model=2048, num_layers=28, num_heads=16, num_kv_heads=8,
+                  mlp_dim=6144, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+                  tie_embeddings=True, qk_norm=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def qwen3_4b(cls, **overrides) -> "ModelConfig":
+    """Qwen3-4B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, tied embeddings."""
+    fields = dict(vocab_size=151936, d_model=2560, num_layers=36, num_heads=32, num_kv_heads=8,
+                  mlp_dim=9728, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+                  tie_embeddings=True, qk_norm=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def qwen3_8b(cls, **overrides) -> "ModelConfig":
+    """Qwen3-8B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, untied output head."""
+    fields = dict(vocab_size=151936, d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+                  mlp_dim=12288, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+                  tie_embeddings=False, qk_norm=True)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def llama3_2_1b(cls, **overrides) -> "ModelConfig":
+    """Llama 3.2 1B (Meta 2024): Llama 3 rotary scaling (factor 32), tied embeddings."""
+    fields = dict(vocab_size=128256, d_model=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                  mlp_dim=8192, rope_theta=500_000.0, rms_eps=1e-5, tie_embeddings=True,
+                  rope_scaling_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                  rope_original_max_len=8192)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def llama3_2_3b(cls, **overrides) -> "ModelConfig":
+    """Llama 3.2 3B (Meta 2024): Llama 3 rotary scaling (factor 32), tied embeddings."""
+    fields = dict(vocab_size=128256, d_model=3072, num_layers=28, num_heads=24, num_kv_heads=8,
+                  mlp_dim=8192, rope_theta=500_000.0, rms_eps=1e-5, tie_embeddings=True,
+                  rope_scaling_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                  rope_original_max_len=8192)
+    fields.update(overrides)
+    return cls(**fields)
+
 
 def _is_dtype_like(value) -> bool:
   try:
@@ -128,4 +238,14 @@ def _is_dtype_like(value) -> bool:
 PRESETS = {
     "tiny": ModelConfig.tiny,
     "smollm2_135m": ModelConfig.smollm2_135m,
+    "qwen2_5_0_5b": ModelConfig.qwen2_5_0_5b,
+    "qwen2_5_1_5b": ModelConfig.qwen2_5_1_5b,
+    "qwen2_5_3b": ModelConfig.qwen2_5_3b,
+    "qwen2_5_7b": ModelConfig.qwen2_5_7b,
+    "qwen3_0_6b": ModelConfig.qwen3_0_6b,
+    "qwen3_1_7b": ModelConfig.qwen3_1_7b,
+    "qwen3_4b": ModelConfig.qwen3_4b,
+    "qwen3_8b": ModelConfig.qwen3_8b,
+    "llama3_2_1b": ModelConfig.llama3_2_1b,
+    "llama3_2_3b": ModelConfig.llama3_2_3b,
 }

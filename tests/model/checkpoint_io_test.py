@@ -241,3 +241,28 @@ def test_fill_state_reports_missing_and_skips_tied_head():
     checkpoint_io.fill_state(abstract, tensors[:1], place)
   with pytest.raises(ValueError, match="twice"):
     checkpoint_io.fill_state(abstract, tensors + tensors[:1], place)
+
+
+def test_stacked_parameters_give_the_per_layer_tensors():
+  """A scanned model's [L, ...] parameters write the same HF tensors as the unrolled ones."""
+  rng = np.random.default_rng(3)
+  per_layer = {("embed",): rng.normal(size=(6, 4)),
+               ("final_norm", "scale"): rng.normal(size=(4,))}
+  for layer in range(3):
+    per_layer[("blocks", layer, "attn", "o", "kernel")] = rng.normal(size=(2, 2, 4))
+    per_layer[("blocks", layer, "attn_norm", "scale")] = rng.normal(size=(4,))
+  stacked = {p: v for p, v in per_layer.items() if p[0] != "blocks"}
+  for sub in (("attn", "o", "kernel"), ("attn_norm", "scale")):
+    stacked[("blocks",) + sub] = np.stack([per_layer[("blocks", i) + sub] for i in range(3)])
+  assert checkpoint_io.is_stacked(("blocks", "attn", "o", "kernel"))
+  assert not checkpoint_io.is_stacked(("blocks", 0, "attn", "o", "kernel"))
+  assert not checkpoint_io.is_stacked(("embed",))
+  split = checkpoint_io.per_layer_arrays(stacked)
+  assert sorted(split, key=str) == sorted(per_layer, key=str)
+  for path, value in per_layer.items():
+    np.testing.assert_array_equal(split[path], value)
+  expected = checkpoint_io.hf_tensors(per_layer)
+  got = checkpoint_io.hf_tensors(stacked)
+  assert sorted(got) == sorted(expected) and "model.layers.2.self_attn.o_proj.weight" in got
+  for name, value in expected.items():
+    np.testing.assert_array_equal(got[name], value)

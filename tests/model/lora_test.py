@@ -1,5 +1,7 @@
 """Tests of rl_curriculum/model/lora.py."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -245,3 +247,70 @@ def test_projections_sharing_an_input_equal_each_projection_alone(targets):
     if want is not None:
       assert np.max(np.abs(want)) > 1e-3
       np.testing.assert_allclose(grads_fused[name]["lora_a"][...], want, atol=1e-4, rtol=0)
+
+
+# --- scanned layout ------------------------------------------------------------------------------
+
+SCANNED = dataclasses.replace(CONFIG, scan_layers=True)
+
+
+def _scanned_models(targets=tuple(lora.TARGETS), rank=3, alpha=6.0):
+  """(unrolled lora graphdef, its state, scanned lora graphdef, its state), same seeds."""
+  configs = lora.LoRAConfig(rank=rank, alpha=alpha, targets=targets)
+  out = []
+  for config in (CONFIG, SCANNED):
+    model = transformer.Transformer(config, rngs=nnx.Rngs(0))
+    lora.attach(model, configs, rngs=nnx.Rngs(1))
+    out += list(nnx.split(model))
+  return tuple(out)
+
+
+def _assert_states_equal(a, b, atol=0.0):
+  flat_a, flat_b = list(nnx.to_flat_state(a)), list(nnx.to_flat_state(b))
+  assert [p for p, _ in flat_a] == [p for p, _ in flat_b]
+  for (path, x), (_, y) in zip(flat_a, flat_b):
+    assert type(x) is type(y) and x.get_metadata() == y.get_metadata(), path
+    np.testing.assert_allclose(np.asarray(x[...]), np.asarray(y[...]), atol=atol, rtol=0,
+                               err_msg=str(path))
+
+
+def test_scanned_attach_stacks_the_unrolled_adapters():
+  graphdef, params, graphdef_s, params_s = _scanned_models(targets=("q", "v", "down"))
+  # A drawn per layer in the same order as the unrolled model, B zero, `layers` axis first.
+  _assert_states_equal(params_s, transformer.stack_layers(params))
+  a = params_s["blocks"]["attn"]["v"]["lora_a"]
+  assert a[...].shape == (CONFIG.num_layers, CONFIG.d_model, 3)
+  assert a.get_metadata("out_sharding") == ("layers", "embed", None)
+  assert params_s["blocks"]["attn"]["v"]["lora_b"].get_metadata("out_sharding") == (
+      "layers", None, "kv_heads", "head_dim")
+  assert not np.allclose(a[...][0], a[...][1])  # each layer its own draw
+  assert sum(jax.tree.leaves(lora.trainable_mask(params_s))) == 2 * 3
+  _, lora_params, base_params = lora.split(nnx.merge(graphdef_s, params_s))
+  assert all(isinstance(v, lora.LoRAWeight) for _, v in nnx.to_flat_state(lora_params))
+  assert sum(x.size for x in jax.tree.leaves(base_params)) == CONFIG.num_params
+
+
+def test_scanned_lora_forward_gradients_and_merges_equal_unrolled():
+  graphdef, params, graphdef_s, params_s = _scanned_models()
+  params = _with_random_b(params)
+  params_s = transformer.stack_layers(params)
+  expected = _forward(graphdef, params, TOKENS, MASK)
+  np.testing.assert_allclose(_forward(graphdef_s, params_s, TOKENS, MASK), expected, atol=1e-5,
+                             rtol=0)
+  # Gradients w.r.t. the adapters alone, as the trainer takes them.
+  def grads(graphdef, params):
+    lora_params, base_params = nnx.split_state(params, lora.LoRAWeight, ...)
+    def loss(lora_params):
+      logits = transformer.forward(graphdef, (lora_params, base_params), TOKENS, MASK)
+      return -jnp.sum(jnp.where(MASK, jax.nn.log_softmax(logits)[:, :, 1], 0.0))
+    return jax.jit(jax.grad(loss))(lora_params)
+  _assert_states_equal(grads(graphdef_s, params_s),
+                       transformer.stack_layers(grads(graphdef, params)), atol=1e-5)
+  _assert_states_equal(lora.merge(params_s), transformer.stack_layers(lora.merge(params)),
+                       atol=1e-6)
+  _assert_states_equal(lora.disable(params_s), transformer.stack_layers(lora.disable(params)))
+  key = jax.random.key(7)
+  _assert_states_equal(lora.merge_and_reinit(params_s, key),
+                       transformer.stack_layers(lora.merge_and_reinit(params, key)), atol=1e-6)
+  np.testing.assert_allclose(_forward(graphdef_s, lora.merge(params_s), TOKENS, MASK), expected,
+                             atol=1e-5, rtol=0)

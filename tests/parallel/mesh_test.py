@@ -127,3 +127,28 @@ def test_kv_cache_and_curriculum_shardings():
                                         jax.random.PRNGKey(0))
   mesh = mesh_lib.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   assert all(s.spec == P() for s in jax.tree.leaves(mesh_lib.tree_shardings(state, mesh)))
+
+
+def test_stacked_params_and_cache_of_a_scanned_model():
+  """The leading `layers` axis is replicated; the other axes shard as in the unrolled model."""
+  config = ModelConfig.tiny(vocab_size=16, d_model=8, num_layers=3, num_heads=2, num_kv_heads=2,
+                            mlp_dim=16, scan_layers=True)
+  _, params = transformer.init_model(config)
+  assert mesh_lib.LOGICAL_AXIS_RULES["layers"] is None
+  q_axes = params["blocks"]["attn"]["q"]["kernel"].get_metadata("out_sharding")
+  assert mesh_lib.logical_to_mesh(q_axes, (3, 8, 2, 4), abstract(2, 2, 2)) == P(
+      None, "fsdp", "tensor")
+  mesh = mesh_lib.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  shardings = mesh_lib.param_shardings(params, mesh)
+  assert jax.tree.structure(shardings) == jax.tree.structure(params)
+  assert shardings["blocks"]["mlp"]["down"]["kernel"].get_value().spec == P(None, "tensor",
+                                                                            "fsdp")
+  assert shardings["embed"].get_value().spec == P("tensor", "fsdp")
+  placed = jax.device_put(params, shardings)
+  for x, y in zip(jax.tree.leaves(placed), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  cache = transformer.init_cache(config, 8, 10)
+  specs = mesh_lib.kv_cache_shardings(cache, abstract(2, 2, 2))
+  assert specs.k.spec == specs.v.spec == P(None, ("data", "fsdp"), None, "tensor")
+  assert mesh_lib.kv_cache_sharding(abstract(1, 1, 4), (3, 8, 10, 2, 4)).spec == P(
+      None, ("data", "fsdp"))
