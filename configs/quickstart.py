@@ -45,7 +45,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.source = ""               # "" = build `preset` from scratch; else an HF folder, a
                                     # .gguf file or "smollm2-135m-instruct" (load_pretrained)
   c.model.preset = "tiny"           # rl_curriculum.model presets (tiny is trained here)
-  c.model.dtype = "float32"         # activations; parameters stay float32
+  c.model.dtype = "float32"         # float32 | bfloat16: activations and matmuls (compute)
+  c.model.param_dtype = "float32"   # float32 | bfloat16: stored parameters and Adam moments;
+                                    # bfloat16 compute on float32 master weights: dtype=bfloat16
+  c.model.scan_layers = False       # the block stack as one scanned block (compile time does
+                                    # not grow with depth; same values)
+  c.model.remat = "none"            # none | block | dots: recompute each block in the backward
+                                    # pass instead of keeping its activations (same values)
   c.model.lora_rank = 0             # 0 = full fine-tuning; > 0 = LoRA adapters only
   c.model.lora_alpha = 16.0         # LoRA scale is lora_alpha / lora_rank
   c.model.lora_targets = ("q", "v")  # projections that get adapters when lora_rank > 0
@@ -72,6 +78,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.learning_rate = 2e-5        # Adam moves every weight ~lr per step: 3e-4 wrecked the SFT model
   c.rl.epochs = 1                   # passes over each rollout batch
   c.rl.minibatches = 2              # optimizer steps per epoch; P must divide by it
+  c.rl.microbatches = 1             # gradient accumulation: forward/backward passes per
+                                    # optimizer step (same update, 1/k of the activations)
+  c.rl.logits_chunk = 256           # completion positions per chunk of the output head; no
+                                    # [rows, T, vocab] logits exist beyond one chunk (0 = all)
   c.rl.eps_low = 0.2                # PPO clip range below 1
   c.rl.eps_high = 0.28              # Clip-Higher above 1
   c.rl.level = "token"              # token (PPO) | sequence (GSPO)

@@ -13,6 +13,11 @@ Aggregation of a per-token loss l[b, t] with mask m[b, t] (`aggregate`):
 The sequence means run over rows with at least one unmasked token (absent completion slots, whose
 rows are fully masked, neither count nor dilute the mean). Every mode gives 0 for an all-masked
 batch.
+
+Each mode is a sum over the batch divided by a normaliser (tokens, or rows with a token;
+`aggregation_normaliser`). Gradient accumulation over microbatches of one minibatch passes the
+minibatch's normaliser as `normaliser`, so that the microbatches' losses add up to the minibatch's
+loss instead of averaging per-microbatch means.
 """
 
 from typing import Optional
@@ -26,6 +31,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "masked_mean",
     "aggregate",
+    "aggregation_normaliser",
     "kl_divergence",
     "policy_loss",
     "value_loss",
@@ -57,11 +63,24 @@ def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
   return num / jnp.maximum(jnp.sum(m, axis=axis), 1e-8)
 
 
+def aggregation_normaliser(mask: jax.Array, aggregation: str) -> jax.Array:
+  """f32[] what `aggregate` divides by (before max_tokens): the number of masked tokens for
+  "token_mean", the number of rows with at least one masked token for the sequence means (at
+  least 1e-8 and 1 respectively, as in `aggregate`)."""
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+  m = mask.astype(jnp.float32)
+  if aggregation == "token_mean":
+    return jnp.maximum(jnp.sum(m), 1e-8)
+  return jnp.maximum(jnp.sum((jnp.sum(m, axis=1) > 0).astype(jnp.float32)), 1.0)
+
+
 def aggregate(
     loss: jax.Array,
     mask: jax.Array,
     aggregation: str = "token_mean",
     max_tokens: Optional[int] = None,
+    normaliser: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Reduces a per-token loss f32[B, T] to a scalar (modes in the module docstring).
 
@@ -71,6 +90,9 @@ def aggregate(
     aggregation: one of AGGREGATIONS.
     max_tokens: the constant normaliser of "seq_mean_token_sum_norm", in tokens (typically the
       maximum completion length).
+    normaliser: None, or f32[] to divide by instead of this batch's own
+      `aggregation_normaliser(mask, aggregation)` (a microbatch of a larger minibatch passes the
+      minibatch's, so that the microbatches' results sum to the minibatch's).
 
   Returns:
     f32[] the aggregated loss.
@@ -85,18 +107,19 @@ def aggregate(
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
   m = mask.astype(jnp.float32)
   masked = jnp.where(m != 0, loss.astype(jnp.float32) * m, 0.0)
+  if normaliser is None:
+    normaliser = aggregation_normaliser(m, aggregation)
   if aggregation == "token_mean":
-    return jnp.sum(masked) / jnp.maximum(jnp.sum(m), 1e-8)
+    return jnp.sum(masked) / normaliser
   row_count = jnp.sum(m, axis=1)
-  rows = jnp.maximum(jnp.sum((row_count > 0).astype(jnp.float32)), 1.0)
   row_sum = jnp.sum(masked, axis=1)
   if aggregation == "seq_mean_token_mean":
-    return jnp.sum(row_sum / jnp.maximum(row_count, 1e-8)) / rows
+    return jnp.sum(row_sum / jnp.maximum(row_count, 1e-8)) / normaliser
   if max_tokens is None or max_tokens <= 0:
     raise ValueError(
         "aggregation='seq_mean_token_sum_norm' needs a positive max_tokens (the constant "
         f"normaliser, e.g. the maximum completion length); got {max_tokens!r}")
-  return jnp.sum(row_sum) / (rows * float(max_tokens))
+  return jnp.sum(row_sum) / (normaliser * float(max_tokens))
 
 
 def _log_ratio(logp: jax.Array, logp_base: jax.Array, clamp: float) -> jax.Array:
@@ -178,6 +201,7 @@ def policy_loss(
     aggregation: str = "token_mean",
     max_tokens: Optional[int] = None,
     clamp: float = 20.0,
+    normaliser: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Clipped surrogate policy loss: PPO with Clip-Higher and dual clip, or GSPO at sequence level.
 
@@ -209,6 +233,7 @@ def policy_loss(
     aggregation: one of AGGREGATIONS.
     max_tokens: the constant normaliser for aggregation "seq_mean_token_sum_norm", in tokens.
     clamp: bound on |log-ratio|, in nats.
+    normaliser: passed to `aggregate` (None: this batch's own).
 
   Returns:
     (loss f32[], metrics) where metrics (all f32[], no gradient) are
@@ -279,7 +304,7 @@ def policy_loss(
     per_token = jnp.where(adv < 0, jnp.minimum(per_token, bound), per_token)
   else:
     dual_active = jnp.zeros_like(on)
-  loss = aggregate(per_token, m, aggregation, max_tokens)
+  loss = aggregate(per_token, m, aggregation, max_tokens, normaliser)
 
   r = jax.lax.stop_gradient(ratio)
   f32 = lambda b: b.astype(jnp.float32)

@@ -16,7 +16,7 @@ import optax
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
-from rl_curriculum.model.config import PRESETS
+from rl_curriculum.model.config import PRESETS, REMAT_POLICIES, ModelConfig
 from rl_curriculum.train import rl_step
 
 
@@ -61,16 +61,25 @@ def _options_of(fn: Callable) -> dict[str, inspect.Parameter]:
 
 
 def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] = None,
-             eval_only_bins=()) -> None:
-  """Raises ConfigError for a config the run cannot use; returns None otherwise."""
+             eval_only_bins=(), check_source: bool = True) -> None:
+  """Raises ConfigError for a config the run cannot use; returns None otherwise.
+
+  `check_source=False` skips what depends on the checkpoint in `model.source` (that it exists,
+  and the template and warm-start rules for pretrained models): the planner checks a config's
+  shapes without weights."""
   c = config
   if c.model.preset not in PRESETS:
     _fail("model.preset", f"unknown preset {c.model.preset!r}; choose from {sorted(PRESETS)}")
-  if c.model.dtype not in ("float32", "bfloat16"):
-    _fail("model.dtype", f"must be float32 or bfloat16, got {c.model.dtype!r}")
+  for field in ("dtype", "param_dtype"):
+    if c.model[field] not in ("float32", "bfloat16"):
+      _fail(f"model.{field}", f"must be float32 or bfloat16, got {c.model[field]!r}")
+  if c.model.remat not in REMAT_POLICIES:
+    _fail("model.remat", f"must be one of {REMAT_POLICIES}, got {c.model.remat!r}")
+  if not isinstance(c.model.scan_layers, bool):
+    _fail("model.scan_layers", f"must be True or False, got {c.model.scan_layers!r}")
   if c.model.lora_rank < 0:
     _fail("model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {c.model.lora_rank}")
-  if c.model.source and c.model.source not in pretrained.NAMED_CHECKPOINTS:
+  if check_source and c.model.source and c.model.source not in pretrained.NAMED_CHECKPOINTS:
     if not os.path.exists(os.path.expanduser(c.model.source)):
       _fail("model.source", f"nothing at {c.model.source!r}: give an HF checkpoint folder, a "
             f".gguf file, or one of {sorted(pretrained.NAMED_CHECKPOINTS)}")
@@ -85,7 +94,7 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
   if rl.algorithm not in ALGORITHMS:
     _fail("rl.algorithm", f"unknown algorithm {rl.algorithm!r}; choose from {ALGORITHMS}")
   for field in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
-                "minibatches"):
+                "minibatches", "microbatches"):
     if getattr(rl, field) < 1:
       _fail(f"rl.{field}", f"must be >= 1, got {getattr(rl, field)}")
   if rl.group_size < 2 and rl.algorithm in ("rloo", "grpo", "dr_grpo"):
@@ -93,6 +102,12 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
   if rl.prompts_per_step % rl.minibatches:
     _fail("rl.minibatches", f"rl.prompts_per_step={rl.prompts_per_step} does not divide into "
           f"{rl.minibatches} minibatches of whole groups")
+  if (rl.prompts_per_step // rl.minibatches) % rl.microbatches:
+    _fail("rl.microbatches", f"a minibatch of {rl.prompts_per_step // rl.minibatches} prompts "
+          f"does not divide into {rl.microbatches} microbatches of whole groups")
+  if rl.logits_chunk < 0:
+    _fail("rl.logits_chunk", f"must be >= 0 (0 = the whole completion at once), got "
+          f"{rl.logits_chunk}")
   if rl.temperature <= 0:
     _fail("rl.temperature", f"must be > 0, got {rl.temperature}")
   if rl.level not in ("token", "sequence"):
@@ -137,12 +152,12 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
         _fail(f"sft.{field}", f"must be > 0, got {getattr(c.sft, field)}")
     if task.sft_per_bin < 1:
       _fail("task.sft_per_bin", f"must be >= 1 with an SFT warm start, got {task.sft_per_bin}")
-  if c.model.source and c.sft.steps:
+  if check_source and c.model.source and c.sft.steps:
     _fail("sft.steps", "must be 0 with a pretrained model (config.model.source): the SFT "
           "targets are plain-template completions for models trained here")
   if task.template not in ("plain", "chat", "chat_short"):
     _fail("task.template", f"must be plain, chat or chat_short, got {task.template!r}")
-  if task.template != "plain" and not c.model.source:
+  if check_source and task.template != "plain" and not c.model.source:
     _fail("task.template", "chat prompts need a pretrained instruct model (config.model.source)")
   if c.eval.min_held_out < 0:
     _fail("eval.min_held_out", f"must be >= 0, got {c.eval.min_held_out}")
@@ -229,6 +244,22 @@ def build_curriculum(config: ml_collections.ConfigDict, pool: Union[cur.PromptPo
   return fn(batch_size=batch_size, **options)
 
 
+def model_numerics(config: ml_collections.ConfigDict) -> dict:
+  """The ModelConfig fields `config.model` sets on any model (preset or checkpoint): compute and
+  storage dtypes, layer scan, rematerialisation."""
+  m = config.model
+  return dict(dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=bool(m.scan_layers),
+              remat=m.remat)
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
+  """The ModelConfig of `config.model.preset` (the tiny model takes the tokenizer's vocabulary)."""
+  preset = PRESETS[config.model.preset]
+  if config.model.preset == "tiny":
+    return preset(vocab_size=vocab_size, **model_numerics(config))
+  return preset(**model_numerics(config))
+
+
 def build_optimizer(learning_rate: float, *, max_grad_norm: float, warmup_steps: int = 0,
                     total_steps: int = 0) -> optax.GradientTransformation:
   """AdamW (no weight decay on a fine-tune by default) with global-norm clipping and warmup."""
@@ -249,6 +280,7 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
   rl = config.rl
   return rl_step.LearnConfig(
       algorithm=rl.algorithm, epochs=rl.epochs, minibatches=rl.minibatches,
+      microbatches=rl.microbatches, logits_chunk=rl.logits_chunk,
       eps_low=rl.eps_low, eps_high=rl.eps_high, level=rl.level, aggregation=rl.aggregation,
       max_tokens=rl.max_new_tokens, temperature=float(rl.temperature), kl_coef=rl.kl_coef,
       kl_estimator=rl.kl_estimator, ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None,

@@ -10,10 +10,18 @@ losses compare (old policy, policy being trained, reference) are those of that s
 so every log-prob helper takes the temperature and divides the logits by it before normalising
 (as TRL and verl do). tau = 1 leaves the logits unchanged.
 
-Shape legend: B rows, Tp prompt tokens, T completion tokens, V vocabulary, D model width, N pool.
+Memory. The output head's logits are the largest activation of a step (B T V values; 2048 rows x
+1024 tokens x a 152k vocabulary is 1.2 TB in float32). `head_logprobs` never builds them for all
+positions: it walks the completion in chunks of `chunk_size` positions under `lax.scan`, each
+chunk's logits [B, c, V] computed, reduced to log-probs and entropies, and dropped; the backward
+pass recomputes a chunk's logits from its hidden states (`jax.checkpoint`). `in_row_blocks` runs
+a constant (no-gradient) pass over the rows a block of whole groups at a time.
+
+Shape legend: B rows, Tp prompt tokens, T completion tokens, V vocabulary, D model width, N pool,
+c positions per chunk.
 """
 
-from typing import Any
+from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +36,10 @@ __all__ = [
     "completion_hidden",
     "completion_logits",
     "completion_logprobs",
+    "head_logprobs",
+    "in_row_blocks",
+    "split_row_blocks",
+    "merge_row_blocks",
     "scaled_logits",
     "values_from_hidden",
     "prompt_features",
@@ -40,7 +52,8 @@ def model_params(trainable: Any, frozen: Any) -> Any:
 
 
 def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
-                      group: int = 1) -> jax.Array:
+                      group: int = 1, constrain: Optional[Callable[[Any, int], Any]] = None
+                      ) -> jax.Array:
   """Final hidden states [B, T, D] at the positions that predict each completion token.
 
   The sequence is prompt ++ completion; position Tp - 1 + t predicts completion token t. Tokens
@@ -54,6 +67,8 @@ def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
     prompt_tokens: i32[B, Tp] left-padded prompts; prompt_mask: bool[B, Tp].
     tokens: i32[B, T] completion tokens.
     group: static; rows per prompt run (1: every row runs its own prompt).
+    constrain: None, or `constrain(tree, axis)` laying out the rows (dimension `axis`) of the
+      shared prompt cache and of the completion rows (`transformer.shared_prefix_hidden`).
 
   Returns:
     [B, T, D] hidden states in the model's activation dtype.
@@ -62,12 +77,12 @@ def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
   if group > 1:
     first = lambda x: x.reshape((-1, group) + x.shape[1:])[:, 0]
     prompt_hidden, hidden = transformer.shared_prefix_hidden(
-        graphdef, params, first(prompt_tokens), first(prompt_mask), tokens)
+        graphdef, params, first(prompt_tokens), first(prompt_mask), tokens, constrain=constrain)
     last = jnp.repeat(prompt_hidden[:, -1:], group, axis=0)
     return jnp.concatenate([last, hidden[:, :t - 1]], axis=1)
   seq = jnp.concatenate([prompt_tokens, tokens], axis=1)
   seq_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones(tokens.shape, bool)], axis=1)
-  hidden = transformer.forward_hidden(graphdef, params, seq, seq_mask)
+  hidden = transformer.forward_hidden(graphdef, params, seq, seq_mask, constrain=constrain)
   return hidden[:, tp - 1:tp - 1 + t]
 
 
@@ -89,11 +104,117 @@ def completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens, grou
 
 
 def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, group: int = 1,
-                        temperature: float = 1.0) -> jax.Array:
-  """f32[B, T] log-probs of the completion tokens under softmax(logits / temperature)."""
-  logits = completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens, group,
-                             temperature)
-  return logprobs_lib.token_logprobs(logits, tokens)
+                        temperature: float = 1.0, chunk_size: Optional[int] = None) -> jax.Array:
+  """f32[B, T] log-probs of the completion tokens under softmax(logits / temperature), the head
+  run `chunk_size` positions at a time (`head_logprobs`)."""
+  hidden = completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens, group)
+  return head_logprobs(graphdef, params, hidden, tokens, temperature=temperature,
+                       chunk_size=chunk_size)[0]
+
+
+def _head_block(graphdef, params, hidden, tokens, temperature):
+  """(log-probs, entropies) f32[B, c] of one chunk of positions; the entropy has no gradient."""
+  logits = scaled_logits(graphdef, params, hidden, temperature)
+  logp = logprobs_lib.token_logprobs(logits, tokens)
+  return logp, logprobs_lib.token_entropy(jax.lax.stop_gradient(logits))
+
+
+def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
+                  temperature: float = 1.0, chunk_size: Optional[int] = None,
+                  constrain: Optional[Callable[[Any], Any]] = None
+                  ) -> Tuple[jax.Array, jax.Array]:
+  """Log-probs and entropies of the tokens under softmax(head(hidden) / temperature), without the
+  [B, T, V] logits.
+
+  With `chunk_size` = c < T the positions are processed c at a time under `lax.scan` (T padded up
+  to a multiple of c; padding positions are computed and dropped), each chunk rematerialised in
+  the backward pass, so that at most one chunk's [B, c, V] logits (and their gradient) exist at a
+  time. Rows stay whole in every chunk, so a row-sharded batch stays row-sharded. Values and
+  gradients equal the unchunked computation up to float rounding.
+
+  Args:
+    graphdef, params: the policy (`params` as `model_params` builds it).
+    hidden: [B, T, D] final hidden states (`completion_hidden`).
+    tokens: i32[B, T] the tokens whose log-probs are wanted (position t predicts tokens[:, t]).
+    temperature: static Python float > 0.
+    chunk_size: static positions per chunk; None (or >= T) computes all positions at once.
+    constrain: applied to each chunk's (hidden [B, c, D], tokens [B, c]) inside the scan, e.g. a
+      sharding constraint that keeps the rows over the batch axes (the scan's layout change can
+      otherwise leave every chunk's rows whole on each device).
+
+  Returns:
+    (logp f32[B, T], entropy f32[B, T]); the entropy carries no gradient.
+
+  Raises:
+    ValueError: chunk_size < 1.
+  """
+  b, t = tokens.shape
+  if chunk_size is None or chunk_size >= t:
+    return _head_block(graphdef, params, hidden, tokens, temperature)
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
+  n = -(-t // chunk_size)
+  pad = n * chunk_size - t
+  hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  tokens = jnp.pad(tokens, ((0, 0), (0, pad)))
+  # [B, n * c, ...] -> [n, B, c, ...]: the scan walks the chunks, every chunk holds all rows.
+  chunks = lambda x: jnp.moveaxis(x.reshape((b, n, chunk_size) + x.shape[2:]), 1, 0)
+
+  @jax.checkpoint
+  def block(prm, h, tok):
+    return _head_block(graphdef, prm, h, tok, temperature)
+
+  def body(carry, xs):
+    return carry, block(params, *(xs if constrain is None else constrain(xs)))
+
+  _, (logp, entropy) = jax.lax.scan(body, None, (chunks(hidden), chunks(tokens)))
+  rows = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * chunk_size)[:, :t]
+  return rows(logp), rows(entropy)
+
+
+def split_row_blocks(arrays: Any, *, group: int, num_blocks: int) -> Any:
+  """[B, ...] arrays (rows in groups of `group`, prompt-major) -> [num_blocks, B / num_blocks, ...].
+
+  Block j holds the groups j, j + num_blocks, j + 2 num_blocks, ... (strided, so that a batch
+  sharded over rows keeps every block spread over the same devices); `merge_row_blocks` undoes it.
+
+  Raises:
+    ValueError: the groups do not split into num_blocks blocks.
+  """
+  rows = jax.tree.leaves(arrays)[0].shape[0]
+  groups = rows // group
+  if rows % group or groups % num_blocks:
+    raise ValueError(f"{rows} rows in groups of {group} do not split into {num_blocks} blocks")
+
+  def split(x):
+    x = x.reshape((groups // num_blocks, num_blocks, group) + x.shape[1:])
+    return jnp.moveaxis(x, 1, 0).reshape((num_blocks, rows // num_blocks) + x.shape[3:])
+
+  return jax.tree.map(split, arrays)
+
+
+def merge_row_blocks(blocks: Any, *, group: int) -> Any:
+  """The inverse of `split_row_blocks`: [num_blocks, B / num_blocks, ...] -> [B, ...]."""
+
+  def merge(x):
+    num_blocks, block_rows = x.shape[:2]
+    x = x.reshape((num_blocks, block_rows // group, group) + x.shape[2:])
+    return jnp.moveaxis(x, 0, 1).reshape((num_blocks * block_rows,) + x.shape[3:])
+
+  return jax.tree.map(merge, blocks)
+
+
+def in_row_blocks(fn: Callable[..., Any], arrays: Any, *, group: int, num_blocks: int) -> Any:
+  """fn applied to `num_blocks` blocks of whole groups of rows (`split_row_blocks`), one block at a
+  time under `lax.map`, the results put back in row order; with one block this is fn(arrays).
+
+  For passes without gradient (old policy, reference): memory is that of one block.
+  `fn(block_arrays)` returns a pytree of [B / num_blocks, ...] arrays.
+  """
+  if num_blocks == 1:
+    return fn(arrays)
+  out = jax.lax.map(fn, split_row_blocks(arrays, group=group, num_blocks=num_blocks))
+  return merge_row_blocks(out, group=group)
 
 
 def values_from_hidden(value: dict, hidden: jax.Array) -> jax.Array:

@@ -30,7 +30,6 @@ from rl_curriculum.curriculum import filters
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.tokenizer import SentencePieceTokenizer, train_sentencepiece
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
@@ -74,13 +73,6 @@ def _tokenizer(workdir: str, corpus, vocab_size: int) -> SentencePieceTokenizer:
     train_sentencepiece(corpus, vocab_size=vocab_size).save(path)
   distributed.sync("tokenizer: saved")
   return SentencePieceTokenizer.load(path)
-
-
-def _model_config(config, vocab_size: int) -> ModelConfig:
-  preset = getattr(ModelConfig, config.model.preset)
-  if config.model.preset == "tiny":
-    return preset(vocab_size=vocab_size, dtype=config.model.dtype)
-  return preset(dtype=config.model.dtype)
 
 
 def _sft_fingerprint(config) -> dict:
@@ -230,7 +222,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
   all_eval = [p for ps in splits.held_out.values() for p in ps]
   policy = None
   if config.model.source:
-    policy = pretrained.load_pretrained(config.model.source, dtype=config.model.dtype)
+    policy = pretrained.load_pretrained(config.model.source, **builders.model_numerics(config))
     tok = policy.tokenizer
   else:
     corpus = [p.prompt + p.target for p in rl_problems + sft_problems]
@@ -252,7 +244,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
   if policy is not None:
     graphdef, params = policy.graphdef, policy.params
   else:
-    graphdef, params = transformer.init_model(_model_config(config, tok.vocab_size),
+    graphdef, params = transformer.init_model(builders.model_config(config, tok.vocab_size),
                                               seed=config.seed)
   log(f"model: {config.model.source or config.model.preset}, "
       f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M parameters")
@@ -387,7 +379,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update,
                              config=builders.learn_config(config), use_lora=use_lora,
-                             out_shardings=(state_shardings, rep, rep))
+                             out_shardings=(state_shardings, rep, rep), mesh=mesh)
 
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                        max_to_keep=config.checkpoint.keep)
@@ -428,7 +420,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       rollout = sampler.sample(graphdef, policy(train_state), prompts, prompt_mask, k_sample,
                                max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
                                stop_ids=run.stop_ids, pad_id=tok.pad_id,
-                               temperature=config.rl.temperature, group=g)
+                               temperature=config.rl.temperature, group=g, mesh=mesh)
       rollout = distributed.place(rollout, jax.tree.map(lambda _: row_sharding, rollout))
       jax.block_until_ready(rollout.tokens)
       t1 = time.time()

@@ -50,8 +50,8 @@ import jax.numpy as jnp
 import optax
 
 from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.rl import advantages as adv_lib
-from rl_curriculum.rl import logprobs as logprobs_lib
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import stability
 from rl_curriculum.train import forward
@@ -106,6 +106,8 @@ class LearnConfig:
   algorithm: str              # rloo | grpo | dr_grpo | reinforce_pp | ppo
   epochs: int                 # passes over the batch
   minibatches: int            # optimizer steps per pass (whole groups each)
+  microbatches: int           # gradient accumulation: forward/backward passes per optimizer step
+  logits_chunk: int           # completion positions per chunk of the output head (0: all at once)
   eps_low: float              # PPO clip below 1
   eps_high: float             # PPO clip above 1 (Clip-Higher)
   level: str                  # token (PPO) | sequence (GSPO)
@@ -140,6 +142,48 @@ def check_config(config: LearnConfig) -> None:
         f"is 0; use one of {KL_LOSS_ESTIMATORS} (see losses.kl_divergence)")
   if config.temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {config.temperature}")
+  if config.minibatches < 1 or config.microbatches < 1:
+    raise ValueError(f"minibatches ({config.minibatches}) and microbatches "
+                     f"({config.microbatches}) must be >= 1")
+  if config.logits_chunk < 0:
+    raise ValueError(f"logits_chunk must be >= 0 (0: no chunking), got {config.logits_chunk}")
+
+
+def _chunk(config: LearnConfig) -> Optional[int]:
+  return config.logits_chunk or None
+
+
+def _row_layout(mesh: Any) -> Optional[Callable]:
+  """`constrain(tree, axis=0)` for the forward helpers, or None without a mesh."""
+  if mesh is None:
+    return None
+  return lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh, axis)
+
+
+def row_blocks(config: LearnConfig) -> int:
+  """Blocks of rows the constant passes (old policy, reference, new policy) run in: one per
+  microbatch, the largest set of rows a step ever runs through the model at once."""
+  return config.minibatches * config.microbatches
+
+
+def constant_logprobs(graphdef, params: Any, rows: tuple, *, group: int, config: LearnConfig,
+                      value: Any = None, mesh: Any = None) -> tuple[jax.Array, Optional[jax.Array]]:
+  """Log-probs f32[B, T] (and with a value head its estimates f32[B, T]) of the completions in
+  `rows` = (prompt_tokens, prompt_mask, tokens), without gradient, `row_blocks(config)` blocks
+  of whole groups at a time (each block's rows over `mesh`'s batch axes) and the head chunked
+  (`forward.head_logprobs`)."""
+
+  def one_block(block):
+    prompt_tokens, prompt_mask, tokens = mesh_lib.constrain_rows(block, mesh)
+    hidden = forward.completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
+                                       group, constrain=_row_layout(mesh))
+    logp, _ = forward.head_logprobs(graphdef, params, hidden, tokens,
+                                    temperature=config.temperature, chunk_size=_chunk(config),
+                                    constrain=_row_layout(mesh))
+    values = None if value is None else forward.values_from_hidden(value, hidden)
+    return jax.lax.stop_gradient((logp, values))
+
+  return forward.in_row_blocks(one_block, rows, group=group, num_blocks=row_blocks(config))
 
 
 def init_value_head(width: int) -> dict:
@@ -252,7 +296,8 @@ def trained_rows(train_groups: jax.Array, group: int) -> jax.Array:
 
 
 def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
-               config: LearnConfig, use_lora: bool, value: Any = None) -> TrainView:
+               config: LearnConfig, use_lora: bool, value: Any = None,
+               mesh: Any = None) -> TrainView:
   """Phase 2: the trained groups' rows, their per-token advantages and the constant forward
   passes (old policy, reference, values), all without gradient.
 
@@ -272,16 +317,15 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   advantages = scores.advantages[batch.train_groups] * valid
   adv_tokens = adv_lib.broadcast_to_tokens(advantages.reshape(-1), mask)
 
-  def logprobs_and_hidden(prm):
-    hidden = forward.completion_hidden(graphdef, prm, prompt_tokens, prompt_mask, tokens, g)
-    logits = forward.scaled_logits(graphdef, prm, hidden, config.temperature)
-    return jax.lax.stop_gradient(logprobs_lib.token_logprobs(logits, tokens)), hidden
-
+  logprobs = functools.partial(constant_logprobs, graphdef, rows=(prompt_tokens, prompt_mask,
+                                                                   tokens), group=g, config=config,
+                               mesh=mesh)
   logp_old = values_old = returns = logp_ref = None
   if not on_policy(config):
-    logp_old, hidden_old = logprobs_and_hidden(params)
-    if config.algorithm == "ppo":
-      values_old = jax.lax.stop_gradient(forward.values_from_hidden(value, hidden_old)) * mask
+    ppo = config.algorithm == "ppo"
+    logp_old, values_old = logprobs(params, value=value if ppo else None)
+    if ppo:
+      values_old = values_old * mask
       rewards = (scores.rewards[batch.train_groups] * valid).reshape(-1)
       adv_tokens, returns = adv_lib.gae(outcome_token_rewards(rewards, mask), values_old, mask,
                                         gamma=config.gamma, lam=config.lam)
@@ -290,7 +334,7 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
       adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
   if config.kl_coef != 0:
     ref = lora_lib.disable(params) if use_lora else ref_params
-    logp_ref, _ = logprobs_and_hidden(ref)
+    logp_ref, _ = logprobs(ref)
   return TrainView(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
                    advantages=adv_tokens, sampler_logprobs=batch.sampler_logprobs[rows],
                    logp_old=logp_old, logp_ref=logp_ref, values_old=values_old, returns=returns)
@@ -300,13 +344,20 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
 
 
 def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, group: int,
-                     config: LearnConfig) -> tuple[jax.Array, dict]:
+                     config: LearnConfig, normaliser: Optional[dict] = None,
+                     mesh: Any = None) -> tuple[jax.Array, dict]:
   """Phase 3: loss f32[] and metrics of one minibatch `view` (whole groups of `group` rows).
 
   loss = policy_loss + kl_coef * KL + vf_coef * value_loss (each term present only when
   configured). The KL term is aggregated over tokens like the policy loss (`config.aggregation`).
   Tokens whose old and sampler log-probs differ by more than `ratio_guard` nats are dropped from
-  every term.
+  every term. The output head runs `config.logits_chunk` positions at a time.
+
+  With `normaliser` = {"policy": f32[], "tokens": f32[]} (a microbatch of a larger minibatch, see
+  `accumulated_gradients`) the policy and KL terms divide by the minibatch's aggregation
+  normaliser and the value loss by the minibatch's token count, so the microbatches' losses sum to
+  the minibatch's (exactly when no ratio guard drops tokens; the guard's dropped tokens still count
+  in the minibatch's normaliser).
 
   Args:
     trained: the trainable parameters, or (parameters, value head) with PPO.
@@ -322,10 +373,12 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   trainable, value = trained if config.algorithm == "ppo" else (trained, None)
   params = forward.model_params(trainable, frozen)
   hidden = forward.completion_hidden(graphdef, params, view.prompt_tokens, view.prompt_mask,
-                                     view.tokens, group)
-  logits = forward.scaled_logits(graphdef, params, hidden, config.temperature)
-  logp = logprobs_lib.token_logprobs(logits, view.tokens)
+                                     view.tokens, group, constrain=_row_layout(mesh))
+  logp, entropy = forward.head_logprobs(graphdef, params, hidden, view.tokens,
+                                        temperature=config.temperature, chunk_size=_chunk(config),
+                                        constrain=_row_layout(mesh))
   old = jax.lax.stop_gradient(logp) if view.logp_old is None else view.logp_old
+  norm = normaliser or {"policy": None, "tokens": None}
   m, guard_frac = view.mask, jnp.zeros(())
   if config.ratio_guard > 0:
     # Tokens where the sampler and the trainer disagree wildly (numerics, stale weights) are dropped.
@@ -333,22 +386,24 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
                                           max_log_ratio=config.ratio_guard)
   pg_loss, metrics = losses.policy_loss(
       logp, old, view.advantages, m, eps_low=config.eps_low, eps_high=config.eps_high,
-      level=config.level, aggregation=config.aggregation, max_tokens=config.max_tokens)
+      level=config.level, aggregation=config.aggregation, max_tokens=config.max_tokens,
+      normaliser=norm["policy"])
   loss = pg_loss
   metrics = {**metrics, "pg_loss": pg_loss, "ratio_guard_frac": guard_frac,
              "sampler_logp_gap": losses.masked_mean(jnp.abs(old - view.sampler_logprobs), m),
-             "entropy": losses.masked_mean(
-                 logprobs_lib.token_entropy(jax.lax.stop_gradient(logits)), m)}
+             "entropy": losses.masked_mean(entropy, m)}
   if view.logp_ref is not None:  # (kl_coef = 0: no reference pass, and no "kl" metric)
     kl = losses.aggregate(
         losses.kl_divergence(logp, view.logp_ref, estimator=config.kl_estimator), m,
-        config.aggregation, config.max_tokens)
+        config.aggregation, config.max_tokens, norm["policy"])
     loss = loss + config.kl_coef * kl
     metrics["kl"] = kl
   if value is not None:
     value_hidden = jax.lax.stop_gradient(hidden) if config.value_detach else hidden
     v_loss, v_metrics = losses.value_loss(forward.values_from_hidden(value, value_hidden),
                                           view.values_old, view.returns, m, clip=config.vf_clip)
+    if norm["tokens"] is not None:  # a token mean over this microbatch -> share of the minibatch's
+      v_loss = v_loss * jnp.maximum(jnp.sum(m), 1e-8) / norm["tokens"]
     loss = loss + config.vf_coef * v_loss
     metrics = {**metrics, **v_metrics, "value_loss": v_loss}
   return loss, {**metrics, "logp_old": old}
@@ -363,14 +418,68 @@ def minibatch_rows(key: jax.Array, num_prompts: int, group: int, minibatches: in
   return trained_rows(prompts, group).reshape(minibatches, -1)
 
 
+# Objective terms that microbatches add up (each already divided by the minibatch's normaliser);
+# metrics named *_max take the maximum; every other metric is a token-weighted mean.
+_SUMMED_TERMS = ("pg_loss", "kl", "value_loss")
+
+
+def accumulated_gradients(objective: Callable, trained: Any, minibatch: TrainView, *, group: int,
+                          microbatches: int, aggregation: str, mesh: Any = None
+                          ) -> tuple[jax.Array, dict, Any, jax.Array]:
+  """Loss, metrics and gradients of one minibatch computed `microbatches` groups-blocks at a time
+  (gradient accumulation under `lax.scan`; memory is that of one microbatch).
+
+  Every microbatch's objective divides by the whole minibatch's normaliser
+  (`losses.aggregation_normaliser` of its mask, and its token count), so the accumulated loss and
+  gradients are those of the minibatch in one pass for every aggregation mode, not an average of
+  per-microbatch means. Gradients accumulate in float32.
+
+  Args:
+    objective: `policy_objective` with everything but (trained, view, normaliser) bound.
+    trained: the parameters being differentiated.
+    minibatch: the minibatch's rows (whole groups of `group`), split into `microbatches` blocks
+      of whole groups (`forward.split_row_blocks`).
+    mesh: each microbatch's rows are constrained over its batch axes (`mesh_lib.constrain_rows`).
+
+  Returns:
+    (loss f32[], metrics, grads, logp_old f32[b, T] in the minibatch's row order).
+  """
+  norm = {"policy": losses.aggregation_normaliser(minibatch.mask, aggregation),
+          "tokens": jnp.maximum(jnp.sum(minibatch.mask), 1e-8)}
+  blocks = forward.split_row_blocks(minibatch, group=group, num_blocks=microbatches)
+  grad_fn = jax.value_and_grad(functools.partial(objective, normaliser=norm), has_aux=True)
+
+  def body(acc, micro):
+    micro = mesh_lib.constrain_rows(micro, mesh)
+    (loss, metrics), grads = grad_fn(trained, micro)
+    acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
+    logp_old = metrics.pop("logp_old")
+    return acc, (loss, metrics, jnp.sum(micro.mask) / norm["tokens"], logp_old)
+
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trained)
+  grads, (loss, per_micro, weight, logp_old) = jax.lax.scan(body, zeros, blocks)
+  grads = jax.tree.map(lambda g, x: g.astype(x.dtype), grads, trained)
+
+  def combine(name, x):
+    if name in _SUMMED_TERMS:
+      return jnp.sum(x)
+    if name.endswith("_max"):
+      return jnp.max(x)
+    return jnp.sum(x * weight)
+
+  metrics = {name: combine(name, x) for name, x in per_micro.items()}
+  return jnp.sum(loss), metrics, grads, forward.merge_row_blocks(logp_old, group=group)
+
+
 def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Array, *,
                       graphdef, frozen: Any, group: int, optimizer: optax.GradientTransformation,
-                      config: LearnConfig) -> tuple[Any, Any, dict, jax.Array]:
+                      config: LearnConfig, mesh: Any = None) -> tuple[Any, Any, dict, jax.Array]:
   """Phase 4: `epochs` x `minibatches` optimizer steps over the view, under `lax.scan`.
 
   Each epoch shuffles the groups (`fold_in(key, epoch)`). A minibatch whose mask is all zero
   (padding groups only, e.g. a filter that could not fill the batch) takes no step: Adam's
-  momentum would otherwise move the parameters on a zero gradient.
+  momentum would otherwise move the parameters on a zero gradient. With `config.microbatches` > 1
+  each step's gradient is accumulated over that many microbatches (`accumulated_gradients`).
 
   Returns:
     (trained, opt_state, metrics, logp_old): metrics f32[] are means over the minibatches that
@@ -383,18 +492,23 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
   rows = jnp.concatenate([minibatch_rows(jax.random.fold_in(key, e), p, group, config.minibatches)
                           for e in range(config.epochs)])
   objective = functools.partial(policy_objective, graphdef=graphdef, frozen=frozen, group=group,
-                                config=config)
+                                config=config, mesh=mesh)
 
   def step(carry, mb_rows):
     trained, opt_state = carry
-    mb = jax.tree.map(lambda x: x[mb_rows], view)
-    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(trained, mb)
+    mb = mesh_lib.constrain_rows(jax.tree.map(lambda x: x[mb_rows], view), mesh)
+    if config.microbatches == 1:
+      (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(trained, mb)
+      logp_old = metrics.pop("logp_old")
+    else:
+      loss, metrics, grads, logp_old = accumulated_gradients(
+          objective, trained, mb, group=group, microbatches=config.microbatches,
+          aggregation=config.aggregation, mesh=mesh)
     updates, new_opt_state = optimizer.update(grads, opt_state, trained)
     new_trained = optax.apply_updates(trained, updates)
     has_tokens = jnp.sum(mb.mask) > 0
     trained, opt_state = stability.select_tree(has_tokens, (new_trained, new_opt_state),
                                                (trained, opt_state))
-    logp_old = metrics.pop("logp_old")
     metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads),
                "steps_taken": has_tokens.astype(jnp.float32)}
     return (trained, opt_state), (metrics, logp_old)
@@ -416,12 +530,13 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
 
 
 def update_kl(new_params: Any, view: TrainView, logp_old: jax.Array, *, graphdef,
-              group: int, config: LearnConfig) -> jax.Array:
+              group: int, config: LearnConfig, mesh: Any = None) -> jax.Array:
   """f32[] KL(pi_old || pi_new) estimated on the sampled tokens: the masked mean of
   logp_old - logp_new (the k1 estimator; the samples come from pi_old), after the step's last
   update. One forward pass with the new parameters."""
-  logp_new = forward.completion_logprobs(graphdef, new_params, view.prompt_tokens,
-                                         view.prompt_mask, view.tokens, group, config.temperature)
+  logp_new, _ = constant_logprobs(graphdef, new_params,
+                                  (view.prompt_tokens, view.prompt_mask, view.tokens),
+                                  group=group, config=config, mesh=mesh)
   return losses.masked_mean(logp_old - logp_new, view.mask)
 
 
@@ -468,7 +583,7 @@ def batch_metrics(batch: Batch, scores: GroupScores, view: TrainView) -> dict:
 
 def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array, *,
           graphdef, frozen: Any, ref_params: Any, optimizer: optax.GradientTransformation,
-          curriculum_update: Callable, config: LearnConfig, use_lora: bool):
+          curriculum_update: Callable, config: LearnConfig, use_lora: bool, mesh: Any = None):
   """One RL update. Jit with everything after `key` static or closed over (see `make_learn`).
 
   Args:
@@ -484,6 +599,8 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
     curriculum_update: `Curriculum.update`.
     config: static hyperparameters.
     use_lora: whether `train_state.params` are LoRA adapters.
+    mesh: the run's mesh, or None: minibatches, microbatches and row blocks keep their rows over
+      its batch axes (`mesh_lib.constrain_rows`).
 
   Returns:
     (train_state, cur_state, metrics): metrics are scalars (and per-arm vectors from the
@@ -498,8 +615,9 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   if batch.tokens.shape[0] != s * g:
     raise ValueError(f"batch rows {batch.tokens.shape[0]} != prompts {s} x group {g}")
   p = batch.train_groups.shape[0]
-  if p % config.minibatches:
-    raise ValueError(f"{p} prompts do not split into {config.minibatches} minibatches")
+  if p % row_blocks(config):
+    raise ValueError(f"{p} prompts do not split into {config.minibatches} minibatches of "
+                     f"{config.microbatches} microbatches")
   ppo = config.algorithm == "ppo"
 
   # 1. Feedback: advantages of every sampled group; the curriculum learns from them.
@@ -509,13 +627,13 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   # 2. View: the trained rows and the constant forward passes.
   params = forward.model_params(train_state.params, frozen)
   view = train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
-                    config=config, use_lora=use_lora, value=train_state.value)
+                    config=config, use_lora=use_lora, value=train_state.value, mesh=mesh)
 
   # 3-4. Optimizer steps.
   trained = (train_state.params, train_state.value) if ppo else train_state.params
   new_trained, new_opt_state, metrics, logp_old = minibatch_updates(
       trained, train_state.opt_state, view, key, graphdef=graphdef, frozen=frozen, group=g,
-      optimizer=optimizer, config=config)
+      optimizer=optimizer, config=config, mesh=mesh)
 
   # 5. Rollback of a non-finite or runaway update: nothing of this step is kept.
   skip = ~jnp.isfinite(metrics["loss"]) | ~stability.all_finite(new_trained)
@@ -523,7 +641,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   if config.max_kl is not None:
     new_policy = new_trained[0] if ppo else new_trained
     kl = update_kl(forward.model_params(new_policy, frozen), view, logp_old, graphdef=graphdef,
-                   group=g, config=config)
+                   group=g, config=config, mesh=mesh)
     metrics["update_kl"] = kl
     skip = skip | stability.should_skip(metrics["loss"], kl, max_kl=config.max_kl)
   before = (trained, train_state.opt_state, cur_state, train_state.whitening)
@@ -541,21 +659,23 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
 
 
 def make_learn(*, graphdef, optimizer, curriculum_update, config: LearnConfig, use_lora: bool,
-               out_shardings: Any = None):
+               out_shardings: Any = None, mesh: Any = None):
   """`learn` jitted once, with the train state donated: fn(train_state, cur_state, batch, key,
   frozen, ref_params).
 
   Sharded runs place the inputs (`parallel.distributed.place`) and pass `out_shardings` =
   (train state shardings, curriculum state sharding, metrics sharding) (a prefix tree, e.g. one
   replicated NamedSharding for the last two), so the parameters keep their layout step after
-  step and the donated buffers are reused; jit partitions the rest from the inputs (GSPMD).
+  step and the donated buffers are reused; jit partitions the rest from the inputs (GSPMD), with
+  the rows of every minibatch, microbatch and row block over `mesh`'s batch axes.
 
   Raises:
     ValueError: a configuration `check_config` rejects (at once, before anything compiles).
   """
   check_config(config)
   fn = functools.partial(learn, graphdef=graphdef, optimizer=optimizer,
-                         curriculum_update=curriculum_update, config=config, use_lora=use_lora)
+                         curriculum_update=curriculum_update, config=config, use_lora=use_lora,
+                         mesh=mesh)
 
   def step(train_state, cur_state, batch, key, frozen, ref_params):
     return fn(train_state, cur_state, batch, key, frozen=frozen, ref_params=ref_params)

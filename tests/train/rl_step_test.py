@@ -553,3 +553,84 @@ def test_make_learn_compiles_once_across_steps():
     state, cur_state, _ = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(i), None,
                                 params)
   assert learn._cache_size() == 1  # pylint: disable=protected-access
+
+
+def _ragged_mask(seed=2):
+  rng = np.random.default_rng(seed)
+  return (np.arange(T)[None, :] < rng.integers(1, T + 1, P * G)[:, None]).astype(np.float32)
+
+
+def _step_with(optimizer, **overrides):
+  params, state, cur_state, learn = _setup(optimizer, **overrides)
+  batch = _batch(_rewards(), mask=_ragged_mask())
+  new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
+  return new_state, metrics
+
+
+@pytest.mark.parametrize("microbatches,level", [(2, "token"), (4, "sequence")])
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_gradient_accumulation_equals_one_pass_over_the_minibatch(microbatches, level,
+                                                                  aggregation):
+  """k microbatches of one minibatch give the loss, gradient and SGD parameters of one pass over
+  it, for every aggregation (the minibatch's normaliser, not a mean of microbatch means), with
+  ragged masks whose microbatches hold different numbers of tokens."""
+  sgd = optax.sgd(0.5)
+  one, m_one = _step_with(sgd, minibatches=1, level=level, aggregation=aggregation, kl_coef=0.1)
+  acc, m_acc = _step_with(sgd, minibatches=1, microbatches=microbatches, level=level,
+                          aggregation=aggregation, kl_coef=0.1)
+  for name in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "ratio_max", "clipfrac_high"):
+    np.testing.assert_allclose(float(m_acc[name]), float(m_one[name]), rtol=1e-5, atol=1e-7,
+                               err_msg=name)
+  for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(one.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_accumulation_is_not_a_mean_of_microbatch_means():
+  """Guards the test above: averaging per-microbatch token means differs on these ragged masks,
+  so the equality there is not a coincidence of equal token counts."""
+  mask = jnp.asarray(_ragged_mask())
+  halves = mask.reshape(2, -1, T)
+  per_token = jnp.arange(mask.size, dtype=jnp.float32).reshape(mask.shape)
+  whole = losses.aggregate(per_token, mask)
+  mean_of_means = jnp.mean(jnp.stack([losses.aggregate(x, m) for x, m in
+                                      zip(per_token.reshape(2, -1, T), halves)]))
+  assert abs(float(whole) - float(mean_of_means)) > 1e-2
+  shared = losses.aggregation_normaliser(mask, "token_mean")
+  summed = sum(losses.aggregate(x, m, normaliser=shared)
+               for x, m in zip(per_token.reshape(2, -1, T), halves))
+  np.testing.assert_allclose(float(summed), float(whole), rtol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "ppo"])
+def test_microbatches_with_several_minibatches_match_the_unaccumulated_step(algorithm):
+  """Two minibatches (old-policy pass, PPO's value loss and KL reference) with two microbatches
+  each, the constant passes in four row blocks: the same update as without accumulation (SGD:
+  Adam turns rounding-level gradients into whole learning-rate steps, see docs/scaling.md)."""
+  sgd = optax.sgd(0.5)
+  one, m_one = _step_with(sgd, minibatches=2, algorithm=algorithm, kl_coef=0.1)
+  acc, m_acc = _step_with(sgd, minibatches=2, microbatches=2, algorithm=algorithm, kl_coef=0.1)
+  for name in ("loss", "grad_norm") + (("value_loss",) if algorithm == "ppo" else ()):
+    np.testing.assert_allclose(float(m_acc[name]), float(m_one[name]), rtol=1e-5, atol=1e-7,
+                               err_msg=name)
+  for a, b in zip(jax.tree.leaves((acc.params, acc.value)),
+                  jax.tree.leaves((one.params, one.value))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_head_in_the_learn_step_changes_nothing():
+  """logits_chunk = 2 of T = 3 positions (one full chunk and a padded one), with an old-policy
+  pass, a reference and the rollback's KL pass: the update of the unchunked head."""
+  sgd = optax.sgd(0.5)
+  full, m_full = _step_with(sgd, minibatches=2, kl_coef=0.1, max_kl=5.0, logits_chunk=0)
+  chunked, m_chunked = _step_with(sgd, minibatches=2, kl_coef=0.1, max_kl=5.0, logits_chunk=2)
+  for name in ("loss", "kl", "entropy", "update_kl"):
+    np.testing.assert_allclose(float(m_chunked[name]), float(m_full[name]), rtol=1e-5,
+                               atol=1e-7, err_msg=name)
+  for a, b in zip(jax.tree.leaves(chunked.params), jax.tree.leaves(full.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_microbatches_must_split_the_minibatch_into_whole_groups():
+  params, state, cur_state, learn = _setup(minibatches=2, microbatches=4)  # 2 prompts, 4 parts
+  with pytest.raises(ValueError, match="microbatches"):
+    learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(0), None, params)
