@@ -9,19 +9,17 @@ step, 240 steps, the curriculum choosing among difficulty bins. Launch (docs/sca
   # TPU v4-32 / v5p-32 slice (4 hosts): the same command on every host, with
       --config.parallel.num_processes=0            # JAX finds the slice's hosts itself
 
-What exists in the trainer today and what does not (read before launching):
-- exists: HF Qwen2 checkpoints (`model.source`), chat prompts, the countdown task with bins
-  n3/n4/n5, RLOO advantages, SEC, sharded sampling and learning on a (data, fsdp, tensor) mesh,
-  multi-host start-up, Orbax checkpoints written and restored by every process.
-- missing: gradient accumulation (here `rl.minibatches` are separate optimizer steps, as in PPO),
-  so a step of 2048 completions needs enough minibatches to fit the full [rows, T, V] logits of
-  one minibatch (see docs/scaling.md for the arithmetic); chunked log-probs over the vocabulary in
-  the learn step; rematerialisation (activation checkpointing) in the model; a separate float32
-  master copy of bfloat16 parameters; placement of pretrained weights straight onto the mesh
-  (`prepare` loads them on one device, then the loop shards them: fine for 3B on an 80 GB GPU or
-  a 32 GB TPU v4 chip in bfloat16, not for much larger models).
-- not measured: nothing in this file has been run at this size on these machines (CPU only);
-  the numbers below are the paper's setting, the rest are this project's defaults.
+Memory (docs/scaling.md has the planner's numbers for this file on 8, 16 and 32 devices):
+  python -m experiments.plan --config configs/sec_paper_countdown_qwen3b.py --devices 8 --hbm_gib 80
+compiles the sampler and the learn step for 8 devices without weights (the shape comes from
+`model.preset`, or from `model.source`'s config.json) and says whether they fit. What makes them
+fit: bfloat16 compute on float32 master parameters and Adam moments, scanned layers (one compiled
+block), each block rematerialised in the backward pass, gradient accumulation over
+`rl.microbatches`, the output head in chunks of `rl.logits_chunk` positions (no [rows, T, vocab]
+logits), and the old-policy pass one microbatch of rows at a time.
+
+Not measured: nothing in this file has been run at this size (the planner compiles it on CPU);
+the numbers below are the paper's setting, the rest are this project's defaults.
 """
 
 from configs import quickstart
@@ -37,8 +35,12 @@ def get_config():
   c.task.eval_per_bin = 256
   c.task.format_bonus = 0.1
 
-  c.model.source = ""                 # REQUIRED: --config.model.source=/path/to/Qwen2.5-3B(-Instruct)
-  c.model.dtype = "bfloat16"          # parameters and activations (no float32 master copy yet)
+  c.model.source = ""                 # REQUIRED to train: --config.model.source=/path/to/Qwen2.5-3B(-Instruct)
+  c.model.preset = "qwen2_5_3b"       # the shape the planner uses without a checkpoint
+  c.model.dtype = "bfloat16"          # compute: activations and matmuls
+  c.model.param_dtype = "float32"     # master parameters and Adam moments
+  c.model.scan_layers = True          # one compiled block for the 36 layers
+  c.model.remat = "block"             # keep only each block's input for the backward pass
   c.model.lora_rank = 0               # full fine-tuning, as in the paper
 
   c.sft.steps = 0                     # the pretrained model needs no warm start
@@ -51,7 +53,9 @@ def get_config():
   c.rl.temperature = 1.0
   c.rl.learning_rate = 1e-6           # this project's choice for full fine-tuning of a 3B model
   c.rl.epochs = 1
-  c.rl.minibatches = 64               # 32 prompts x 8 = 256 rows per optimizer step (memory)
+  c.rl.minibatches = 8                # 32 prompts x 8 = 256 rows per optimizer step
+  c.rl.microbatches = 8               # 4 prompts x 8 = 32 rows per forward/backward pass
+  c.rl.logits_chunk = 128             # completion positions per chunk of the output head
   c.rl.kl_coef = 0.0
   c.rl.max_kl = 0.0                   # 0 = no KL-based rollback
 
