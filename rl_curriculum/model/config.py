@@ -5,13 +5,13 @@ so two models with equal configs share compiled programs. Presets:
 
   ModelConfig.tiny(vocab_size=...)    ~3M parameters plus the embedding; the CPU quickstart model
   ModelConfig.smollm2_135m()          SmolLM2-135M (Llama architecture, tied embeddings)
-  ModelConfig.qwen2_5_0_5b() ... qwen2_5_7b()
+  PRESETS["qwen2_5_0_5b"]() ... qwen2_5_7b
                                       Qwen2.5 0.5B / 1.5B / 3B / 7B (Qwen Team 2024; q/k/v bias;
                                       tied embeddings except 7B)
-  ModelConfig.qwen3_0_6b() ... qwen3_8b()
+  PRESETS["qwen3_0_6b"]() ... qwen3_8b
                                       Qwen3 0.6B / 1.7B / 4B / 8B (Qwen Team 2025; q/k RMSNorm,
                                       head_dim 128; tied embeddings except 8B)
-  ModelConfig.llama3_2_1b(), llama3_2_3b()
+  PRESETS["llama3_2_1b"](), llama3_2_3b
                                       Llama 3.2 1B / 3B (Meta 2024; Llama 3 rotary scaling with
                                       factor 32; tied embeddings)
 
@@ -21,7 +21,7 @@ preset name to its constructor.
 """
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 import jax.numpy as jnp
 
@@ -133,97 +133,51 @@ class ModelConfig:
     fields.update(overrides)
     return cls(**fields)
 
-  @classmethod
-  def qwen2_5_0_5b(cls, **overrides) -> "ModelConfig":
-    """Qwen2.5-0.5B (Qwen Team 2024): Qwen2 block with q/k/v bias, tied embeddings."""
-    fields = dict(vocab_size=151936, d_model=896, num_layers=24, num_heads=14, num_kv_heads=2,
-                  mlp_dim=4864, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=True,
-                  qkv_bias=True)
-    fields.update(overrides)
-    return cls(**fields)
 
-  @classmethod
-  def qwen2_5_1_5b(cls, **overrides) -> "ModelConfig":
-    """Qwen2.5-1.5B (Qwen Team 2024): Qwen2 block with q/k/v bias, tied embeddings."""
-    fields = dict(vocab_size=151936, d_model=1536, num_layers=28, num_heads=12, num_kv_heads=2,
-                  mlp_dim=8960, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=True,
-                  qkv_bias=True)
-    fields.update(overrides)
-    return cls(**fields)
 
-  @classmethod
-  def qwen2_5_3b(cls, **overrides) -> "ModelConfig":
-    """Qwen2.5-3B (Qwen Team 2024): Qwen2 block with q/k/v bias, tied embeddings."""
-    fields = dict(vocab_size=151936, d_model=2048, num_layers=36, num_heads=16, num_kv_heads=2,
-                  mlp_dim=11008, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=True,
-                  qkv_bias=True)
-    fields.update(overrides)
-    return cls(**fields)
+def _family(**shared):
+  return lambda **shape: {**shared, **shape}
 
-  @classmethod
-  def qwen2_5_7b(cls, **overrides) -> "ModelConfig":
-    """Qwen2.5-7B (Qwen Team 2024): Qwen2 block with q/k/v bias, untied output head."""
-    fields = dict(vocab_size=152064, d_model=3584, num_layers=28, num_heads=28, num_kv_heads=4,
-                  mlp_dim=18944, rope_theta=1_000_000.0, rms_eps=1e-6, tie_embeddings=False,
-                  qkv_bias=True)
-    fields.update(overrides)
-    return cls(**fields)
 
-  @classmethod
-  def qwen3_0_6b(cls, **overrides) -> "ModelConfig":
-    """Qwen3-0.6B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, tied embeddings."""
-    fields = dict(vocab_size=151936, d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8,
-                  mlp_dim=3072, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
-                  tie_embeddings=True, qk_norm=True)
-    fields.update(overrides)
-    return cls(**fields)
+# Published config.json values of the families users bring (base models).
+_QWEN2_5 = _family(vocab_size=151936, rope_theta=1_000_000.0, rms_eps=1e-6, qkv_bias=True,
+                   tie_embeddings=True)
+_QWEN3 = _family(vocab_size=151936, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+                 qk_norm=True, tie_embeddings=True)
+_LLAMA3_2 = _family(vocab_size=128256, rope_theta=500_000.0, rms_eps=1e-5, tie_embeddings=True,
+                    rope_scaling_factor=32.0, rope_low_freq_factor=1.0,
+                    rope_high_freq_factor=4.0, rope_original_max_len=8192)
+_FAMILY_PRESETS = {
+    # Qwen Team 2024, "Qwen2.5 Technical Report" (arXiv:2412.15115).
+    "qwen2_5_0_5b": _QWEN2_5(d_model=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                             mlp_dim=4864),
+    "qwen2_5_1_5b": _QWEN2_5(d_model=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+                             mlp_dim=8960),
+    "qwen2_5_3b": _QWEN2_5(d_model=2048, num_layers=36, num_heads=16, num_kv_heads=2,
+                           mlp_dim=11008),
+    "qwen2_5_7b": _QWEN2_5(d_model=3584, num_layers=28, num_heads=28, num_kv_heads=4,
+                           mlp_dim=18944, vocab_size=152064, tie_embeddings=False),
+    # Qwen Team 2025, "Qwen3 Technical Report" (arXiv:2505.09388).
+    "qwen3_0_6b": _QWEN3(d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8, mlp_dim=3072),
+    "qwen3_1_7b": _QWEN3(d_model=2048, num_layers=28, num_heads=16, num_kv_heads=8, mlp_dim=6144),
+    "qwen3_4b": _QWEN3(d_model=2560, num_layers=36, num_heads=32, num_kv_heads=8, mlp_dim=9728),
+    "qwen3_8b": _QWEN3(d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8, mlp_dim=12288,
+                       tie_embeddings=False),
+    # Meta 2024, Llama 3.2 1B and 3B (Llama 3 architecture, "The Llama 3 Herd of Models",
+    # arXiv:2407.21783).
+    "llama3_2_1b": _LLAMA3_2(d_model=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                             mlp_dim=8192),
+    "llama3_2_3b": _LLAMA3_2(d_model=3072, num_layers=28, num_heads=24, num_kv_heads=8,
+                             mlp_dim=8192),
+}
 
-  @classmethod
-  def qwen3_1_7b(cls, **overrides) -> "ModelConfig":
-    """Qwen3-1.7B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, tied embeddings."""
-    fields = dict(vocab_size=151936, d_model=2048, num_layers=28, num_heads=16, num_kv_heads=8,
-                  mlp_dim=6144, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
-                  tie_embeddings=True, qk_norm=True)
-    fields.update(overrides)
-    return cls(**fields)
 
-  @classmethod
-  def qwen3_4b(cls, **overrides) -> "ModelConfig":
-    """Qwen3-4B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, tied embeddings."""
-    fields = dict(vocab_size=151936, d_model=2560, num_layers=36, num_heads=32, num_kv_heads=8,
-                  mlp_dim=9728, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
-                  tie_embeddings=True, qk_norm=True)
-    fields.update(overrides)
-    return cls(**fields)
-
-  @classmethod
-  def qwen3_8b(cls, **overrides) -> "ModelConfig":
-    """Qwen3-8B (Qwen Team 2025): q/k RMSNorm, no bias, head_dim 128, untied output head."""
-    fields = dict(vocab_size=151936, d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8,
-                  mlp_dim=12288, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
-                  tie_embeddings=False, qk_norm=True)
-    fields.update(overrides)
-    return cls(**fields)
-
-  @classmethod
-  def llama3_2_1b(cls, **overrides) -> "ModelConfig":
-    """Llama 3.2 1B (Meta 2024): Llama 3 rotary scaling (factor 32), tied embeddings."""
-    fields = dict(vocab_size=128256, d_model=2048, num_layers=16, num_heads=32, num_kv_heads=8,
-                  mlp_dim=8192, rope_theta=500_000.0, rms_eps=1e-5, tie_embeddings=True,
-                  rope_scaling_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-                  rope_original_max_len=8192)
-    fields.update(overrides)
-    return cls(**fields)
-
-  @classmethod
-  def llama3_2_3b(cls, **overrides) -> "ModelConfig":
-    """Llama 3.2 3B (Meta 2024): Llama 3 rotary scaling (factor 32), tied embeddings."""
-    fields = dict(vocab_size=128256, d_model=3072, num_layers=28, num_heads=24, num_kv_heads=8,
-                  mlp_dim=8192, rope_theta=500_000.0, rms_eps=1e-5, tie_embeddings=True,
-                  rope_scaling_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-                  rope_original_max_len=8192)
-    fields.update(overrides)
-    return cls(**fields)
+def _preset(name: str) -> Callable[..., ModelConfig]:
+  def build(**overrides) -> ModelConfig:
+    return ModelConfig(**{**_FAMILY_PRESETS[name], **overrides})
+  build.__name__ = name
+  build.__doc__ = f"The {name} preset (`_FAMILY_PRESETS`), with keyword overrides."
+  return build
 
 
 def _is_dtype_like(value) -> bool:
@@ -238,14 +192,5 @@ def _is_dtype_like(value) -> bool:
 PRESETS = {
     "tiny": ModelConfig.tiny,
     "smollm2_135m": ModelConfig.smollm2_135m,
-    "qwen2_5_0_5b": ModelConfig.qwen2_5_0_5b,
-    "qwen2_5_1_5b": ModelConfig.qwen2_5_1_5b,
-    "qwen2_5_3b": ModelConfig.qwen2_5_3b,
-    "qwen2_5_7b": ModelConfig.qwen2_5_7b,
-    "qwen3_0_6b": ModelConfig.qwen3_0_6b,
-    "qwen3_1_7b": ModelConfig.qwen3_1_7b,
-    "qwen3_4b": ModelConfig.qwen3_4b,
-    "qwen3_8b": ModelConfig.qwen3_8b,
-    "llama3_2_1b": ModelConfig.llama3_2_1b,
-    "llama3_2_3b": ModelConfig.llama3_2_3b,
+    **{name: _preset(name) for name in _FAMILY_PRESETS},
 }
