@@ -29,12 +29,18 @@ runs a group's prompt once and its G completions on the prompt's shared keys and
                differentiated, and logp_old = stop_gradient(logp) inside the loss (the same
                values, one forward pass fewer).
   reference    only when kl_coef != 0; otherwise there is no "kl" metric (not measured).
-  policy       forward and backward, once per minibatch.
+  policy       forward and backward, once per minibatch (per microbatch with gradient
+               accumulation, `accumulated_gradients`).
   new policy   only when max_kl is set: one forward pass with the updated parameters, for the
                rollback's KL(pi_old || pi_new) (`update_kl`).
 
 Every log-prob is that of the sampling distribution softmax(logits / temperature), the
 distribution the rollout drew its tokens from (`forward`).
+
+Memory: the output head runs `logits_chunk` positions at a time (`forward.head_logprobs`), and
+the passes without gradient (old policy, reference, new policy) run one microbatch of rows at a
+time (`row_blocks`), so neither the [rows, T, V] logits nor the activations of all rows exist at
+once. With a mesh, every minibatch, microbatch and row block keeps its rows over the batch axes.
 
 Rows are prompt-major: row b = p * G + g holds completion g of prompt p. A batch may hold more
 groups (S) than the policy trains on (P; S > P with a post-rollout filter): the curriculum sees
