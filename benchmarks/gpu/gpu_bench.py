@@ -102,8 +102,8 @@ def measure(preset: str, sizes=(P, G, TP, T)) -> dict:
   prompt_mask = jnp.ones((rows, TP), bool)
   stop = config.vocab_size + 1   # never sampled: every row decodes all T tokens
 
-  def sample():
-    return sampler.sample(graphdef, state.params, prompts, prompt_mask, jax.random.key(1),
+  def sample(params=state.params):
+    return sampler.sample(graphdef, params, prompts, prompt_mask, jax.random.key(1),
                           max_new_tokens=T, eos_id=stop, group=G).tokens
 
   sample_s = _timed(sample)
