@@ -312,16 +312,25 @@ def test_named_checkpoint_reads_a_cached_wheel_without_network(tmp_path, monkeyp
 # --- placement ------------------------------------------------------------------------------------
 
 
-def test_shardings_are_applied_per_tensor_with_logical_axes(tmp_path):
-  policy = _random_policy("qwen2")
-  pretrained.save_pretrained(policy, str(tmp_path))
+def _embed_over_fsdp(seen: dict):
+  """(mesh, a `shardings` callable for load_pretrained): `embed` over the mesh's one-device fsdp
+  axis, everything else replicated; the callable records the logical axes it is asked about in
+  `seen`."""
   mesh = jax.make_mesh((1,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
-  seen = {}
 
   def shard(path, axes):
     seen[path] = axes
     spec = jax.sharding.PartitionSpec(*("fsdp" if a == "embed" else None for a in axes))
     return jax.sharding.NamedSharding(mesh, spec)
+
+  return mesh, shard
+
+
+def test_shardings_are_applied_per_tensor_with_logical_axes(tmp_path):
+  policy = _random_policy("qwen2")
+  pretrained.save_pretrained(policy, str(tmp_path))
+  seen = {}
+  mesh, shard = _embed_over_fsdp(seen)
 
   loaded = pretrained.load_pretrained(str(tmp_path), shardings=shard,
                                       lora=lora_lib.LoRAConfig(rank=2, alpha=2.0))
@@ -556,13 +565,8 @@ def test_scanned_lora_merged_export_and_adapter_folder_match_unrolled(tmp_path):
 def test_scanned_load_places_each_stacked_parameter_with_its_sharding(tmp_path):
   policy = _random_policy("qwen2")
   pretrained.save_pretrained(policy, str(tmp_path))
-  mesh = jax.make_mesh((1,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
   seen = {}
-
-  def shard(path, axes):
-    seen[path] = axes
-    spec = jax.sharding.PartitionSpec(*("fsdp" if a == "embed" else None for a in axes))
-    return jax.sharding.NamedSharding(mesh, spec)
+  mesh, shard = _embed_over_fsdp(seen)
 
   loaded = pretrained.load_pretrained(str(tmp_path), shardings=shard, scan_layers=True,
                                       lora=lora_lib.LoRAConfig(rank=2, alpha=2.0))
