@@ -60,9 +60,10 @@ def model_shape(config: ml_collections.ConfigDict, vocab_size: Optional[int] = N
       shape, _ = checkpoint_io.config_from_hf(json.load(f))
     return dataclasses.replace(shape, **builders.model_numerics(config))
   if source:
-    raise ValueError(f"config.model.source={config.model.source!r}: planning reads an HF "
-                     "folder's config.json; for other sources set config.model.preset to the "
-                     "model's shape and source to ''")
+    raise builders.ConfigError(
+        f"config.model.source: {config.model.source!r} has no config.json; planning reads an HF "
+        "folder's config.json (for other sources set model.preset to the model's shape and "
+        "source to '')")
   return builders.model_config(config, vocab_size or config.tokenizer.vocab_size)
 
 
@@ -165,7 +166,8 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
     entry is the larger-peak of prefill and decode, both listed under "sampler_parts".
 
   Raises:
-    builders.ConfigError: the config is invalid or its rows do not split over the mesh.
+    builders.ConfigError: the config is invalid, its rows do not split over the mesh, or
+      `model.source` names something without a config.json.
   """
   builders.validate(config, check_source=False)
   mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))
@@ -230,9 +232,10 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
     report["programs"]["sampler"] = max(parts.values(), key=lambda p: p["peak_gib"])
     report["sampler_parts"] = parts
   if "learn" in programs:
+    pool = _pool(config)
     curriculum = builders.build_curriculum(
-        config, _pool(config), s, features=np.zeros((len(_pool(config).arms), 1), np.float32))
-    cur_state = jax.eval_shape(curriculum.init, _pool(config), jax.random.key(0))
+        config, pool, s, features=np.zeros((len(pool.arms), 1), np.float32))
+    cur_state = jax.eval_shape(curriculum.init, pool, jax.random.key(0))
     cur_state = _abstract(cur_state, jax.tree.map(lambda _: rep, cur_state))
     p = config.rl.prompts_per_step
     batch = rl_step.Batch(

@@ -152,3 +152,29 @@ def test_stacked_params_and_cache_of_a_scanned_model():
   assert specs.k.spec == specs.v.spec == P(None, ("data", "fsdp"), None, "tensor")
   assert mesh_lib.kv_cache_sharding(abstract(1, 1, 4), (3, 8, 10, 2, 4)).spec == P(
       None, ("data", "fsdp"))
+
+
+def _constraint_specs(fn, *args) -> list:
+  """The PartitionSpecs of the sharding constraints `fn` traces to."""
+  jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  return [eqn.params["sharding"].spec for eqn in jaxpr.eqns
+          if eqn.primitive.name == "sharding_constraint"]
+
+
+def test_constrain_rows_puts_the_row_axis_over_the_batch_axes():
+  mesh = mesh_lib.make_mesh((1, 1, 1))
+  tree = {"a": jnp.zeros((2, 3, 4)), "b": jnp.zeros((5, 3))}
+  assert _constraint_specs(lambda t: mesh_lib.constrain_rows(t, mesh, 1), tree) == [
+      P(None, ("data", "fsdp"), None), P(None, ("data", "fsdp"))]
+  assert _constraint_specs(lambda t: mesh_lib.constrain_rows(t, mesh), tree) == [
+      P(("data", "fsdp"), None, None), P(("data", "fsdp"), None)]
+  assert mesh_lib.constrain_rows(tree, None) is tree                # no mesh: unchanged
+
+
+def test_constrain_rows_leaves_rows_that_do_not_divide_to_gspmd(monkeypatch):
+  mesh = mesh_lib.make_mesh((1, 1, 1))
+  monkeypatch.setattr(mesh_lib, "batch_size_of", lambda _: 4)   # as on 4 batch devices
+  constrained = lambda n: _constraint_specs(lambda x: mesh_lib.constrain_rows(x, mesh),
+                                            jnp.zeros((n, 2)))
+  assert len(constrained(8)) == 1
+  assert constrained(6) == []

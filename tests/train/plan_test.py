@@ -69,3 +69,21 @@ def test_train_entrypoint_plans_without_a_workdir():
                  "--hbm_gib", "4", "--prompt_len", "8"], devices=1)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "learn" in result.stdout and result.stdout.strip().endswith("FITS")
+
+
+def test_model_shape_reads_an_hf_config_json_and_rejects_a_folder_without_one(tmp_path):
+  from configs import quickstart  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.model import checkpoint_io  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.model.config import PRESETS  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import builders, plan  # pylint: disable=import-outside-toplevel
+  config = quickstart.get_config()
+  config.model.source = str(tmp_path)
+  config.model.dtype = "bfloat16"
+  config.model.scan_layers = True
+  with pytest.raises(builders.ConfigError, match="config.model.source"):
+    plan.model_shape(config)
+  expected = PRESETS["qwen2_5_0_5b"]()
+  (tmp_path / "config.json").write_text(json.dumps(checkpoint_io.hf_config(expected, "qwen2")))
+  shape = plan.model_shape(config)
+  assert shape.num_params == expected.num_params and shape.num_layers == 24
+  assert (shape.dtype, shape.param_dtype, shape.scan_layers) == ("bfloat16", "float32", True)
