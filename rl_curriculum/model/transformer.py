@@ -15,7 +15,9 @@ Padding is LEFT padding: the real tokens of every row end at the last column. A 
 positions come from its padding mask (`positions_from_mask`), and padded keys are masked out, so a
 left-padded row gives the same logits as the same row unpadded.
 
-Functional use (DESIGN.md): split once, then call the module-level functions with the state:
+Functional use: split the model once into a static graphdef and a pytree of parameters, then
+call the module-level functions with both (jit-friendly, and the parameters stay a plain
+pytree for optax and checkpointing):
 
   graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)))
   logits = forward(graphdef, params, tokens, mask)              # f32[B, T, V]

@@ -1,4 +1,4 @@
-"""Advantage estimators for group-sampled RL post-training (METHODS.md section 5).
+"""Advantage estimators for group-sampled RL post-training.
 
 Every estimator maps the scalar rewards of P prompts with G completions each to one advantage per
 completion. They are pure functions of arrays, safe under `jax.jit`, and compute in float32 whatever
@@ -7,9 +7,10 @@ the input floating dtype.
 Shape legend (see `rl_curriculum.types`): P prompts, G completions per prompt (a group), B rows
 (B = P * G), T tokens.
 
-Variable rollout budgets (METHODS.md section 4) allocate G slots per prompt and mark the slots that
-exist with `valid: bool[P, G]`. Where an estimator takes `valid`, group statistics are computed over
-valid entries only and invalid entries get advantage 0; `valid=None` means every slot exists.
+Variable rollout budgets (a different number of completions per prompt) allocate G slots per
+prompt and mark the slots that exist with `valid: bool[P, G]`. Where an estimator takes `valid`,
+group statistics are computed over valid entries only and invalid entries get advantage 0;
+`valid=None` means every slot exists.
 
 Groups whose valid rewards are all equal carry no learning signal: the group-relative estimators
 (`rloo`, `grpo`, `dr_grpo`, `reinforce_pp`) give them exactly 0 rather than the rounding residue of
@@ -70,9 +71,9 @@ def rloo(rewards: jax.Array, *, valid: Optional[jax.Array] = None) -> jax.Array:
   with n_p the number of valid completions of prompt p. Groups with n_p < 2 (in particular G < 2)
   have no leave-one-out baseline and get A = 0. Per group the advantages sum to zero.
 
-  Reference: Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
-  Learning from Human Feedback in LLMs" (arXiv:2402.14740); Kool et al. 2019, "Buy 4 REINFORCE
-  Samples, Get a Baseline for Free!".
+  References: Ahmadian et al. (2024), "Back to Basics: Revisiting REINFORCE Style Optimization
+  for Learning from Human Feedback in LLMs", arXiv:2402.14740; Kool, van Hoof and Welling (2019),
+  "Buy 4 REINFORCE Samples, Get a Baseline for Free!", ICLR 2019 workshop.
 
   Args:
     rewards: f32[P, G] scalar reward per completion, in reward units.
@@ -102,8 +103,8 @@ def grpo(
   deviation (divide by n) by default, the sample one (divide by n - 1) with `unbiased_std=True`.
   A group whose valid rewards are all equal gets A = 0 exactly.
 
-  Reference: Shao et al. 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
-  Language Models" (arXiv:2402.03300).
+  Reference: Shao et al. (2024), "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in
+  Open Language Models", arXiv:2402.03300.
 
   Args:
     rewards: f32[P, G] scalar reward per completion, in reward units.
@@ -134,8 +135,8 @@ def dr_grpo(rewards: jax.Array, *, valid: Optional[jax.Array] = None) -> jax.Arr
   Dr. GRPO also removes the length normalisation of the loss; use it with
   `losses.policy_loss(..., aggregation="seq_mean_token_sum_norm", max_tokens=...)`.
 
-  Reference: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
-  (arXiv:2503.20783).
+  Reference: Liu et al. (2025), "Understanding R1-Zero-Like Training: A Critical Perspective",
+  arXiv:2503.20783.
 
   Args:
     rewards: f32[P, G] scalar reward per completion, in reward units.
@@ -161,8 +162,8 @@ def reinforce_pp(
   group-centred c is zero by construction, so it is not subtracted again (subtracting its rounding
   residue would give constant groups a spurious non-zero advantage).
 
-  Reference: Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
-  Models" (arXiv:2501.03262).
+  Reference: Hu (2025), "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+  Models", arXiv:2501.03262.
 
   Args:
     rewards: f32[P, G] scalar reward per completion, in reward units.
@@ -182,12 +183,16 @@ def reinforce_pp(
 def counterfactual(
     rewards: jax.Array, baseline: jax.Array, *, valid: Optional[jax.Array] = None
 ) -> jax.Array:
-  """Advantage against an externally supplied per-prompt baseline (MADA-RL style).
+  """Advantage against an externally supplied per-prompt baseline.
 
   A[p, g] = r[p, g] - b[p]
 
   The baseline is, for example, the accuracy of a generator ensemble on prompt p; it must be in the
   same units as the rewards.
+
+  Reference: the counterfactual critic advantage of "MADA-RL: Multi-agent debate with
+  counterfactual critic advantage for parameter-efficient reasoning in compact models" (arXiv,
+  cs.CL), where a critic's reward is measured against the generators' per-instance accuracy.
 
   Args:
     rewards: f32[P, G] scalar reward per completion, in reward units.
@@ -223,8 +228,8 @@ def gae(
   token is terminal (value 0). In the outcome-reward setting, r is the scalar reward placed on the
   last completion token plus, optionally, a per-token KL penalty.
 
-  Reference: Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
-  Estimation" (arXiv:1506.02438).
+  Reference: Schulman et al. (2016), "High-Dimensional Continuous Control Using Generalized
+  Advantage Estimation", arXiv:1506.02438.
 
   Args:
     rewards: f32[B, T] per-token reward, in reward units.

@@ -1,4 +1,4 @@
-"""Policy-gradient, value and KL losses over token-level arrays (METHODS.md section 5).
+"""Policy-gradient, value and KL losses over token-level arrays.
 
 Every function takes per-token arrays of shape [B, T] (B completions, T tokens) and a mask that is
 1 on the completion tokens that count. Ratios, exponentials and KL estimates are computed in
@@ -10,6 +10,10 @@ Aggregation of a per-token loss l[b, t] with mask m[b, t] (`aggregate`):
   token_mean               sum_{b,t} m l / sum_{b,t} m                       (DAPO; token-level)
   seq_mean_token_mean      mean_b [ sum_t m l / sum_t m ]                    (GRPO; per-sequence)
   seq_mean_token_sum_norm  mean_b [ sum_t m l ] / max_tokens                 (Dr. GRPO)
+(DAPO: Yu et al. (2025), "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+arXiv:2503.14476; GRPO: Shao et al. (2024), "DeepSeekMath: Pushing the Limits of Mathematical
+Reasoning in Open Language Models", arXiv:2402.03300; Dr. GRPO: Liu et al. (2025), "Understanding
+R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783.)
 The sequence means run over rows with at least one unmasked token (absent completion slots, whose
 rows are fully masked, neither count nor dilute the mean). Every mode gives 0 for an all-masked
 batch.
@@ -158,10 +162,11 @@ def kl_divergence(
   completion; a k1 penalty folded into the rewards (as PPO-based RLHF does) penalises the reverse
   KL of whole completions.
 
-  References: Schulman 2020, "Approximating KL Divergence" (joschu.net/blog/kl-approx.html); k3
-  is the KL penalty of GRPO (Shao et al. 2024, arXiv:2402.03300); the gradients as a loss: Tang
-  and Munos 2025, "On a few pitfalls in KL divergence gradient estimation for RL"
-  (arXiv:2506.09477). Beyond the clamp the estimate is constant and its gradient 0.
+  References: Schulman (2020), "Approximating KL Divergence",
+  http://joschu.net/blog/kl-approx.html; k3 is the KL penalty of GRPO (Shao et al. (2024),
+  arXiv:2402.03300); the gradients as a loss: Tang and Munos (2025), "On a few pitfalls in KL
+  divergence gradient estimation for RL", arXiv:2506.09477. Beyond the clamp the estimate is
+  constant and its gradient 0.
 
   Args:
     logp: float[B, T] log-prob of each sampled token under the policy, in nats.
@@ -186,6 +191,87 @@ def kl_divergence(
   if estimator == "k2":
     return 0.5 * jnp.square(x)
   return _k3(x)
+
+
+def _check_policy_settings(level: str, aggregation: str, max_tokens: Optional[int],
+                           dual_clip: Optional[float]) -> None:
+  """Raises ValueError for the settings `policy_loss` rejects (see its docstring)."""
+  if level not in LEVELS:
+    raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+  if aggregation == "seq_mean_token_sum_norm" and (max_tokens is None or max_tokens <= 0):
+    raise ValueError(
+        "aggregation='seq_mean_token_sum_norm' needs a positive max_tokens; got "
+        f"{max_tokens!r}")
+  if dual_clip is not None and dual_clip <= 1.0:
+    raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+
+
+def _masked_policy_inputs(
+    logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, m: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(logp, logp_old, advantages), each f32[B, T] and 0 where m == 0; only logp keeps a gradient.
+
+  Per-completion advantages f32[B] are broadcast over the tokens. Masked entries are replaced, not
+  multiplied, so that an inf or NaN there cannot reach the loss or its gradient.
+  """
+  on = m != 0
+  if advantages.ndim == 1:
+    chex.assert_equal(advantages.shape[0], logp.shape[0])
+    adv = jnp.broadcast_to(advantages[:, None], logp.shape)
+  else:
+    chex.assert_equal_shape([advantages, logp])
+    adv = advantages
+  adv = jax.lax.stop_gradient(jnp.where(on, adv.astype(jnp.float32), 0.0))
+  lp = jnp.where(on, logp.astype(jnp.float32), 0.0)
+  lp_old = jax.lax.stop_gradient(jnp.where(on, logp_old.astype(jnp.float32), 0.0))
+  return lp, lp_old, adv
+
+
+def _policy_log_ratio(lp: jax.Array, lp_old: jax.Array, m: jax.Array, level: str,
+                      clamp: float) -> jax.Array:
+  """f32[B, T] clamped log-ratio: per token, or the masked token mean of each row broadcast over
+  its tokens (level "sequence", GSPO)."""
+  if level == "token":
+    return _log_ratio(lp, lp_old, clamp)
+  seq_log_ratio = jnp.sum((lp - lp_old) * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-8)
+  seq_log_ratio = jnp.clip(seq_log_ratio, -clamp, clamp)
+  return jnp.broadcast_to(seq_log_ratio[:, None], lp.shape)
+
+
+def _clipped_surrogate(
+    ratio: jax.Array, adv: jax.Array, eps_low: float, eps_high: float,
+    dual_clip: Optional[float]
+) -> tuple[jax.Array, jax.Array]:
+  """(per-token loss f32[B, T], dual clip active bool[B, T]) of the clipped surrogate."""
+  clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  loss_unclipped = -ratio * adv
+  loss_clipped = -clipped_ratio * adv
+  per_token = jnp.maximum(loss_unclipped, loss_clipped)
+  if dual_clip is None:
+    return per_token, jnp.zeros(adv.shape, bool)
+  bound = -dual_clip * adv
+  dual_active = (adv < 0) & (per_token > bound)
+  per_token = jnp.where(adv < 0, jnp.minimum(per_token, bound), per_token)
+  return per_token, dual_active
+
+
+def _policy_metrics(ratio: jax.Array, log_ratio: jax.Array, adv: jax.Array, m: jax.Array,
+                    dual_active: jax.Array, eps_low: float,
+                    eps_high: float) -> dict[str, jax.Array]:
+  """The metrics of `policy_loss` (listed in its docstring), f32[] each."""
+  on = m != 0
+  r = jax.lax.stop_gradient(ratio)
+  f32 = lambda b: b.astype(jnp.float32)
+  return {
+      "clipfrac_low": masked_mean(f32((adv < 0) & (r < 1.0 - eps_low)), m),
+      "clipfrac_high": masked_mean(f32((adv > 0) & (r > 1.0 + eps_high)), m),
+      "dual_clipfrac": masked_mean(f32(dual_active), m),
+      "approx_kl": masked_mean(_k3(-jax.lax.stop_gradient(log_ratio)), m),
+      "ratio_mean": masked_mean(r, m),
+      "ratio_max": jnp.max(jnp.where(on, r, 0.0)),
+  }
 
 
 def policy_loss(
@@ -216,10 +302,12 @@ def policy_loss(
 
   At logp == logp_old the gradient is that of vanilla policy gradient, -agg(A * grad logp).
 
-  References: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347);
-  Yu et al. 2025, "DAPO" (arXiv:2503.14476) for Clip-Higher (eps_high = 0.28) and the token-mean;
-  Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL" (arXiv:1912.09729) for the
-  dual clip; Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071).
+  References: Schulman et al. (2017), "Proximal Policy Optimization Algorithms",
+  arXiv:1707.06347; Clip-Higher (eps_high = 0.28) and the token-mean: Yu et al. (2025), "DAPO: An
+  Open-Source LLM Reinforcement Learning System at Scale", arXiv:2503.14476; the dual clip: Ye et
+  al. (2020), "Mastering Complex Control in MOBA Games with Deep Reinforcement Learning",
+  arXiv:1912.09729; the sequence-level ratio: Zheng et al. (2025), "Group Sequence Policy
+  Optimization", arXiv:2507.18071.
 
   Args:
     logp: float[B, T] log-prob of each completion token under the policy being trained, in nats.
@@ -262,60 +350,14 @@ def policy_loss(
   chex.assert_type([logp, logp_old], float)
   chex.assert_rank(advantages, {1, 2})
   chex.assert_type(advantages, float)
-  if level not in LEVELS:
-    raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-  if aggregation not in AGGREGATIONS:
-    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-  if aggregation == "seq_mean_token_sum_norm" and (max_tokens is None or max_tokens <= 0):
-    raise ValueError(
-        "aggregation='seq_mean_token_sum_norm' needs a positive max_tokens; got "
-        f"{max_tokens!r}")
-  if dual_clip is not None and dual_clip <= 1.0:
-    raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-
+  _check_policy_settings(level, aggregation, max_tokens, dual_clip)
   m = mask.astype(jnp.float32)
-  on = m != 0
-  if advantages.ndim == 1:
-    chex.assert_equal(advantages.shape[0], logp.shape[0])
-    adv = jnp.broadcast_to(advantages[:, None], logp.shape)
-  else:
-    chex.assert_equal_shape([advantages, logp])
-    adv = advantages
-  # Masked entries are replaced, not multiplied, so that inf/NaN there cannot reach the gradient.
-  adv = jax.lax.stop_gradient(jnp.where(on, adv.astype(jnp.float32), 0.0))
-  lp = jnp.where(on, logp.astype(jnp.float32), 0.0)
-  lp_old = jax.lax.stop_gradient(jnp.where(on, logp_old.astype(jnp.float32), 0.0))
-
-  if level == "token":
-    log_ratio = _log_ratio(lp, lp_old, clamp)
-  else:
-    seq_log_ratio = jnp.sum((lp - lp_old) * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-8)
-    seq_log_ratio = jnp.clip(seq_log_ratio, -clamp, clamp)
-    log_ratio = jnp.broadcast_to(seq_log_ratio[:, None], lp.shape)
+  lp, lp_old, adv = _masked_policy_inputs(logp, logp_old, advantages, m)
+  log_ratio = _policy_log_ratio(lp, lp_old, m, level, clamp)
   ratio = jnp.exp(log_ratio)
-
-  clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-  loss_unclipped = -ratio * adv
-  loss_clipped = -clipped_ratio * adv
-  per_token = jnp.maximum(loss_unclipped, loss_clipped)
-  if dual_clip is not None:
-    bound = -dual_clip * adv
-    dual_active = (adv < 0) & (per_token > bound)
-    per_token = jnp.where(adv < 0, jnp.minimum(per_token, bound), per_token)
-  else:
-    dual_active = jnp.zeros_like(on)
+  per_token, dual_active = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
   loss = aggregate(per_token, m, aggregation, max_tokens, normaliser)
-
-  r = jax.lax.stop_gradient(ratio)
-  f32 = lambda b: b.astype(jnp.float32)
-  metrics = {
-      "clipfrac_low": masked_mean(f32((adv < 0) & (r < 1.0 - eps_low)), m),
-      "clipfrac_high": masked_mean(f32((adv > 0) & (r > 1.0 + eps_high)), m),
-      "dual_clipfrac": masked_mean(f32(dual_active), m),
-      "approx_kl": masked_mean(_k3(-jax.lax.stop_gradient(log_ratio)), m),
-      "ratio_mean": masked_mean(r, m),
-      "ratio_max": jnp.max(jnp.where(on, r, 0.0)),
-  }
+  metrics = _policy_metrics(ratio, log_ratio, adv, m, dual_active, eps_low, eps_high)
   return loss, jax.lax.stop_gradient(metrics)
 
 
@@ -333,8 +375,8 @@ def value_loss(
   l[b, t] = 0.5 * max((values - R)^2, (v_clip - R)^2)      (0.5 * (values - R)^2 if clip is None)
   loss = masked mean of l over tokens.
 
-  Reference: Schulman et al. 2017 (arXiv:1707.06347); the value clipping of the OpenAI baselines
-  PPO2 implementation.
+  References: Schulman et al. (2017), "Proximal Policy Optimization Algorithms",
+  arXiv:1707.06347; the value clipping of the OpenAI baselines PPO2 implementation.
 
   Args:
     values: f32[B, T] value-head output of the model being trained, in reward units.
@@ -387,8 +429,8 @@ def truncated_is_weights(
   (kernels, precision); the trainer's `logp_old` is then off-policy for the sampled tokens.
   Multiply the per-token policy loss by w (e.g. scale the advantages) to correct for it.
 
-  Reference: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
-  Training" (truncated importance sampling, TIS).
+  Reference: Yao et al. (2025), "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+  Training" (truncated importance sampling, TIS), https://fengyao.notion.site/off-policy-rl.
 
   Args:
     logp_trainer_old: float[B, T] log-probs of the sampled tokens recomputed by the trainer, nats.
@@ -423,8 +465,10 @@ def advantage_sign_mask(
   or 1 is a hard switch at step positive_only_steps. Multiply the advantages (or the loss mask)
   by w.
 
-  Reference: CAPO, "Curriculum Advantage Policy Optimization" (2025): positive-only advantages
-  first, negative ones introduced afterwards (METHODS.md section 5).
+  Reference: Yang et al. (2025), "From Imitation to Discrimination: Toward A Generalized
+  Curriculum Advantage Mechanism Enhancing Cross-Domain Reasoning Tasks" (CAPO, Curriculum
+  Advantage Policy Optimization), arXiv:2512.02580: positive-only advantages first, negative ones
+  introduced afterwards.
 
   Args:
     advantages: f32[...] advantages of any shape ([P, G], [B] or [B, T]).

@@ -1,4 +1,10 @@
-"""Stability pack for RL on small models in bfloat16 with LoRA (METHODS.md section 6).
+"""Stability pack for RL on small models in bfloat16 with LoRA.
+
+The failure modes it guards against (adapters that silently stop learning, importance ratios that
+overflow in bfloat16, a policy that collapses after reward errors) and the remedies (reward
+whitening, a ratio guard, rollback to the last good state) follow the study of PPO on 70M-500M
+models in Haque, Islam and Karray (2026), "Towards Robust Reinforcement Learning for Small-Scale
+Language Model Agents", IEEE SMC 2026 (https://github.com/rezwanh001/slm-rl-agents).
 
 Pure functions and NamedTuple states, all jittable:
 
@@ -68,8 +74,10 @@ def whitening_update(
     M2 = M2_a + M2_b + delta^2 * n_a * n_b / n.
   An empty batch (no unmasked entry) leaves the state unchanged (apart from the decay).
 
-  Reference: Chan, Golub, LeVeque 1979, "Updating formulae and a pairwise algorithm for computing
-  sample variances"; reward whitening as in the small-model PPO stability study (METHODS.md 6).
+  References: Chan, Golub and LeVeque (1979), "Updating Formulae and a Pairwise Algorithm for
+  Computing Sample Variances" (Stanford report STAN-CS-79-773); reward whitening for small models:
+  Haque, Islam and Karray (2026), "Towards Robust Reinforcement Learning for Small-Scale Language
+  Model Agents" (see the module docstring).
 
   Args:
     state: the running statistics.
@@ -201,24 +209,32 @@ def should_skip(loss: jax.Array, kl: jax.Array, *, max_kl: Optional[float] = Non
   return skip
 
 
-def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
-  """Leafwise `on_true if pred else on_false` for two pytrees of one structure (the argument
-  order of `jax.lax.select`).
+def select_tree(pred: jax.Array, if_true: Any, if_false: Any) -> Any:
+  """Leafwise `if_true if pred else if_false` for two pytrees of one structure.
 
-  Typical use rolls back a train state: `state = select_tree(skip, state_before, candidate)`.
+  The argument order is that of `jax.lax.select(pred, on_true, on_false)`: the tree returned
+  when `pred` holds comes first. To roll back a rejected update, pass the state from before it
+  first:
+
+    state = select_tree(skip, state_before, candidate)  # state_before where skip is True
 
   Args:
     pred: bool[] scalar predicate.
-    on_true: pytree returned where pred is True.
-    on_false: pytree of the same structure, shapes and dtypes, returned where pred is False.
+    if_true: pytree returned where pred is True.
+    if_false: pytree of the same structure, shapes and dtypes, returned where pred is False.
 
   Returns:
-    A pytree like `on_true`.
+    A pytree like `if_true`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> select_tree(jnp.array(True), {"w": jnp.zeros(2)}, {"w": jnp.ones(2)})["w"].tolist()
+    [0.0, 0.0]
   """
   chex.assert_rank(pred, 0)
-  chex.assert_trees_all_equal_shapes_and_dtypes(on_true, on_false)
+  chex.assert_trees_all_equal_shapes_and_dtypes(if_true, if_false)
   pred = jnp.asarray(pred, bool)
-  return jax.tree_util.tree_map(lambda a, b: jax.lax.select(pred, a, b), on_true, on_false)
+  return jax.tree_util.tree_map(lambda a, b: jax.lax.select(pred, a, b), if_true, if_false)
 
 
 # --- Adaptive sampling temperature ------------------------------------------------------------

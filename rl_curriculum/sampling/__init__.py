@@ -5,3 +5,5 @@ from rl_curriculum.sampling.sampler import decode
 from rl_curriculum.sampling.sampler import prefill
 from rl_curriculum.sampling.sampler import sample
 from rl_curriculum.sampling.sampler import SamplingState
+
+__all__ = ["SamplingState", "decode", "prefill", "sample", "strategies"]

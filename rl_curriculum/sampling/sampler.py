@@ -13,9 +13,9 @@ cached by `jax.jit`:
             final state's logits, cache and positions are those after token N - 1.
 
 Log-probs: `Rollout.logprobs[b, t] = log_softmax(logits / temperature)[token]`, the log-prob of
-the token under the tempered policy the tokens were drawn from (the RL losses compute their log-probs
-the same way, `train.forward`), before top-k and top-p: a filter renormalises over fewer tokens,
-and these log-probs do not account for it. With `greedy` the temperature is ignored and the
+the token under the tempered policy the tokens were drawn from (the RL losses compute their
+log-probs the same way, `train.forward`), before top-k and top-p: a filter renormalises over fewer
+tokens, and these log-probs do not account for it. With `greedy` the temperature is ignored and the
 log-probs are those of the raw logits.
 
 Stopping: a row stops at the first token in {eos_id} | stop_ids. The stop token is kept and
@@ -96,9 +96,9 @@ def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens
 
 @functools.partial(
     jax.jit, static_argnums=(0,),
-    static_argnames=("top_k", "top_p", "use_greedy", "stop_ids", "pad_id", "mesh"),
+    static_argnames=("top_k", "top_p", "greedy", "stop_ids", "pad_id", "mesh"),
     donate_argnames=("state",))
-def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_greedy=False,
+def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=False,
            stop_ids=(), pad_id=0, mesh=None):
   """The second device program: runs the decode loop on a donated SamplingState until every row
   has stopped or max_new_tokens tokens exist; returns the final state (`state.step` = number of
@@ -115,8 +115,8 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, use_gree
     """Samples each row's next token from s.logits and writes it to column s.step."""
     token = strategies.sample_token(
         s.logits, jax.random.fold_in(s.key, s.step), temperature=temperature, top_k=top_k,
-        top_p=top_p, use_greedy=use_greedy)
-    scaled = s.logits if use_greedy else strategies.apply_temperature(s.logits, temperature)
+        top_p=top_p, greedy=greedy)
+    scaled = s.logits if greedy else strategies.apply_temperature(s.logits, temperature)
     logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled.astype(jnp.float32), axis=-1),
                                   token[:, None], axis=-1)[:, 0]
     live = ~s.done
@@ -194,7 +194,7 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
   state = prefill(graphdef, params, prompt_tokens, prompt_mask, key,
                    max_new_tokens=max_new_tokens, pad_id=int(pad_id), group=group, mesh=mesh)
   state = decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
-                  top_k=top_k, top_p=float(top_p), use_greedy=bool(greedy), stop_ids=stop,
+                  top_k=top_k, top_p=float(top_p), greedy=bool(greedy), stop_ids=stop,
                   pad_id=int(pad_id), mesh=mesh)
   return Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
                  mask=state.mask)

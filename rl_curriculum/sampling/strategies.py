@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 
-def greedy(logits: jax.Array) -> jax.Array:
-  """i32[B]: argmax_v logits[b, v] (the lowest index among ties)."""
+def argmax(logits: jax.Array) -> jax.Array:
+  """i32[B] greedy tokens: argmax_v logits[b, v] (the lowest index among ties)."""
   return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
@@ -53,14 +53,15 @@ def top_p_filter(logits: jax.Array, p) -> jax.Array:
 
 
 def sample_token(logits: jax.Array, key: jax.Array, *, temperature=1.0, top_k: int = 0,
-                 top_p: float = 1.0, use_greedy: bool = False) -> jax.Array:
+                 top_p: float = 1.0, greedy: bool = False) -> jax.Array:
   """i32[B] next tokens drawn from logits f32[B, V].
 
-  Greedy ignores the other settings. Otherwise: temperature, then top-k (static k, 0 = off),
-  then top-p (static p; p >= 1 skips the sort entirely), then a categorical draw with `key`.
+  `greedy` (static) takes the argmax and ignores the other settings and `key`. Otherwise:
+  temperature, then top-k (static k, 0 = off), then top-p (static p; p >= 1 skips the sort
+  entirely), then a categorical draw with `key`.
   """
-  if use_greedy:
-    return greedy(logits)
+  if greedy:
+    return argmax(logits)
   logits = apply_temperature(logits, temperature)
   logits = top_k_filter(logits, top_k)
   if top_p < 1.0:

@@ -12,15 +12,8 @@ import numpy as np
 import pytest
 
 from rl_curriculum.rl import advantages
+import test_util
 
-TOL = dict(rtol=1e-5, atol=1e-5)
-JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
-SETTINGS = hypothesis.settings(max_examples=50, deadline=None, derandomize=True)
-
-
-def _maybe_jit(fn, use_jit, **kwargs):
-  fn = functools.partial(fn, **kwargs)
-  return jax.jit(fn) if use_jit else fn
 
 
 # --- NumPy references: explicit loops over groups, float64 ---------------------------------------
@@ -122,23 +115,23 @@ REWARDS = np.array([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [3.0, 1.0, 2.0, 
 VALID = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 1, 1]], bool)
 
 
-@JIT
+@test_util.JIT
 def test_rloo_hand_values(use_jit):
-  out = _maybe_jit(advantages.rloo, use_jit)(jnp.asarray(REWARDS))
+  out = test_util.maybe_jit(advantages.rloo, use_jit)(jnp.asarray(REWARDS))
   expected = np.array([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [0, 0, 0, 0], [0, -8 / 3, -4 / 3, 4]])
-  np.testing.assert_allclose(out, expected, **TOL)
+  np.testing.assert_allclose(out, expected, **test_util.TOL)
 
 
-@JIT
+@test_util.JIT
 def test_grpo_hand_values(use_jit):
-  out = _maybe_jit(advantages.grpo, use_jit, eps=0.0)(jnp.asarray(REWARDS))
+  out = test_util.maybe_jit(advantages.grpo, use_jit, eps=0.0)(jnp.asarray(REWARDS))
   # Group 2: mean 3, population std sqrt((0 + 4 + 1 + 9) / 4).
   std = math.sqrt(14 / 4)
   expected = np.array([[1, -1, -1, 1], [0, 0, 0, 0], [0, -2 / std, -1 / std, 3 / std]])
-  np.testing.assert_allclose(out, expected, **TOL)
+  np.testing.assert_allclose(out, expected, **test_util.TOL)
 
 
-@JIT
+@test_util.JIT
 @pytest.mark.parametrize("name", ["rloo", "grpo", "grpo_unbiased", "dr_grpo", "reinforce_pp"])
 @pytest.mark.parametrize("with_valid", [False, True])
 def test_group_estimators_match_reference(use_jit, name, with_valid):
@@ -158,14 +151,14 @@ def test_group_estimators_match_reference(use_jit, name, with_valid):
       "reinforce_pp": (advantages.reinforce_pp, ref_reinforce_pp),
   }[name]
   kwargs = {} if valid is None else {"valid": jnp.asarray(valid)}
-  out = _maybe_jit(fn, use_jit)(jnp.asarray(rewards), **kwargs)
+  out = test_util.maybe_jit(fn, use_jit)(jnp.asarray(rewards), **kwargs)
   assert out.dtype == jnp.float32 and out.shape == rewards.shape
-  np.testing.assert_allclose(out, ref(rewards, valid), **TOL)
+  np.testing.assert_allclose(out, ref(rewards, valid), **test_util.TOL)
   if valid is not None:
     assert np.all(np.asarray(out)[~valid] == 0.0)
 
 
-@JIT
+@test_util.JIT
 def test_counterfactual_matches_reference(use_jit):
   rng = np.random.default_rng(1)
   rewards = rng.normal(size=(4, 3)).astype(np.float32)
@@ -176,10 +169,10 @@ def test_counterfactual_matches_reference(use_jit):
     for g in range(3):
       if valid[p, g]:
         expected[p, g] = float(rewards[p, g]) - float(baseline[p])
-  fn = _maybe_jit(advantages.counterfactual, use_jit)
-  np.testing.assert_allclose(fn(rewards, baseline, valid=valid), expected, **TOL)
+  fn = test_util.maybe_jit(advantages.counterfactual, use_jit)
+  np.testing.assert_allclose(fn(rewards, baseline, valid=valid), expected, **test_util.TOL)
   full = fn(rewards, baseline)
-  np.testing.assert_allclose(full, rewards - baseline[:, None], **TOL)
+  np.testing.assert_allclose(full, rewards - baseline[:, None], **test_util.TOL)
 
 
 def test_rloo_zero_for_single_completion():
@@ -192,7 +185,7 @@ def test_bfloat16_rewards_give_float32():
   for fn in (advantages.rloo, advantages.grpo, advantages.dr_grpo, advantages.reinforce_pp):
     out = fn(rewards)
     assert out.dtype == jnp.float32
-    np.testing.assert_allclose(out, fn(rewards.astype(jnp.float32)), **TOL)
+    np.testing.assert_allclose(out, fn(rewards.astype(jnp.float32)), **test_util.TOL)
 
 
 def test_rank_assertion():
@@ -230,20 +223,20 @@ DR_GRPO = jax.jit(advantages.dr_grpo)
 REINFORCE_PP = jax.jit(advantages.reinforce_pp)
 
 
-@SETTINGS
+@test_util.SETTINGS
 @hypothesis.given(reward_batches())
 def test_property_group_estimators(batch):
   rewards, valid = batch
   kw = _kwargs(valid)
-  np.testing.assert_allclose(RLOO(rewards, **kw), ref_rloo(rewards, valid), **TOL)
-  np.testing.assert_allclose(GRPO(rewards, **kw), ref_grpo(rewards, valid), **TOL)
-  np.testing.assert_allclose(DR_GRPO(rewards, **kw), ref_dr_grpo(rewards, valid), **TOL)
+  np.testing.assert_allclose(RLOO(rewards, **kw), ref_rloo(rewards, valid), **test_util.TOL)
+  np.testing.assert_allclose(GRPO(rewards, **kw), ref_grpo(rewards, valid), **test_util.TOL)
+  np.testing.assert_allclose(DR_GRPO(rewards, **kw), ref_dr_grpo(rewards, valid), **test_util.TOL)
   np.testing.assert_allclose(
       REINFORCE_PP(rewards, **kw), ref_reinforce_pp(rewards, valid), rtol=1e-5,
       atol=1e-4)
 
 
-@SETTINGS
+@test_util.SETTINGS
 @hypothesis.given(reward_batches(values=st.floats(-10, 10, width=32)))
 def test_property_rloo_dr_grpo_sum_to_zero(batch):
   rewards, valid = batch
@@ -253,11 +246,11 @@ def test_property_rloo_dr_grpo_sum_to_zero(batch):
     out = np.asarray(fn(rewards, **kw), np.float64)
     np.testing.assert_allclose(out.sum(axis=1), 0.0, atol=1e-4)
     assert np.all(out[~w] == 0.0)
-  np.testing.assert_allclose(RLOO(rewards, **kw), ref_rloo(rewards, valid), **TOL)
-  np.testing.assert_allclose(DR_GRPO(rewards, **kw), ref_dr_grpo(rewards, valid), **TOL)
+  np.testing.assert_allclose(RLOO(rewards, **kw), ref_rloo(rewards, valid), **test_util.TOL)
+  np.testing.assert_allclose(DR_GRPO(rewards, **kw), ref_dr_grpo(rewards, valid), **test_util.TOL)
 
 
-@SETTINGS
+@test_util.SETTINGS
 @hypothesis.given(reward_batches())
 def test_property_grpo_standardised(batch):
   rewards, valid = batch
@@ -276,7 +269,7 @@ def test_property_grpo_standardised(batch):
     np.testing.assert_allclose(a.std(), 1.0, rtol=1e-4)
 
 
-@SETTINGS
+@test_util.SETTINGS
 @hypothesis.given(reward_batches())
 def test_property_reinforce_pp_whitened(batch):
   rewards, valid = batch
@@ -290,7 +283,7 @@ def test_property_reinforce_pp_whitened(batch):
 # --- GAE ----------------------------------------------------------------------------------------
 
 
-@JIT
+@test_util.JIT
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.5, 0.7)])
 def test_gae_matches_definition(use_jit, gamma, lam):
   rng = np.random.default_rng(2)
@@ -299,11 +292,11 @@ def test_gae_matches_definition(use_jit, gamma, lam):
   rewards = rng.normal(size=(b, t)).astype(np.float32)
   values = rng.normal(size=(b, t)).astype(np.float32)
   mask = np.array([[1.0 if j < n else 0.0 for j in range(t)] for n in lengths], np.float32)
-  fn = _maybe_jit(advantages.gae, use_jit, gamma=gamma, lam=lam)
+  fn = test_util.maybe_jit(advantages.gae, use_jit, gamma=gamma, lam=lam)
   adv, ret = fn(rewards, values, mask)
   ref_adv, ref_ret = ref_gae(rewards, values, lengths, gamma, lam)
-  np.testing.assert_allclose(adv, ref_adv, **TOL)
-  np.testing.assert_allclose(ret, ref_ret, **TOL)
+  np.testing.assert_allclose(adv, ref_adv, **test_util.TOL)
+  np.testing.assert_allclose(ret, ref_ret, **test_util.TOL)
 
 
 def test_gae_lambda_one_is_monte_carlo_and_ignores_padding():
@@ -316,8 +309,8 @@ def test_gae_lambda_one_is_monte_carlo_and_ignores_padding():
     n = int(mask[b].sum())
     for t in range(n):
       mc = sum(float(rewards[b, s]) for s in range(t, n))
-      np.testing.assert_allclose(ret[b, t], mc, **TOL)
-      np.testing.assert_allclose(adv[b, t], mc - float(values[b, t]), **TOL)
+      np.testing.assert_allclose(ret[b, t], mc, **test_util.TOL)
+      np.testing.assert_allclose(adv[b, t], mc - float(values[b, t]), **test_util.TOL)
   garbage = np.where(mask > 0, 0.0, 1e6).astype(np.float32)
   adv2, ret2 = advantages.gae(rewards + garbage, values - garbage, mask, gamma=1.0, lam=1.0)
   np.testing.assert_array_equal(adv2, adv)
@@ -327,29 +320,29 @@ def test_gae_lambda_one_is_monte_carlo_and_ignores_padding():
 # --- Token helpers ------------------------------------------------------------------------------
 
 
-@JIT
+@test_util.JIT
 def test_broadcast_to_tokens_and_sequence_mean(use_jit):
   adv = np.array([[1.0, -2.0], [0.5, 3.0]], np.float32)
   mask = np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], np.float32)
-  tok = _maybe_jit(advantages.broadcast_to_tokens, use_jit)(adv, mask)
+  tok = test_util.maybe_jit(advantages.broadcast_to_tokens, use_jit)(adv, mask)
   expected = np.zeros((4, 3))
   flat = [1.0, -2.0, 0.5, 3.0]
   for b in range(4):
     for t in range(3):
       expected[b, t] = flat[b] * mask[b, t]
-  np.testing.assert_allclose(tok, expected, **TOL)
+  np.testing.assert_allclose(tok, expected, **test_util.TOL)
   np.testing.assert_allclose(advantages.broadcast_to_tokens(adv.reshape(-1), mask), expected)
 
   x = np.arange(12, dtype=np.float32).reshape(4, 3)
-  means = _maybe_jit(advantages.sequence_mean, use_jit)(x, mask)
+  means = test_util.maybe_jit(advantages.sequence_mean, use_jit)(x, mask)
   expected_means = []
   for b in range(4):
     n = sum(mask[b])
     expected_means.append(sum(x[b, t] * mask[b, t] for t in range(3)) / n if n else 0.0)
-  np.testing.assert_allclose(means, expected_means, **TOL)
+  np.testing.assert_allclose(means, expected_means, **test_util.TOL)
   # The per-completion |A| that curricula consume.
   np.testing.assert_allclose(
-      advantages.sequence_mean(jnp.abs(tok), mask), [1.0, 2.0, 0.0, 3.0], **TOL)
+      advantages.sequence_mean(jnp.abs(tok), mask), [1.0, 2.0, 0.0, 3.0], **test_util.TOL)
 
 
 def test_broadcast_to_tokens_rejects_wrong_count():

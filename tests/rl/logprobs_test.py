@@ -10,16 +10,10 @@ import numpy as np
 import pytest
 
 from rl_curriculum.rl import logprobs
+import test_util
 
-TOL = dict(rtol=1e-5, atol=1e-5)
-JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
 # None: unchunked; 1: one token a chunk; 3: with a remainder (T = 7); 7: exactly T; 16: above T.
 CHUNKS = pytest.mark.parametrize("chunk_size", [None, 1, 3, 7, 16])
-
-
-def _maybe_jit(fn, use_jit, **kwargs):
-  fn = functools.partial(fn, **kwargs)
-  return jax.jit(fn) if use_jit else fn
 
 
 def ref_logprobs(logits, tokens):
@@ -61,24 +55,24 @@ def _inputs(b=3, t=7, v=11, seed=0, scale=3.0):
   return logits, tokens
 
 
-@JIT
+@test_util.JIT
 @CHUNKS
 def test_token_logprobs_matches_reference(use_jit, chunk_size):
   logits, tokens = _inputs()
-  out = _maybe_jit(logprobs.token_logprobs, use_jit, chunk_size=chunk_size)(logits, tokens)
+  out = test_util.maybe_jit(logprobs.token_logprobs, use_jit, chunk_size=chunk_size)(logits, tokens)
   assert out.dtype == jnp.float32 and out.shape == tokens.shape
-  np.testing.assert_allclose(out, ref_logprobs(logits, np.asarray(tokens)), **TOL)
-  np.testing.assert_allclose(out, logprobs.token_logprobs(logits, tokens), **TOL)
+  np.testing.assert_allclose(out, ref_logprobs(logits, np.asarray(tokens)), **test_util.TOL)
+  np.testing.assert_allclose(out, logprobs.token_logprobs(logits, tokens), **test_util.TOL)
 
 
-@JIT
+@test_util.JIT
 @CHUNKS
 def test_token_entropy_matches_reference(use_jit, chunk_size):
   logits, _ = _inputs()
-  out = _maybe_jit(logprobs.token_entropy, use_jit, chunk_size=chunk_size)(logits)
+  out = test_util.maybe_jit(logprobs.token_entropy, use_jit, chunk_size=chunk_size)(logits)
   assert out.dtype == jnp.float32
-  np.testing.assert_allclose(out, ref_entropy(logits), **TOL)
-  np.testing.assert_allclose(out, logprobs.token_entropy(logits), **TOL)
+  np.testing.assert_allclose(out, ref_entropy(logits), **test_util.TOL)
+  np.testing.assert_allclose(out, logprobs.token_entropy(logits), **test_util.TOL)
   assert np.all(np.asarray(out) >= 0) and np.all(np.asarray(out) <= math.log(11) + 1e-5)
 
 
@@ -91,8 +85,8 @@ def test_low_precision_logits_computed_in_float32(dtype, chunk_size):
   h = logprobs.token_entropy(low, chunk_size=chunk_size)
   assert lp.dtype == jnp.float32 and h.dtype == jnp.float32
   widened = np.asarray(low.astype(jnp.float32))
-  np.testing.assert_allclose(lp, ref_logprobs(widened, np.asarray(tokens)), **TOL)
-  np.testing.assert_allclose(h, ref_entropy(widened), **TOL)
+  np.testing.assert_allclose(lp, ref_logprobs(widened, np.asarray(tokens)), **test_util.TOL)
+  np.testing.assert_allclose(h, ref_entropy(widened), **test_util.TOL)
 
 
 def test_minus_inf_logits_are_allowed():
@@ -107,8 +101,8 @@ def test_minus_inf_logits_are_allowed():
 
     lp = logprobs.token_logprobs(logits, tokens, chunk_size=chunk_size)
     h = logprobs.token_entropy(logits, chunk_size=chunk_size)
-    np.testing.assert_allclose(lp, ref_logprobs(logits, np.asarray(tokens)), **TOL)
-    np.testing.assert_allclose(h, ref_entropy(logits), **TOL)
+    np.testing.assert_allclose(lp, ref_logprobs(logits, np.asarray(tokens)), **test_util.TOL)
+    np.testing.assert_allclose(h, ref_entropy(logits), **test_util.TOL)
     grads = jax.jit(jax.grad(total))(logits)
     assert np.all(np.isfinite(np.asarray(grads)))
 
@@ -125,7 +119,7 @@ def test_chunked_gradients_equal_unchunked(chunk_size):
             + jnp.sum(w * logprobs.token_entropy(x, chunk_size=chunk)))
 
   grad_fn = jax.jit(jax.grad(objective), static_argnums=1)
-  np.testing.assert_allclose(grad_fn(logits, chunk_size), grad_fn(logits, None), **TOL)
+  np.testing.assert_allclose(grad_fn(logits, chunk_size), grad_fn(logits, None), **test_util.TOL)
 
 
 def test_logprob_gradient_is_onehot_minus_softmax():
@@ -139,7 +133,7 @@ def test_logprob_gradient_is_onehot_minus_softmax():
       z = sum(math.exp(v) for v in x[b, t])
       for v in range(5):
         expected[b, t, v] = (1.0 if v == int(tokens[b, t]) else 0.0) - math.exp(x[b, t, v]) / z
-  np.testing.assert_allclose(g, expected, **TOL)
+  np.testing.assert_allclose(g, expected, **test_util.TOL)
 
 
 @pytest.mark.parametrize("chunk_size", [None, 2])

@@ -13,18 +13,11 @@ import numpy as np
 import pytest
 
 from rl_curriculum.rl import losses
+import test_util
 
-TOL = dict(rtol=1e-5, atol=1e-5)
-JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
 AGGS = pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
 LEVELS = pytest.mark.parametrize("level", ["token", "sequence"])
-SETTINGS = hypothesis.settings(max_examples=50, deadline=None, derandomize=True)
 MAX_TOKENS = 8
-
-
-def _maybe_jit(fn, use_jit, **kwargs):
-  fn = functools.partial(fn, **kwargs)
-  return jax.jit(fn) if use_jit else fn
 
 
 # --- NumPy references: explicit loops, float64 ---------------------------------------------------
@@ -124,15 +117,15 @@ def _batch(b=4, t=6, seed=0, spread=0.3):
 # --- masked_mean, aggregate, KL -----------------------------------------------------------------
 
 
-@JIT
+@test_util.JIT
 @AGGS
 def test_aggregate_matches_reference(use_jit, aggregation):
   rng = np.random.default_rng(1)
   x = rng.normal(size=(4, 6)).astype(np.float32)
   _, _, _, mask = _batch()
-  out = _maybe_jit(losses.aggregate, use_jit, aggregation=aggregation, max_tokens=MAX_TOKENS)(
-      x, mask)
-  np.testing.assert_allclose(out, ref_aggregate(x, mask, aggregation, MAX_TOKENS), **TOL)
+  out = test_util.maybe_jit(losses.aggregate, use_jit, aggregation=aggregation,
+                            max_tokens=MAX_TOKENS)(x, mask)
+  np.testing.assert_allclose(out, ref_aggregate(x, mask, aggregation, MAX_TOKENS), **test_util.TOL)
   zero = losses.aggregate(x, np.zeros_like(mask), aggregation, MAX_TOKENS)
   assert float(zero) == 0.0
 
@@ -140,18 +133,18 @@ def test_aggregate_matches_reference(use_jit, aggregation):
 def test_masked_mean_axes_and_empty():
   x = np.arange(6, dtype=np.float32).reshape(2, 3)
   m = np.array([[1, 0, 1], [0, 0, 0]], np.float32)
-  np.testing.assert_allclose(losses.masked_mean(x, m), (0 + 2) / 2, **TOL)
-  np.testing.assert_allclose(losses.masked_mean(x, m, axis=1), [1.0, 0.0], **TOL)
+  np.testing.assert_allclose(losses.masked_mean(x, m), (0 + 2) / 2, **test_util.TOL)
+  np.testing.assert_allclose(losses.masked_mean(x, m, axis=1), [1.0, 0.0], **test_util.TOL)
   x_bad = np.where(m > 0, x, np.nan)  # NaN under a zero mask does not leak in
-  np.testing.assert_allclose(losses.masked_mean(x_bad, m), 1.0, **TOL)
+  np.testing.assert_allclose(losses.masked_mean(x_bad, m), 1.0, **test_util.TOL)
 
 
-@JIT
+@test_util.JIT
 @pytest.mark.parametrize("estimator", losses.KL_ESTIMATORS)
 def test_kl_matches_reference(use_jit, estimator):
   logp, logp_ref, _, _ = _batch(spread=1.0)
   logp[0, 0] = logp_ref[0, 0] - 30.0  # beyond the clamp
-  out = _maybe_jit(losses.kl_divergence, use_jit, estimator=estimator)(logp, logp_ref)
+  out = test_util.maybe_jit(losses.kl_divergence, use_jit, estimator=estimator)(logp, logp_ref)
   assert out.dtype == jnp.float32
   np.testing.assert_allclose(out, ref_kl(logp, logp_ref, estimator), rtol=1e-5, atol=1e-5)
 
@@ -163,13 +156,13 @@ def test_kl_zero_at_reference_and_gradient(estimator):
   f = jax.jit(lambda x, y: jnp.sum(losses.kl_divergence(x, y, estimator=estimator)))
   g = jax.grad(f)(jnp.asarray(logp), jnp.asarray(logp))
   # d/dlogp: k1 -> 1, k2 -> 0, k3 -> 0 at logp == logp_ref.
-  np.testing.assert_allclose(g, 1.0 if estimator == "k1" else 0.0, **TOL)
+  np.testing.assert_allclose(g, 1.0 if estimator == "k1" else 0.0, **test_util.TOL)
   logp2, logp_ref, _, _ = _batch(spread=0.5, seed=3)
   check_grads(lambda x: losses.kl_divergence(x, logp_ref, estimator=estimator), (logp2,),
               order=1, modes=["rev"], eps=1e-3, atol=2e-3, rtol=2e-3)
 
 
-@SETTINGS
+@test_util.SETTINGS
 @hypothesis.given(st.lists(st.tuples(st.floats(-60, 0, width=32), st.floats(-60, 0, width=32)),
                            min_size=1, max_size=16))
 def test_property_k3_nonnegative(pairs):
@@ -204,7 +197,7 @@ POLICY_CONFIGS = [
 ]
 
 
-@JIT
+@test_util.JIT
 @AGGS
 @LEVELS
 @pytest.mark.parametrize("config", POLICY_CONFIGS, ids=["ppo", "clip_higher", "dual_clip"])
@@ -213,12 +206,13 @@ def test_policy_loss_matches_reference(use_jit, aggregation, level, config):
   if level == "sequence":
     adv = adv[:, 0]  # one advantage per completion
   kwargs = dict(config, level=level, aggregation=aggregation, max_tokens=MAX_TOKENS)
-  loss, metrics = _maybe_jit(losses.policy_loss, use_jit, **kwargs)(logp, logp_old, adv, mask)
+  loss, metrics = test_util.maybe_jit(losses.policy_loss, use_jit, **kwargs)(
+      logp, logp_old, adv, mask)
   ref_loss, ref_metrics = ref_policy_loss(logp, logp_old, adv, mask, **kwargs)
   assert loss.dtype == jnp.float32 and loss.shape == ()
-  np.testing.assert_allclose(loss, ref_loss, **TOL)
+  np.testing.assert_allclose(loss, ref_loss, **test_util.TOL)
   for name, value in ref_metrics.items():
-    np.testing.assert_allclose(metrics[name], value, err_msg=name, **TOL)
+    np.testing.assert_allclose(metrics[name], value, err_msg=name, **test_util.TOL)
 
 
 def test_policy_loss_clip_and_dual_clip_cases_by_hand():
@@ -229,13 +223,14 @@ def test_policy_loss_clip_and_dual_clip_cases_by_hand():
   adv = np.array([1.0, -1.0, -1.0], np.float32)
   mask = np.ones((3, 1), np.float32)
   loss, m = losses.policy_loss(logp, logp_old, adv, mask, aggregation="seq_mean_token_mean")
-  np.testing.assert_allclose(loss, (-1.2 + 0.8 + math.exp(2.0)) / 3, **TOL)
-  np.testing.assert_allclose([m["clipfrac_high"], m["clipfrac_low"]], [1 / 3, 1 / 3], **TOL)
+  np.testing.assert_allclose(loss, (-1.2 + 0.8 + math.exp(2.0)) / 3, **test_util.TOL)
+  np.testing.assert_allclose([m["clipfrac_high"], m["clipfrac_low"]], [1 / 3, 1 / 3],
+                             **test_util.TOL)
   loss_dc, m_dc = losses.policy_loss(logp, logp_old, adv, mask, dual_clip=3.0,
                                      aggregation="seq_mean_token_mean")
-  np.testing.assert_allclose(loss_dc, (-1.2 + 0.8 + 3.0) / 3, **TOL)
-  np.testing.assert_allclose(m_dc["dual_clipfrac"], 1 / 3, **TOL)
-  np.testing.assert_allclose(m_dc["ratio_max"], math.exp(2.0), **TOL)
+  np.testing.assert_allclose(loss_dc, (-1.2 + 0.8 + 3.0) / 3, **test_util.TOL)
+  np.testing.assert_allclose(m_dc["dual_clipfrac"], 1 / 3, **test_util.TOL)
+  np.testing.assert_allclose(m_dc["ratio_max"], math.exp(2.0), **test_util.TOL)
 
 
 def _pg_weights(mask, aggregation):
@@ -258,7 +253,7 @@ def _pg_weights(mask, aggregation):
   return w
 
 
-@JIT
+@test_util.JIT
 @AGGS
 @LEVELS
 def test_on_policy_gradient_is_vanilla_policy_gradient(use_jit, aggregation, level):
@@ -270,7 +265,7 @@ def test_on_policy_gradient_is_vanilla_policy_gradient(use_jit, aggregation, lev
   grad_fn = jax.grad(lambda lp: losses.policy_loss(lp, logp, adv, mask, **kwargs)[0])
   grad_fn = jax.jit(grad_fn) if use_jit else grad_fn
   g = grad_fn(jnp.asarray(logp))
-  np.testing.assert_allclose(g, -adv * _pg_weights(mask, aggregation), **TOL)
+  np.testing.assert_allclose(g, -adv * _pg_weights(mask, aggregation), **test_util.TOL)
 
 
 # Without jit only: 36 distinct programs here would each compile once and never be reused, while
@@ -292,10 +287,11 @@ def test_gspo_equals_token_ppo_for_one_token_completions(aggregation, config):
     vg = jax.value_and_grad(run, argnums=1, has_aux=True)
     (tok_loss, tok_metrics), tok_grad = vg("token", jnp.asarray(lp))
     (seq_loss, seq_metrics), seq_grad = vg("sequence", jnp.asarray(lp))
-    np.testing.assert_allclose(seq_loss, tok_loss, **TOL)
-    np.testing.assert_allclose(seq_grad, tok_grad, **TOL)
+    np.testing.assert_allclose(seq_loss, tok_loss, **test_util.TOL)
+    np.testing.assert_allclose(seq_grad, tok_grad, **test_util.TOL)
     for name in tok_metrics:
-      np.testing.assert_allclose(seq_metrics[name], tok_metrics[name], err_msg=name, **TOL)
+      np.testing.assert_allclose(seq_metrics[name], tok_metrics[name], err_msg=name,
+                                 **test_util.TOL)
 
 
 @AGGS
@@ -390,21 +386,21 @@ def test_low_precision_ratios_never_overflow(dtype, level):
   (loss32, metrics32), grad32 = vg(*widened)
   assert loss.dtype == jnp.float32 and np.isfinite(float(loss))
   assert np.all(np.isfinite(np.asarray(grad, np.float32)))
-  np.testing.assert_allclose(loss, loss32, **TOL)
+  np.testing.assert_allclose(loss, loss32, **test_util.TOL)
   for name in metrics:
     assert np.isfinite(float(metrics[name])), name
-    np.testing.assert_allclose(metrics[name], metrics32[name], err_msg=name, **TOL)
+    np.testing.assert_allclose(metrics[name], metrics32[name], err_msg=name, **test_util.TOL)
   ref_loss, _ = ref_policy_loss(*[np.asarray(w) for w in widened], adv, mask, **kwargs)
-  np.testing.assert_allclose(loss, ref_loss, **TOL)
+  np.testing.assert_allclose(loss, ref_loss, **test_util.TOL)
 
   for estimator in losses.KL_ESTIMATORS:
     kl = losses.kl_divergence(lo, lp, estimator=estimator)  # log-ratio of -gap: exp(gap) naively
     assert kl.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(kl)))
     np.testing.assert_allclose(kl, losses.kl_divergence(*widened[::-1], estimator=estimator),
-                               **TOL)
+                               **test_util.TOL)
   w = losses.truncated_is_weights(lp, lo)
   assert np.all(np.isfinite(np.asarray(w)))
-  np.testing.assert_allclose(w, losses.truncated_is_weights(*widened), **TOL)
+  np.testing.assert_allclose(w, losses.truncated_is_weights(*widened), **test_util.TOL)
 
 
 # --- Property test ------------------------------------------------------------------------------
@@ -436,7 +432,7 @@ def policy_batches(draw):
   return (logp_old + log_ratio).astype(np.float32), logp_old, adv, mask, config
 
 
-@SETTINGS
+@test_util.SETTINGS
 @hypothesis.given(policy_batches())
 def test_property_policy_loss_matches_reference(batch):
   logp, logp_old, adv, mask, (level, aggregation, dual_clip) = batch
@@ -473,7 +469,7 @@ def ref_value_loss(values, values_old, returns, mask, clip):
   return total / count if count else 0.0
 
 
-@JIT
+@test_util.JIT
 @pytest.mark.parametrize("clip", [None, 0.2, 1.0])
 def test_value_loss_matches_reference(use_jit, clip):
   rng = np.random.default_rng(6)
@@ -481,9 +477,10 @@ def test_value_loss_matches_reference(use_jit, clip):
   values_old = (values + 0.5 * rng.normal(size=(4, 6))).astype(np.float32)
   returns = rng.normal(size=(4, 6)).astype(np.float32)
   _, _, _, mask = _batch()
-  loss, metrics = _maybe_jit(losses.value_loss, use_jit, clip=clip)(
+  loss, metrics = test_util.maybe_jit(losses.value_loss, use_jit, clip=clip)(
       values, values_old, returns, mask)
-  np.testing.assert_allclose(loss, ref_value_loss(values, values_old, returns, mask, clip), **TOL)
+  np.testing.assert_allclose(loss, ref_value_loss(values, values_old, returns, mask, clip),
+                             **test_util.TOL)
   assert 0.0 <= float(metrics["vf_clipfrac"]) <= 1.0
   # Masked entries matter to neither the loss nor its gradient.
   vg = jax.jit(jax.value_and_grad(lambda v, vo, r: losses.value_loss(v, vo, r, mask, clip=clip)[0]))
@@ -508,25 +505,26 @@ def test_value_loss_check_grads(clip):
               (v,), order=1, modes=["rev"], eps=1e-3, atol=2e-3, rtol=2e-3)
 
 
-@JIT
+@test_util.JIT
 def test_truncated_is_weights_match_reference(use_jit):
   logp_trainer, logp_sampler, _, _ = _batch(spread=1.0)
-  out = _maybe_jit(losses.truncated_is_weights, use_jit, cap=1.5)(logp_trainer, logp_sampler)
+  out = test_util.maybe_jit(losses.truncated_is_weights, use_jit, cap=1.5)(
+      logp_trainer, logp_sampler)
   expected = np.zeros(logp_trainer.shape)
   for b in range(expected.shape[0]):
     for t in range(expected.shape[1]):
       expected[b, t] = min(math.exp(float(logp_trainer[b, t]) - float(logp_sampler[b, t])), 1.5)
-  np.testing.assert_allclose(out, expected, **TOL)
+  np.testing.assert_allclose(out, expected, **test_util.TOL)
   g = jax.grad(lambda x: jnp.sum(losses.truncated_is_weights(x, logp_sampler)))(logp_trainer)
   np.testing.assert_array_equal(g, 0.0)  # weights are constants of the loss
 
 
-@JIT
+@test_util.JIT
 @pytest.mark.parametrize("positive_only_steps,ramp_steps", [(0, 0), (3, 0), (3, 1), (2, 4)])
 def test_advantage_sign_mask_schedule(use_jit, positive_only_steps, ramp_steps):
   adv = np.array([[1.0, -1.0, 0.0, -0.5]], np.float32)
-  fn = _maybe_jit(losses.advantage_sign_mask, use_jit, positive_only_steps=positive_only_steps,
-                  ramp_steps=ramp_steps)
+  fn = test_util.maybe_jit(losses.advantage_sign_mask, use_jit,
+                           positive_only_steps=positive_only_steps, ramp_steps=ramp_steps)
   for step in range(10):
     if step < positive_only_steps:
       w_neg = 0.0
@@ -535,7 +533,8 @@ def test_advantage_sign_mask_schedule(use_jit, positive_only_steps, ramp_steps):
     else:
       w_neg = min(1.0, (step - positive_only_steps + 1) / ramp_steps)
     expected = [[1.0 if a >= 0 else w_neg for a in adv[0]]]
-    np.testing.assert_allclose(fn(adv, jnp.int32(step)), expected, err_msg=str(step), **TOL)
+    np.testing.assert_allclose(fn(adv, jnp.int32(step)), expected, err_msg=str(step),
+                               **test_util.TOL)
 
 
 def test_entropy_bonus_is_aggregated_entropy():
@@ -545,7 +544,7 @@ def test_entropy_bonus_is_aggregated_entropy():
   for aggregation in losses.AGGREGATIONS:
     np.testing.assert_allclose(
         losses.entropy_bonus(entropy, mask, aggregation=aggregation, max_tokens=MAX_TOKENS),
-        ref_aggregate(entropy, mask, aggregation, MAX_TOKENS), **TOL)
+        ref_aggregate(entropy, mask, aggregation, MAX_TOKENS), **test_util.TOL)
 
 
 def test_docstring_examples_run():

@@ -1,5 +1,6 @@
 """Tests for rl_curriculum.rl.stability: whitening, ratio guard, rollback, temperature, LoRA."""
 
+import doctest
 import functools
 import math
 
@@ -11,15 +12,8 @@ import numpy as np
 import pytest
 
 from rl_curriculum.rl import stability
+import test_util
 
-TOL = dict(rtol=1e-5, atol=1e-5)
-JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
-SETTINGS = hypothesis.settings(max_examples=50, deadline=None, derandomize=True)
-
-
-def _maybe_jit(fn, use_jit, **kwargs):
-  fn = functools.partial(fn, **kwargs)
-  return jax.jit(fn) if use_jit else fn
 
 
 # --- Reward whitening ---------------------------------------------------------------------------
@@ -44,7 +38,7 @@ def ref_weighted_stats(batches, decay=None):
   return total_w, mean, var
 
 
-@JIT
+@test_util.JIT
 @pytest.mark.parametrize("decay", [None, 0.9])
 def test_whitening_matches_reference(use_jit, decay):
   rng = np.random.default_rng(0)
@@ -55,16 +49,16 @@ def test_whitening_matches_reference(use_jit, decay):
     if k == 2:
       mask[:] = False  # an empty batch changes nothing
     batches.append((rewards, mask))
-  update = _maybe_jit(stability.whitening_update, use_jit, decay=decay)
+  update = test_util.maybe_jit(stability.whitening_update, use_jit, decay=decay)
   state = stability.whitening_init()
   for rewards, mask in batches:
     state = update(state, rewards, mask)
   count, mean, var = ref_weighted_stats(batches, decay)
-  np.testing.assert_allclose(state.count, count, **TOL)
-  np.testing.assert_allclose(state.mean, mean, **TOL)
+  np.testing.assert_allclose(state.count, count, **test_util.TOL)
+  np.testing.assert_allclose(state.mean, mean, **test_util.TOL)
   np.testing.assert_allclose(state.m2 / state.count, var, rtol=1e-5, atol=1e-4)
   x = np.array([-3.0, 0.0, 2.5], np.float32)
-  whitened = _maybe_jit(stability.whiten, use_jit)(state, x)
+  whitened = test_util.maybe_jit(stability.whiten, use_jit)(state, x)
   expected = [(v - mean) / (math.sqrt(var) + 1e-6) for v in x]
   np.testing.assert_allclose(whitened, expected, rtol=1e-5, atol=1e-5)
 
@@ -79,7 +73,7 @@ def test_whiten_is_identity_before_any_update_and_standardises_after():
   np.testing.assert_allclose(out.std(), 1.0, rtol=1e-5)
 
 
-@SETTINGS
+@test_util.SETTINGS
 @hypothesis.given(
     st.lists(st.floats(-100, 100, width=32), min_size=1, max_size=40),
     st.lists(st.integers(1, 8), min_size=1, max_size=6),
@@ -112,12 +106,12 @@ _UPDATE = jax.jit(stability.whitening_update)
 # --- Ratio guard --------------------------------------------------------------------------------
 
 
-@JIT
+@test_util.JIT
 def test_ratio_guard_matches_reference(use_jit):
   logp_old = np.zeros((2, 4), np.float32)
   logp = np.array([[0.5, -6.0, np.nan, 3.0], [7.0, 0.0, -2.0, 10.0]], np.float32)
   mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
-  new_mask, frac = _maybe_jit(stability.ratio_guard, use_jit, max_log_ratio=5.0)(
+  new_mask, frac = test_util.maybe_jit(stability.ratio_guard, use_jit, max_log_ratio=5.0)(
       logp, logp_old, mask)
   expected = np.zeros_like(mask)
   dropped, total = 0.0, 0.0
@@ -129,7 +123,7 @@ def test_ratio_guard_matches_reference(use_jit):
       dropped += 0.0 if keep else mask[b, t]
       total += mask[b, t]
   np.testing.assert_array_equal(new_mask, expected)
-  np.testing.assert_allclose(frac, dropped / total, **TOL)
+  np.testing.assert_allclose(frac, dropped / total, **test_util.TOL)
   _, frac_empty = stability.ratio_guard(logp, logp_old, np.zeros_like(mask))
   assert float(frac_empty) == 0.0
 
@@ -145,9 +139,9 @@ def test_ratio_guard_bfloat16_inputs():
 # --- Skip and roll back -------------------------------------------------------------------------
 
 
-@JIT
+@test_util.JIT
 def test_all_finite(use_jit):
-  fn = _maybe_jit(stability.all_finite, use_jit)
+  fn = test_util.maybe_jit(stability.all_finite, use_jit)
   good = {"w": jnp.ones((2, 3)), "step": jnp.int32(4), "flag": jnp.array([True]),
           "h": jnp.ones(2, jnp.bfloat16)}
   assert bool(fn(good))
@@ -158,9 +152,9 @@ def test_all_finite(use_jit):
   assert not bool(fn(dict(good, h=jnp.array([1.0, jnp.inf], jnp.bfloat16))))
 
 
-@JIT
+@test_util.JIT
 def test_should_skip(use_jit):
-  fn = _maybe_jit(stability.should_skip, use_jit, max_kl=0.1)
+  fn = test_util.maybe_jit(stability.should_skip, use_jit, max_kl=0.1)
   cases = [((1.0, 0.05), False), ((1.0, 0.2), True), ((np.nan, 0.0), True),
            ((1.0, np.inf), True), ((-np.inf, 0.0), True), ((0.0, np.nan), True)]
   for (loss, kl), expected in cases:
@@ -168,7 +162,7 @@ def test_should_skip(use_jit):
   assert not bool(stability.should_skip(jnp.float32(1.0), jnp.float32(50.0)))  # no bound given
 
 
-@JIT
+@test_util.JIT
 def test_select_tree_rolls_back_a_non_finite_update(use_jit):
   old = {"params": {"w": jnp.arange(3.0)}, "step": jnp.int32(7)}
 
@@ -185,7 +179,7 @@ def test_select_tree_rolls_back_a_non_finite_update(use_jit):
   jax.tree_util.tree_map(np.testing.assert_array_equal, rolled, old)
   advanced, skipped = step(old, jnp.float32(math.e))
   assert not bool(skipped)
-  np.testing.assert_allclose(advanced["params"]["w"], np.arange(3.0) - 1.0, **TOL)
+  np.testing.assert_allclose(advanced["params"]["w"], np.arange(3.0) - 1.0, **test_util.TOL)
   assert int(advanced["step"]) == 8
 
 
@@ -197,16 +191,16 @@ def test_select_tree_requires_matching_trees():
 # --- Adaptive temperature -----------------------------------------------------------------------
 
 
-@JIT
+@test_util.JIT
 def test_temperature_update_matches_formula(use_jit):
-  update = _maybe_jit(stability.temperature_update, use_jit, target=1.0, rate=0.5, t_min=0.4,
-                      t_max=1.6)
+  update = test_util.maybe_jit(stability.temperature_update, use_jit, target=1.0, rate=0.5,
+                               t_min=0.4, t_max=1.6)
   state = stability.temperature_init(1.0)
   tau = 1.0
   for h in [0.2, 0.5, 3.0, 1.0, 0.0, 0.0, 0.0, 5.0, 5.0]:
     state = update(state, jnp.float32(h))
     tau = min(max(tau * math.exp(0.5 * (1.0 - h)), 0.4), 1.6)
-    np.testing.assert_allclose(state.temperature, tau, **TOL)
+    np.testing.assert_allclose(state.temperature, tau, **test_util.TOL)
   same = update(state, jnp.float32(np.nan))
   np.testing.assert_array_equal(same.temperature, state.temperature)
 
@@ -233,7 +227,7 @@ def test_temperature_controller_holds_entropy_near_target():
 # --- LoRA health --------------------------------------------------------------------------------
 
 
-@JIT
+@test_util.JIT
 def test_adapter_health(use_jit):
   rng = np.random.default_rng(1)
   old = {"lora_a": rng.normal(size=(4, 2)).astype(np.float32),
@@ -241,16 +235,16 @@ def test_adapter_health(use_jit):
   grads = {"lora_a": np.zeros((4, 2), np.float32), "lora_b": rng.normal(size=(2, 4))}
   grads["lora_b"] = grads["lora_b"].astype(np.float32)
   new = {"lora_a": old["lora_a"], "lora_b": (old["lora_b"] - 0.1 * grads["lora_b"])}
-  fn = _maybe_jit(stability.adapter_health, use_jit)
+  fn = test_util.maybe_jit(stability.adapter_health, use_jit)
 
   def norm(tree):
     return math.sqrt(sum(float(v) ** 2 for leaf in tree.values() for v in np.ravel(leaf)))
 
   out = fn(grads, old, new)
-  np.testing.assert_allclose(out["adapter_grad_norm"], norm(grads), **TOL)
+  np.testing.assert_allclose(out["adapter_grad_norm"], norm(grads), **test_util.TOL)
   delta = {k: new[k] - old[k] for k in old}
-  np.testing.assert_allclose(out["adapter_update_norm"], norm(delta), **TOL)
-  np.testing.assert_allclose(out["adapter_param_norm"], norm(new), **TOL)
+  np.testing.assert_allclose(out["adapter_update_norm"], norm(delta), **test_util.TOL)
+  np.testing.assert_allclose(out["adapter_param_norm"], norm(new), **test_util.TOL)
   assert not bool(out["adapter_frozen"])
 
   zero_grads = jax.tree_util.tree_map(np.zeros_like, grads)
@@ -260,3 +254,8 @@ def test_adapter_health(use_jit):
   old_bf16 = {"w": jnp.full((8,), 256.0, jnp.bfloat16)}
   new_bf16 = {"w": old_bf16["w"] + jnp.asarray(1e-3, jnp.bfloat16)}
   assert bool(stability.adapter_health({"w": jnp.ones(8)}, old_bf16, new_bf16)["adapter_frozen"])
+
+
+def test_docstring_examples_run():
+  result = doctest.testmod(stability)
+  assert result.attempted > 0 and result.failed == 0

@@ -133,7 +133,7 @@ def test_loop_exits_early_once_every_row_stopped(model):
                           eos_id=NEVER, greedy=True)
   stops = tuple(sorted(set(np.asarray(greedy.tokens[:, 1]).tolist())))
   state = sampler.prefill(*model, prompts, mask, jax.random.key(0), max_new_tokens=NUM_NEW)
-  state = sampler.decode(*model, state, jnp.float32(1.0), use_greedy=True, stop_ids=stops)
+  state = sampler.decode(*model, state, jnp.float32(1.0), greedy=True, stop_ids=stops)
   first = _first_stop(np.asarray(greedy.tokens), set(stops))
   assert int(state.step) == max(first) + 1 < NUM_NEW
   np.testing.assert_array_equal(np.asarray(state.mask).sum(axis=1), np.asarray(first) + 1)

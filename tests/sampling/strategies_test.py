@@ -32,9 +32,9 @@ def _np_top_p_keep(row, p):
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_greedy_is_row_argmax(jit):
+def test_argmax_is_row_argmax(jit):
   logits = _logits(0)
-  fn = jax.jit(strategies.greedy) if jit else strategies.greedy
+  fn = jax.jit(strategies.argmax) if jit else strategies.argmax
   expected = [max(range(logits.shape[1]), key=lambda v: row[v]) for row in logits]
   np.testing.assert_array_equal(fn(logits), expected)
 
@@ -90,7 +90,7 @@ def test_top_p_one_is_exactly_plain_sampling():
 
 def test_top_k_one_and_tiny_temperature_sample_the_argmax():
   logits = _logits(5)
-  expected = strategies.greedy(logits)
+  expected = strategies.argmax(logits)
   for seed in range(20):
     key = jax.random.key(seed)
     np.testing.assert_array_equal(strategies.sample_token(logits, key, top_k=1), expected)
