@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
-from rl_curriculum.curriculum import category
+from rl_curriculum import curriculum
 from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.types import Feedback
@@ -42,29 +42,29 @@ _BENCHMARK = flags.DEFINE_bool("benchmark", True, "Also time SEC select + update
 
 # name -> constructor(pool, batch_size). Other modules may add entries before calling `run`.
 CURRICULA = {
-    "uniform": lambda pool, p: category.uniform(pool, batch_size=p),
-    "easy_to_hard": lambda pool, p: category.easy_to_hard(pool, batch_size=p, steps_per_arm=50),
-    "easy_to_hard_acc0.8": lambda pool, p: category.easy_to_hard(
+    "uniform": lambda pool, p: curriculum.uniform(pool, batch_size=p),
+    "easy_to_hard": lambda pool, p: curriculum.easy_to_hard(pool, batch_size=p, steps_per_arm=50),
+    "easy_to_hard_acc0.8": lambda pool, p: curriculum.easy_to_hard(
         pool, batch_size=p, steps_per_arm=None, accuracy_threshold=0.8),
-    "hard_to_easy": lambda pool, p: category.hard_to_easy(pool, batch_size=p, steps_per_arm=50),
-    "linear_pacing": lambda pool, p: category.linear_pacing(pool, batch_size=p,
-                                                            steps_to_full=150),
-    "cyclical": lambda pool, p: category.cyclical(pool, batch_size=p, period=100),
-    "mixed_replay": lambda pool, p: category.mixed_replay(pool, batch_size=p, steps_per_arm=50),
-    "sec": lambda pool, p: category.sec(pool, batch_size=p),
-    "sec_t0.4": lambda pool, p: category.sec(pool, batch_size=p, temperature=0.4),
-    "sec_t0.2": lambda pool, p: category.sec(pool, batch_size=p, temperature=0.2),
-    "sec_t0.4_decay": lambda pool, p: category.sec(pool, batch_size=p, temperature=0.4,
-                                                   unsampled="decay"),
-    "sec_t0.4_unnorm": lambda pool, p: category.sec(pool, batch_size=p, temperature=0.4,
-                                                    objective="unnormalized_abs_advantage"),
-    "sec_t0.4_lp": lambda pool, p: category.sec(pool, batch_size=p, temperature=0.4,
-                                                objective="learning_progress"),
-    "sec_eps0.1": lambda pool, p: category.sec(pool, batch_size=p, exploration="epsilon_greedy"),
-    "sec_ucb": lambda pool, p: category.sec(pool, batch_size=p, exploration="ucb"),
-    "dump": lambda pool, p: category.dump(pool, batch_size=p),
-    "alp_teacher": lambda pool, p: category.alp_teacher(pool, batch_size=p),
-    "mastering_rate": lambda pool, p: category.mastering_rate(pool, batch_size=p),
+    "hard_to_easy": lambda pool, p: curriculum.hard_to_easy(pool, batch_size=p, steps_per_arm=50),
+    "linear_pacing": lambda pool, p: curriculum.linear_pacing(pool, batch_size=p,
+                                                              steps_to_full=150),
+    "cyclical": lambda pool, p: curriculum.cyclical(pool, batch_size=p, period=100),
+    "mixed_replay": lambda pool, p: curriculum.mixed_replay(pool, batch_size=p, steps_per_arm=50),
+    "sec": lambda pool, p: curriculum.sec(pool, batch_size=p),
+    "sec_t0.4": lambda pool, p: curriculum.sec(pool, batch_size=p, temperature=0.4),
+    "sec_t0.2": lambda pool, p: curriculum.sec(pool, batch_size=p, temperature=0.2),
+    "sec_t0.4_decay": lambda pool, p: curriculum.sec(pool, batch_size=p, temperature=0.4,
+                                                     unsampled="decay"),
+    "sec_t0.4_unnorm": lambda pool, p: curriculum.sec(pool, batch_size=p, temperature=0.4,
+                                                      objective="unnormalized_abs_advantage"),
+    "sec_t0.4_lp": lambda pool, p: curriculum.sec(pool, batch_size=p, temperature=0.4,
+                                                  objective="learning_progress"),
+    "sec_eps0.1": lambda pool, p: curriculum.sec(pool, batch_size=p, exploration="epsilon_greedy"),
+    "sec_ucb": lambda pool, p: curriculum.sec(pool, batch_size=p, exploration="ucb"),
+    "dump": lambda pool, p: curriculum.dump(pool, batch_size=p),
+    "alp_teacher": lambda pool, p: curriculum.alp_teacher(pool, batch_size=p),
+    "mastering_rate": lambda pool, p: curriculum.mastering_rate(pool, batch_size=p),
 }
 
 
@@ -109,7 +109,7 @@ def benchmark_sec_overhead(num_arms: int = 16, batch_size: int = 512, group_size
   exhausted and reshuffled), and the medians of each call.
   """
   pool = PromptPool.from_arms(np.repeat(np.arange(num_arms), prompts_per_arm))
-  cur = category.sec(pool, batch_size=batch_size)
+  cur = curriculum.sec(pool, batch_size=batch_size)
   select, update = jax.jit(cur.select), jax.jit(cur.update)
   state = cur.init(pool, jax.random.key(0))
   rewards = (jax.random.uniform(jax.random.key(1), (batch_size, group_size)) < 0.5)

@@ -1,7 +1,6 @@
 """The documentation's promises: the worked examples run and behave as written, the generated config
 reference matches the config files, and the pages link to files that exist."""
 
-import importlib.util
 import os
 import re
 
@@ -11,7 +10,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rl_curriculum.curriculum import category, gym
+from experiments import config_reference as ref
+from rl_curriculum import curriculum
+from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.examples import target_success as example
 from rl_curriculum.train import builders
@@ -25,14 +26,6 @@ EXAMPLE = "rl_curriculum/curriculum/examples/target_success.py"
 def _read(*parts):
   with open(os.path.join(ROOT, *parts)) as f:
     return f.read()
-
-
-def _config_reference():
-  spec = importlib.util.spec_from_file_location(
-      "config_reference", os.path.join(ROOT, "experiments", "config_reference.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,7 +103,7 @@ def test_target_success_on_the_gym_behaves_as_documented():
   pool = gym.make_pool(config)
   keys = jax.random.split(jax.random.key(0), 2)  # seeds agree closely: 8 seeds span 116-122 steps
   results = {}
-  for name, cur in [("uniform", category.uniform(pool, batch_size=config.batch_size)),
+  for name, cur in [("uniform", curriculum.uniform(pool, batch_size=config.batch_size)),
                     ("target", example.target_success(pool, batch_size=config.batch_size))]:
     traces = jax.tree.map(np.asarray, gym.simulate_seeds(cur, config, keys))
     results[name] = (np.median(gym.steps_to_target(traces["mean_success"], config.target)),
@@ -124,7 +117,7 @@ def test_target_success_on_the_gym_behaves_as_documented():
 def test_target_success_plugs_into_the_trainer_config(monkeypatch):
   """docs/howto.md step 4: one dict entry, then a config naming it validates and builds."""
   from configs import quickstart  # pylint: disable=import-outside-toplevel
-  monkeypatch.setitem(builders.CURRICULA, "target_success", (example.target_success, True))
+  monkeypatch.setitem(builders.CURRICULA, "target_success", example.target_success)
   c = quickstart.get_config()
   c.curriculum.name = "target_success"
   c.curriculum.options = ml_collections.ConfigDict(dict(temperature=0.1))
@@ -158,14 +151,12 @@ def test_howto_tested_blocks_run():
 # ------------------------------------------------------------------------------------------------
 
 def test_config_reference_is_up_to_date():
-  ref = _config_reference()
   assert _read("docs", "config_reference.md") == ref.render(), (
-      "docs/config_reference.md is out of date: run python experiments/config_reference.py")
+      "docs/config_reference.md is out of date: run python -m experiments.config_reference")
 
 
 def test_config_reference_covers_every_field():
   from configs import quickstart  # pylint: disable=import-outside-toplevel
-  ref = _config_reference()
   documented = [f.path for f in ref.parse(os.path.join(ROOT, "configs", "quickstart.py")).fields]
   for leaf in ref.leaf_paths(quickstart.get_config()):
     assert any(leaf == d or leaf.startswith(d + ".") for d in documented), leaf
@@ -174,7 +165,7 @@ def test_config_reference_covers_every_field():
 def test_config_reference_reads_comments(tmp_path):
   (tmp_path / "base.py").write_text('''"""A config.
 
-  python experiments/train.py --config configs/base.py
+  python -m experiments.train --config configs/base.py
 """
 import ml_collections
 
@@ -200,7 +191,6 @@ def get_config():
   c.rl.steps = 7  # more steps
   return c
 ''')
-  ref = _config_reference()
   parsed = ref.parse(str(tmp_path / "base.py"))
   assert parsed.base is None
   assert [(f.path, f.comment) for f in parsed.fields] == [
@@ -211,6 +201,38 @@ def get_config():
   derived = ref.parse(str(tmp_path / "derived.py"))
   assert derived.base == "base"
   assert [(f.path, f.comment) for f in derived.fields] == [("rl.steps", "more steps")]
+
+
+def test_config_reference_reads_the_comments_of_each_variant(tmp_path):
+  (tmp_path / "variants.py").write_text('''"""Variants."""
+from configs import base
+from configs import small
+
+VARIANTS = ("a", "b", "c", "d")
+
+
+def get_config(arg=None):
+  if arg == "d":
+    c = small.get_config()
+    c.rl.steps = 1  # d alone
+    return c
+  c = base.get_config()
+  c.rl.steps = 10  # a, b and c
+  if arg in ("b", "c"):
+    c.rl.lr = 2.0  # b and c
+    if arg == "c":
+      c.rl.steps = 30  # c alone
+  else:
+    c.rl.lr = 3.0
+  return c
+''')
+  parsed = ref.parse_variants(str(tmp_path / "variants.py"), ("a", "b", "c", "d"))
+  assert {v: p.base for v, p in parsed.items()} == {"a": "base", "b": "base", "c": "base",
+                                                    "d": "small"}
+  assert parsed["a"].comments == {"rl.steps": "a, b and c", "rl.lr": ""}
+  assert parsed["b"].comments == {"rl.steps": "a, b and c", "rl.lr": "b and c"}
+  assert parsed["c"].comments == {"rl.steps": "c alone", "rl.lr": "b and c"}
+  assert parsed["d"].comments == {"rl.steps": "d alone"}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,17 +4,18 @@ Every prompt carries a scalar difficulty d (`PromptPool.difficulty`). The state 
 
 update, after a step with mean success R (mean of the valid raw correctness by default):
   T <- clip(T + eta * tanh(a * (R - beta)), d_min, d_max)
-  beta is the target success rate (default 0.5, METHODS.md). A step without any valid completion
+  beta is the target success rate (default 0.5). A step without any valid completion
   leaves T unchanged.
 
 select: the P prompts with the smallest |d - T|; exact ties are broken uniformly at random (a
   random secondary sort key). With `no_repeat=True` the prompts of the previous selection are
   ranked after all others, so they come back only when the pool has nothing else.
 
-Defaults (our choice where METHODS.md is silent): d_min, d_max = the pool's smallest and largest
-difficulty; initial T = d_min (start easy); eta = 0.1 * (d_max - d_min); a = 2.
+Defaults (our choice where the paper leaves them open): d_min, d_max = the pool's smallest and
+largest difficulty; initial T = d_min (start easy); eta = 0.1 * (d_max - d_min); a = 2.
 
-Reference: Shi et al., "Efficient Reinforcement Finetuning via Adaptive Curriculum Learning", 2025.
+Reference: Shi et al. (2025), "Efficient Reinforcement Finetuning via Adaptive Curriculum
+Learning", arXiv:2504.05520.
 """
 
 from typing import NamedTuple, Optional
@@ -22,6 +23,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.curriculum import checks
 from rl_curriculum.curriculum import prompt_stats
 from rl_curriculum.curriculum.base import Curriculum, PromptPool
 from rl_curriculum.types import Feedback, Selection
@@ -57,13 +59,15 @@ def closest_to_target(key: jax.Array, difficulty: jax.Array, target: jax.Array, 
   return jnp.lexsort(keys)[:k].astype(jnp.int32)
 
 
-def adarft(*, batch_size: int, eta: Optional[float] = None, sensitivity: float = 2.0,
-           beta: float = 0.5, d_min: Optional[float] = None, d_max: Optional[float] = None,
-           initial_target: Optional[float] = None, no_repeat: bool = False,
-           reward_source: str = "correct") -> Curriculum:
+def adarft(pool: checks.PoolOrNumArms, *, batch_size: int, eta: Optional[float] = None,
+           sensitivity: float = 2.0, beta: float = 0.5, d_min: Optional[float] = None,
+           d_max: Optional[float] = None, initial_target: Optional[float] = None,
+           no_repeat: bool = False, reward_source: str = "correct") -> Curriculum:
   """AdaRFT curriculum (module docstring).
 
   Args:
+    pool: the PromptPool (or just its number of arms); the state is sized in `init` from the
+      pool given there.
     batch_size: P, prompts per step.
     eta: step size of T in difficulty units (default 0.1 * (d_max - d_min)).
     sensitivity: a in tanh(a (R - beta)) (default 2).
@@ -79,6 +83,7 @@ def adarft(*, batch_size: int, eta: Optional[float] = None, sensitivity: float =
     ValueError: on an argument out of range; `init` raises if the pool is smaller than P
       (or 2 P with no_repeat) or the difficulty range is empty.
   """
+  checks.num_arms(pool)  # the pool's arrays are read in init
   p = int(batch_size)
   if p < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")

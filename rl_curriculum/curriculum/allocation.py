@@ -1,4 +1,4 @@
-"""Rollout budget allocation: B completions a step spread over P prompts (METHODS.md section 4).
+"""Rollout budget allocation: B completions a step spread over P prompts.
 
 Shapes stay static: every prompt owns G_max completion slots, and a mask bool[P, G_max] marks the
 `counts[p]` slots that are sampled (the first ones of the row). Every allocator returns counts that

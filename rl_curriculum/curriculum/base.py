@@ -8,9 +8,13 @@ A curriculum decides which P prompts of a pool of N the policy practises in the 
   state, metrics = curriculum.update(state, feedback)   # Feedback(prompt_ids, arms, rewards, ...)
 
 Every state is a pytree of arrays (Orbax can save it); `select` is deterministic given the key.
+
+Every constructor has one signature, `name(pool, *, batch_size, **options)`: `pool` is the
+`PromptPool` the curriculum will select from, or just its number of arms K where no pool exists yet
+(a config check), and `batch_size` is P.
 """
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 from flax import struct
 import jax
@@ -26,15 +30,23 @@ __all__ = ["Curriculum", "PromptPool", "Feedback", "Selection"]
 class PromptPool:
   """Arrays describing the training pool of N prompts in K categories (arms).
 
-  A pytree whose `num_arms` is static, so pools can be passed through `jax.jit`.
+  A pytree whose `num_arms` is static, so pools can be passed through `jax.jit`. `features` is
+  optional: per-prompt feature vectors for curricula that score prompts with a model of their own
+  (PCL's value head); None for every other curriculum.
   """
   arms: jax.Array        # i32[N] arm (category) of each prompt, in [0, K)
   difficulty: jax.Array  # f32[N] scalar difficulty when known (else the arm index)
   num_arms: int = struct.field(pytree_node=False)  # K
+  features: Optional[jax.Array] = None  # f32[N, D] per-prompt features, or None
 
   @classmethod
-  def from_arms(cls, arms, num_arms=None, difficulty=None) -> "PromptPool":
-    """Builds a pool from per-prompt arm labels; difficulty defaults to the arm index."""
+  def from_arms(cls, arms, num_arms=None, difficulty=None, features=None) -> "PromptPool":
+    """Builds a pool from per-prompt arm labels; difficulty defaults to the arm index.
+
+    Raises:
+      ValueError: arms not a non-empty 1-D array, labels outside [0, num_arms), or difficulty /
+        features whose leading size is not N.
+    """
     arms = np.asarray(arms, np.int32)
     if arms.ndim != 1 or arms.size == 0:
       raise ValueError(f"arms must be a non-empty 1-D array, got shape {arms.shape}")
@@ -46,7 +58,20 @@ class PromptPool:
     difficulty = np.asarray(difficulty, np.float32)
     if difficulty.shape != arms.shape:
       raise ValueError(f"difficulty shape {difficulty.shape} != arms shape {arms.shape}")
-    return cls(arms=jnp.asarray(arms), difficulty=jnp.asarray(difficulty), num_arms=k)
+    pool = cls(arms=jnp.asarray(arms), difficulty=jnp.asarray(difficulty), num_arms=k)
+    return pool if features is None else pool.with_features(features)
+
+  def with_features(self, features) -> "PromptPool":
+    """This pool with per-prompt features f32[N, D] (D >= 1), one row per prompt.
+
+    Raises:
+      ValueError: features that are not a 2-D array of N rows and at least one column.
+    """
+    feats = jnp.asarray(features, jnp.float32)
+    if feats.ndim != 2 or feats.shape[0] != self.size or feats.shape[1] < 1:
+      raise ValueError(f"features must be f32[N, D] with N = {self.size} rows (one per prompt) "
+                       f"and D >= 1, got shape {feats.shape}")
+    return self.replace(features=feats)
 
   @property
   def size(self) -> int:

@@ -1,4 +1,4 @@
-"""Post-rollout dynamic filtering (DAPO-style dynamic sampling), METHODS.md section 3.
+"""Post-rollout dynamic filtering (DAPO-style dynamic sampling).
 
 A separate stage from the curricula, with its own small interface. The trainer over-samples: it
 asks the curriculum for `oversampled_size(P, factor)` prompts, rolls them all out, then
@@ -14,8 +14,9 @@ wrong, and such a group carries no correctness signal.
 When more than P groups survive, a uniformly random P of them are kept (not the first P: batches
 may be ordered). When fewer than P groups survive, the missing slots are filled with MASKED groups
 (slot_valid False, and `gather_groups` clears their `valid` rows), never with silent duplicates.
-Reference: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
-(arXiv:2503.14476), dynamic sampling.
+
+Reference: Yu et al. (2025), "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+arXiv:2503.14476 (dynamic sampling).
 """
 
 import math

@@ -19,8 +19,8 @@ update: besides the store, adapt the two base probabilities so that the zero-var
   skipped more; too few raise it. Defaults step_size 0.01, [p_min, p_max] = [0.05, 0.95],
   min_keep 0.01, initial p 0.5 (our choice).
 
-Reference: Zheng et al., "Act Only When It Pays: Efficient Reinforcement Learning for LLM Reasoning
-via Selective Rollouts", 2025 (GRESO).
+Reference: Zheng et al. (2025), "Act Only When It Pays: Efficient Reinforcement Learning for LLM
+Reasoning via Selective Rollouts", arXiv:2506.02177.
 """
 
 import math
@@ -29,6 +29,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.curriculum import checks
 from rl_curriculum.curriculum import prompt_level
 from rl_curriculum.curriculum import prompt_stats
 from rl_curriculum.curriculum.base import Curriculum, PromptPool
@@ -66,12 +67,15 @@ def adapt_probability(p: jax.Array, observed_fraction: jax.Array, target: float,
   return jnp.clip(p - step_size * jnp.sign(observed_fraction - target), p_min, p_max)
 
 
-def greso(*, batch_size: int, oversample: float = 2.0, target_zero_variance: float = 0.25,
-          easy_share: float = 1.0 / 3.0, step_size: float = 0.01, p_min: float = 0.05,
-          p_max: float = 0.95, p_init: float = 0.5, min_keep: float = 0.01) -> Curriculum:
+def greso(pool: checks.PoolOrNumArms, *, batch_size: int, oversample: float = 2.0,
+          target_zero_variance: float = 0.25, easy_share: float = 1.0 / 3.0,
+          step_size: float = 0.01, p_min: float = 0.05, p_max: float = 0.95, p_init: float = 0.5,
+          min_keep: float = 0.01) -> Curriculum:
   """GRESO curriculum (module docstring).
 
   Args:
+    pool: the PromptPool (or just its number of arms); the state is sized in `init` from the
+      pool given there.
     batch_size: P, prompts per step.
     oversample: candidates drawn per step, C = ceil(oversample * P) >= P (default 2).
     target_zero_variance: target zero-variance share of a batch (default 0.25).
@@ -86,6 +90,7 @@ def greso(*, batch_size: int, oversample: float = 2.0, target_zero_variance: flo
   Raises:
     ValueError: on an argument out of range; `init` raises if the pool is smaller than C.
   """
+  checks.num_arms(pool)  # the pool's arrays are read in init
   p = int(batch_size)
   if p < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -9,11 +9,14 @@ uniformly from the pool (never a retained prompt drawn in the same step); while 
 fewer, the pool fills the gap. The bounded set is `prompt_level.update_memory`.
 
 Pair it with `allocation.allocate_by_difficulty` to spend more rollouts on the retained prompts
-(the competitive-programming recipe of METHODS.md: 64 rollouts on a small retained hard set, 8
-elsewhere). Defaults (our choice): retained set of P slots, a quarter of the batch from it,
+(the competitive-programming recipe of the reference below: 64 rollouts on a small retained hard
+set, 8 elsewhere). Defaults (our choice): retained set of P slots, a quarter of the batch from it,
 accuracies in [0, 0.5], no expiry. Prompts that are never solved stay while they keep failing;
 raise `min_accuracy` above 0 to leave all-wrong groups out, or set `max_age` to expire entries
 that were not observed for that many steps.
+
+Reference: Zhu et al. (2025), "DRIVE: Data Curation Best Practices for Reinforcement Learning with
+Verifiable Reward in Competitive Code Generation", arXiv:2511.06307 (its hard-focus curriculum).
 """
 
 from typing import NamedTuple, Optional
@@ -21,6 +24,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.curriculum import checks
 from rl_curriculum.curriculum import prompt_level
 from rl_curriculum.curriculum import prompt_stats
 from rl_curriculum.curriculum.base import Curriculum, PromptPool
@@ -35,12 +39,15 @@ class HardFocusState(NamedTuple):
   step: jax.Array                  # i32[] updates applied so far
 
 
-def hard_focus(*, batch_size: int, retained_size: Optional[int] = None,
-               retain_fraction: float = 0.25, min_accuracy: float = 0.0,
-               max_accuracy: float = 0.5, max_age: Optional[int] = None) -> Curriculum:
+def hard_focus(pool: checks.PoolOrNumArms, *, batch_size: int,
+               retained_size: Optional[int] = None, retain_fraction: float = 0.25,
+               min_accuracy: float = 0.0, max_accuracy: float = 0.5,
+               max_age: Optional[int] = None) -> Curriculum:
   """Hard-focus retention curriculum (module docstring).
 
   Args:
+    pool: the PromptPool (or just its number of arms); the state is sized in `init` from the
+      pool given there.
     batch_size: P, prompts per step.
     retained_size: R, slots of the retained set (default P).
     retain_fraction: share of the batch drawn from the retained set (default 0.25).
@@ -53,6 +60,7 @@ def hard_focus(*, batch_size: int, retained_size: Optional[int] = None,
     ValueError: on an argument out of range; `init` raises if the pool has fewer than
       P + round(retain_fraction * P) prompts.
   """
+  checks.num_arms(pool)  # the pool's arrays are read in init
   p = int(batch_size)
   if p < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -1,7 +1,8 @@
 """PCL: a value model predicts each prompt's success probability; train on the prompts near 0.5.
 
-Every prompt i has a feature vector x_i (f32[D], supplied by the trainer, for example the policy's
-mean-pooled last hidden state over the prompt tokens). A logistic head predicts its success rate:
+Every prompt i has a feature vector x_i (f32[D], carried by the pool as `PromptPool.features`, for
+example the policy's mean-pooled last hidden state over the prompt tokens). A logistic head
+predicts its success rate:
   v_i = sigmoid(x_i . w + b)
 
 select: draw C = ceil(oversample * P) distinct candidates uniformly (no rollouts needed) and keep
@@ -20,7 +21,8 @@ changes: `state = state._replace(features=new_features)` (same shape). Defaults 
 oversample 4, learning_rate 0.1, one SGD step per update, w = 0 and b = 0 at start (every
 prediction 0.5, so the first selection is uniform).
 
-Reference: METHODS.md section 3 (PCL: prompt curriculum with a value model).
+Reference: Gao et al. (2025), "Prompt Curriculum Learning for Efficient LLM Post-Training",
+arXiv:2510.01135. The value model here is a logistic head on given features (our choice).
 """
 
 import math
@@ -30,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_curriculum.curriculum import checks
 from rl_curriculum.curriculum import prompt_level
 from rl_curriculum.curriculum import prompt_stats
 from rl_curriculum.curriculum.base import Curriculum, PromptPool
@@ -66,12 +69,27 @@ def sgd_step(weights: jax.Array, bias: jax.Array, features: jax.Array, targets: 
   return weights - learning_rate * gw, bias - learning_rate * gb, loss
 
 
-def pcl(features, *, batch_size: int, oversample: float = 4.0, learning_rate: float = 0.1,
-        num_sgd_steps: int = 1) -> Curriculum:
+def _checked_features(features) -> np.ndarray:
+  """features as f32[N, D], N, D >= 1, every entry finite."""
+  feats = np.asarray(features, np.float32)
+  if feats.ndim != 2 or feats.shape[0] < 1 or feats.shape[1] < 1:
+    raise ValueError(f"features must be a non-empty f32[N, D] array, got shape {feats.shape}")
+  if not np.all(np.isfinite(feats)):
+    raise ValueError("features must be finite")
+  return feats
+
+
+def pcl(pool: checks.PoolOrNumArms, *, batch_size: int, oversample: float = 4.0,
+        learning_rate: float = 0.1, num_sgd_steps: int = 1) -> Curriculum:
   """PCL curriculum (module docstring).
 
+  The features are read from the pool given to `init` when it carries them, else from the pool
+  given here; a number of arms stands in for the pool where none exists yet (a config check), and
+  then `init` must get a pool with features.
+
   Args:
-    features: f32[N, D] per-prompt features, one row per pool prompt, finite.
+    pool: the PromptPool, with `features` f32[N, D] (finite, one row per prompt) set by
+      `PromptPool.with_features`, or just its number of arms.
     batch_size: P, prompts per step.
     oversample: candidates per step C = ceil(oversample * P) >= P (default 4).
     learning_rate: SGD step size (default 0.1).
@@ -80,14 +98,14 @@ def pcl(features, *, batch_size: int, oversample: float = 4.0, learning_rate: fl
     Curriculum with state `PCLState`. `update` metrics: `value_loss` (before the update),
     `predictions` f32[P] (before the update), `mean_abs_error` f32[].
   Raises:
-    ValueError: on malformed features or an argument out of range; `init` raises if the pool size
-      differs from the number of feature rows or is smaller than C.
+    ValueError: on malformed features or an argument out of range; `init` raises if no features
+      are given, if the pool size differs from the number of feature rows, or if the pool is
+      smaller than C.
   """
-  feats = np.asarray(features, np.float32)
-  if feats.ndim != 2 or feats.shape[0] < 1 or feats.shape[1] < 1:
-    raise ValueError(f"features must be a non-empty f32[N, D] array, got shape {feats.shape}")
-  if not np.all(np.isfinite(feats)):
-    raise ValueError("features must be finite")
+  checks.num_arms(pool)
+  built_features = None
+  if isinstance(pool, PromptPool) and pool.features is not None:
+    built_features = _checked_features(pool.features)
   p = int(batch_size)
   if p < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -101,13 +119,19 @@ def pcl(features, *, batch_size: int, oversample: float = 4.0, learning_rate: fl
 
   def init(pool: PromptPool, key: jax.Array) -> PCLState:
     del key
+    feats = pool.features if pool.features is not None else built_features
+    if feats is None:
+      raise ValueError("pcl needs per-prompt features: give init (or the constructor) a pool "
+                       "built with PromptPool.with_features")
+    if feats.ndim != 2 or feats.shape[1] < 1:
+      raise ValueError(f"features must be a non-empty f32[N, D] array, got shape {feats.shape}")
     if pool.size != feats.shape[0]:
       raise ValueError(f"features has {feats.shape[0]} rows but the pool has {pool.size} prompts")
     if pool.size < num_candidates:
       raise ValueError(f"the pool ({pool.size} prompts) is smaller than the {num_candidates} "
                        "candidates select draws (oversample * batch_size)")
     return PCLState(weights=jnp.zeros((feats.shape[1],), jnp.float32),
-                    bias=jnp.zeros((), jnp.float32), features=jnp.asarray(feats),
+                    bias=jnp.zeros((), jnp.float32), features=jnp.asarray(feats, jnp.float32),
                     arms=pool.arms, step=jnp.zeros((), jnp.int32))
 
   def select(state: PCLState, key: jax.Array) -> tuple[Selection, PCLState]:

@@ -1,4 +1,4 @@
-"""Building blocks shared by the prompt-level curricula (METHODS.md section 3).
+"""Building blocks shared by the prompt-level curricula.
 
 Pure functions of arrays with static shapes: drawing prompts without replacement, pooling the rows
 of a batch that share a prompt id, and a bounded memory of prompt ids (fixed-size arrays with

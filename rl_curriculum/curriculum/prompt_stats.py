@@ -1,4 +1,4 @@
-"""Per-prompt statistics shared by the prompt-level curricula (METHODS.md section 3).
+"""Per-prompt statistics shared by the prompt-level curricula.
 
 One store of arrays indexed by prompt id (N prompts in the pool). Every prompt-level curriculum
 (VCRL, VADE, GRESO, PCL, hard-focus retention, AdaRFT) keeps a `PromptStats` in its state and calls

@@ -5,8 +5,8 @@ Each prompt i carries a Beta(a_i, b_i) posterior over its success probability (i
 
 select: draw C candidates (all N prompts when `num_candidates` is None, else C distinct prompts
   uniformly); for each draw theta_i ~ Beta(a_i, b_i); keep the P candidates with the largest
-  theta_i (1 - theta_i), the Bernoulli variance of the draw (the information-gain proxy of
-  METHODS.md). Ties, which have probability zero, go to the earlier candidate.
+  theta_i (1 - theta_i), the Bernoulli variance of the draw (our proxy for the information gain
+  of training on the prompt). Ties, which have probability zero, go to the earlier candidate.
 
 update, in this order:
   1. slow decay of every prompt:   a <- a0 + slow * (a - a0),   b <- b0 + slow * (b - b0)
@@ -15,10 +15,11 @@ update, in this order:
      so a prompt in the batch is shrunk by fast * slow in total, every other prompt by slow;
   3. evidence of this batch:       a += s_i,   b += n_i - s_i
      (n_i valid completions and s_i correct ones, rows with the same id pooled).
-  Defaults fast = 0.9, slow = 0.99 (METHODS.md). With (a0, b0) = (1, 1), decay keeps old evidence
-  with weight slow^t, so the posterior tracks a moving success probability.
+  Defaults fast = 0.9, slow = 0.99. With (a0, b0) = (1, 1), decay keeps old evidence with weight
+  slow^t, so the posterior tracks a moving success probability.
 
-Reference: METHODS.md section 3 (VADE); Thompson sampling with Beta posteriors, two-scale decay.
+Reference: Hu et al. (2025), "VADE: Variance-Aware Dynamic Sampling via Online Sample-Level
+Difficulty Estimation for Multimodal RL", arXiv:2511.18902.
 """
 
 from typing import NamedTuple, Optional
@@ -26,6 +27,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.curriculum import checks
 from rl_curriculum.curriculum import prompt_level
 from rl_curriculum.curriculum import prompt_stats
 from rl_curriculum.curriculum.base import Curriculum, PromptPool
@@ -58,11 +60,14 @@ def vade_decay(stats: prompt_stats.PromptStats, batch_ids: jax.Array, *, fast: f
   return prompt_stats.decay_beta(stats, factor)
 
 
-def vade(*, batch_size: int, num_candidates: Optional[int] = None, fast_decay: float = 0.9,
-         slow_decay: float = 0.99, prior_a: float = 1.0, prior_b: float = 1.0) -> Curriculum:
+def vade(pool: checks.PoolOrNumArms, *, batch_size: int, num_candidates: Optional[int] = None,
+         fast_decay: float = 0.9, slow_decay: float = 0.99, prior_a: float = 1.0,
+         prior_b: float = 1.0) -> Curriculum:
   """VADE curriculum (module docstring).
 
   Args:
+    pool: the PromptPool (or just its number of arms); the state is sized in `init` from the
+      pool given there.
     batch_size: P, prompts per step.
     num_candidates: C, size of the uniformly drawn candidate set (default None: all N prompts).
     fast_decay: factor for prompts in the current batch, in (0, 1] (default 0.9).
@@ -74,6 +79,7 @@ def vade(*, batch_size: int, num_candidates: Optional[int] = None, fast_decay: f
   Raises:
     ValueError: on an argument out of range; `init` raises if the pool is smaller than C or P.
   """
+  checks.num_arms(pool)  # the pool's arrays are read in init
   p = int(batch_size)
   if p < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -1,4 +1,4 @@
-"""VCRL: variance-based prompt selection with a bounded replay memory (METHODS.md section 3).
+"""VCRL: variance-based prompt selection with a bounded replay memory.
 
 Score of a group with n valid completions of correctness (or reward) r:
   p = Var(r) / Var_max,   Var(r) = mean_g (r_g - mean r)^2   (population variance)
@@ -14,9 +14,9 @@ from the pool (never a prompt already drawn from the memory); while the memory h
 entries, the pool fills the gap. `update` also reports `high_variance: bool[P]`, the groups with
 p >= threshold, which a trainer may use as a training mask.
 
-Reference: Jiang et al., "VCRL: Variance-based Curriculum Reinforcement Learning for Large Language
-Models", 2025. The threshold, memory size, replay fraction and the memory's eviction and replay
-rules are our choices where the paper leaves them open.
+Reference: Jiang et al. (2025), "VCRL: Variance-based Curriculum Reinforcement Learning for Large
+Language Models", arXiv:2509.19803. The threshold, memory size, replay fraction and the memory's
+eviction and replay rules are our choices where the paper leaves them open.
 """
 
 from typing import NamedTuple, Optional
@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.curriculum import checks
 from rl_curriculum.curriculum import prompt_level
 from rl_curriculum.curriculum import prompt_stats
 from rl_curriculum.curriculum.base import Curriculum, PromptPool
@@ -56,12 +57,14 @@ def variance_score(values: jax.Array, valid: jax.Array, var_max: float = 0.25) -
   return jnp.where(n > 0, var / var_max, 0.0)
 
 
-def vcrl(*, batch_size: int, memory_size: Optional[int] = None, replay_fraction: float = 0.25,
-         threshold: float = 0.5, var_max: float = 0.25, score_on: str = "correct",
-         max_age: Optional[int] = None) -> Curriculum:
+def vcrl(pool: checks.PoolOrNumArms, *, batch_size: int, memory_size: Optional[int] = None,
+         replay_fraction: float = 0.25, threshold: float = 0.5, var_max: float = 0.25,
+         score_on: str = "correct", max_age: Optional[int] = None) -> Curriculum:
   """VCRL curriculum (module docstring).
 
   Args:
+    pool: the PromptPool (or just its number of arms); the state is sized in `init` from the
+      pool given there.
     batch_size: P, prompts per step.
     memory_size: M, replay memory slots (default 2 * P).
     replay_fraction: share of the batch drawn from the memory, round(replay_fraction * P) slots.
@@ -78,6 +81,7 @@ def vcrl(*, batch_size: int, memory_size: Optional[int] = None, replay_fraction:
     ValueError: on an argument out of range (named in the message); `init` raises if the pool
       has fewer than P + round(replay_fraction * P) prompts.
   """
+  checks.num_arms(pool)  # the pool's arrays are read in init
   p = int(batch_size)
   if p < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -10,7 +10,6 @@ import os
 from typing import Callable, Optional, Union
 
 import ml_collections
-import numpy as np
 import optax
 
 from rl_curriculum import curriculum as cur
@@ -24,25 +23,24 @@ class ConfigError(ValueError):
   """A config field has a value the run cannot use; the message names the field."""
 
 
-# name -> (constructor, whether it takes the pool as first argument). Prompt-level curricula get
-# the pool in `init` instead.
-CURRICULA: dict[str, tuple[Callable, bool]] = {
-    "sec": (cur.sec, True),
-    "uniform": (cur.uniform, True),
-    "easy_to_hard": (cur.easy_to_hard, True),
-    "hard_to_easy": (cur.hard_to_easy, True),
-    "linear_pacing": (cur.linear_pacing, True),
-    "cyclical": (cur.cyclical, True),
-    "mixed_replay": (cur.mixed_replay, True),
-    "dump": (cur.dump, True),
-    "alp_teacher": (cur.alp_teacher, True),
-    "mastering_rate": (cur.mastering_rate, True),
-    "vcrl": (cur.vcrl, False),
-    "vade": (cur.vade, False),
-    "greso": (cur.greso, False),
-    "adarft": (cur.adarft, False),
-    "pcl": (cur.pcl, False),
-    "hard_focus": (cur.hard_focus, False),
+# name -> constructor. Every constructor is `name(pool, *, batch_size, **options)`.
+CURRICULA: dict[str, Callable[..., cur.Curriculum]] = {
+    "sec": cur.sec,
+    "uniform": cur.uniform,
+    "easy_to_hard": cur.easy_to_hard,
+    "hard_to_easy": cur.hard_to_easy,
+    "linear_pacing": cur.linear_pacing,
+    "cyclical": cur.cyclical,
+    "mixed_replay": cur.mixed_replay,
+    "dump": cur.dump,
+    "alp_teacher": cur.alp_teacher,
+    "mastering_rate": cur.mastering_rate,
+    "vcrl": cur.vcrl,
+    "vade": cur.vade,
+    "greso": cur.greso,
+    "adarft": cur.adarft,
+    "pcl": cur.pcl,
+    "hard_focus": cur.hard_focus,
 }
 
 FILTERS = ("none", "all_equal", "accuracy_band")
@@ -66,31 +64,45 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
 
   `check_source=False` skips what depends on the checkpoint in `model.source` (that it exists,
   and the template and warm-start rules for pretrained models): the planner checks a config's
-  shapes without weights."""
-  c = config
-  if c.model.preset not in PRESETS:
-    _fail("model.preset", f"unknown preset {c.model.preset!r}; choose from {sorted(PRESETS)}")
+  shapes without weights. `num_task_bins` (with the task's `eval_only_bins`) also checks the
+  training and evaluation bins."""
+  _validate_model(config.model, check_source)
+  _validate_rl(config.rl)
+  _validate_curriculum(config)
+  _validate_task_and_sft(config, check_source)
+  _validate_eval(config)
+  if num_task_bins is not None:
+    _validate_bins(config.task, num_task_bins, eval_only_bins)
+
+
+def _validate_model(model: ml_collections.ConfigDict, check_source: bool) -> None:
+  """config.model: preset, numerics, rematerialisation, checkpoint source and LoRA."""
+  if model.preset not in PRESETS:
+    _fail("model.preset", f"unknown preset {model.preset!r}; choose from {sorted(PRESETS)}")
   for field in ("dtype", "param_dtype"):
-    if c.model[field] not in ("float32", "bfloat16"):
-      _fail(f"model.{field}", f"must be float32 or bfloat16, got {c.model[field]!r}")
-  if c.model.remat not in REMAT_POLICIES:
-    _fail("model.remat", f"must be one of {REMAT_POLICIES}, got {c.model.remat!r}")
-  if not isinstance(c.model.scan_layers, bool):
-    _fail("model.scan_layers", f"must be True or False, got {c.model.scan_layers!r}")
-  if c.model.lora_rank < 0:
-    _fail("model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {c.model.lora_rank}")
-  if check_source and c.model.source and c.model.source not in pretrained.NAMED_CHECKPOINTS:
-    if not os.path.exists(os.path.expanduser(c.model.source)):
-      _fail("model.source", f"nothing at {c.model.source!r}: give an HF checkpoint folder, a "
+    if model[field] not in ("float32", "bfloat16"):
+      _fail(f"model.{field}", f"must be float32 or bfloat16, got {model[field]!r}")
+  if model.remat not in REMAT_POLICIES:
+    _fail("model.remat", f"must be one of {REMAT_POLICIES}, got {model.remat!r}")
+  if not isinstance(model.scan_layers, bool):
+    _fail("model.scan_layers", f"must be True or False, got {model.scan_layers!r}")
+  if model.lora_rank < 0:
+    _fail("model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {model.lora_rank}")
+  if check_source and model.source and model.source not in pretrained.NAMED_CHECKPOINTS:
+    if not os.path.exists(os.path.expanduser(model.source)):
+      _fail("model.source", f"nothing at {model.source!r}: give an HF checkpoint folder, a "
             f".gguf file, or one of {sorted(pretrained.NAMED_CHECKPOINTS)}")
-  if c.model.lora_rank > 0:
-    if not c.model.lora_alpha > 0:
-      _fail("model.lora_alpha", f"must be > 0, got {c.model.lora_alpha}")
-    unknown = [t for t in c.model.lora_targets if t not in lora_lib.TARGETS]
-    if unknown or not c.model.lora_targets:
+  if model.lora_rank > 0:
+    if not model.lora_alpha > 0:
+      _fail("model.lora_alpha", f"must be > 0, got {model.lora_alpha}")
+    unknown = [t for t in model.lora_targets if t not in lora_lib.TARGETS]
+    if unknown or not model.lora_targets:
       _fail("model.lora_targets", f"{list(unknown) or 'empty'}: the model has the projections "
             f"{sorted(lora_lib.TARGETS)}")
-  rl = c.rl
+
+
+def _validate_rl(rl: ml_collections.ConfigDict) -> None:
+  """config.rl: algorithm, batch shapes, sampling, loss, KL and optimiser fields."""
   if rl.algorithm not in ALGORITHMS:
     _fail("rl.algorithm", f"unknown algorithm {rl.algorithm!r}; choose from {ALGORITHMS}")
   for field in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
@@ -134,7 +146,9 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
     if getattr(rl, field) < 0:
       _fail(f"rl.{field}", f"must be >= 0, got {getattr(rl, field)}")
 
-  _validate_curriculum(c)
+
+def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> None:
+  """config.task's reward and pool sizes, config.sft, and the prompt template."""
   task = c.task
   if not 0.0 <= task.format_bonus < 1.0:
     _fail("task.format_bonus", f"must lie in [0, 1) (a right answer earns 1), got "
@@ -159,22 +173,29 @@ def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] 
     _fail("task.template", f"must be plain, chat or chat_short, got {task.template!r}")
   if check_source and task.template != "plain" and not c.model.source:
     _fail("task.template", "chat prompts need a pretrained instruct model (config.model.source)")
+
+
+def _validate_eval(c: ml_collections.ConfigDict) -> None:
+  """config.eval and config.checkpoint: sizes and periods."""
   if c.eval.min_held_out < 0:
     _fail("eval.min_held_out", f"must be >= 0, got {c.eval.min_held_out}")
   for group, name in (("eval", "every"), ("eval", "batch_size"), ("checkpoint", "every"),
                       ("checkpoint", "keep")):
     if c[group][name] < 1:
       _fail(f"{group}.{name}", f"must be >= 1, got {c[group][name]}")
-  if num_task_bins is not None:
-    bad = [b for b in task.train_bins if not 0 <= b < num_task_bins or b in eval_only_bins]
-    if bad or not task.train_bins:
-      _fail("task.train_bins", f"{list(bad) or 'empty'}: training bins must lie in "
-            f"[0, {num_task_bins}) and not be evaluation-only {tuple(eval_only_bins)}")
-    if len(set(task.train_bins)) != len(task.train_bins):
-      _fail("task.train_bins", f"{list(task.train_bins)} lists a bin twice")
-    bad = [b for b in task.eval_bins if not 0 <= b < num_task_bins]
-    if bad:
-      _fail("task.eval_bins", f"{bad} outside [0, {num_task_bins})")
+
+
+def _validate_bins(task: ml_collections.ConfigDict, num_task_bins: int, eval_only_bins) -> None:
+  """config.task.train_bins and eval_bins against the task's `num_task_bins` bins."""
+  bad = [b for b in task.train_bins if not 0 <= b < num_task_bins or b in eval_only_bins]
+  if bad or not task.train_bins:
+    _fail("task.train_bins", f"{list(bad) or 'empty'}: training bins must lie in "
+          f"[0, {num_task_bins}) and not be evaluation-only {tuple(eval_only_bins)}")
+  if len(set(task.train_bins)) != len(task.train_bins):
+    _fail("task.train_bins", f"{list(task.train_bins)} lists a bin twice")
+  bad = [b for b in task.eval_bins if not 0 <= b < num_task_bins]
+  if bad:
+    _fail("task.eval_bins", f"{bad} outside [0, {num_task_bins})")
 
 
 def sampled_prompts(config: ml_collections.ConfigDict) -> int:
@@ -189,7 +210,7 @@ def _validate_curriculum(c: ml_collections.ConfigDict) -> None:
   name = cur_config.name
   if name not in CURRICULA:
     _fail("curriculum.name", f"unknown curriculum {name!r}; choose from {sorted(CURRICULA)}")
-  allowed = _options_of(CURRICULA[name][0])
+  allowed = _options_of(CURRICULA[name])
   for key in cur_config.options:
     if key not in allowed:
       _fail(f"curriculum.options.{key}", f"{name} takes no option {key!r}; it takes "
@@ -223,25 +244,21 @@ def _validate_curriculum(c: ml_collections.ConfigDict) -> None:
   if num_arms < 1:
     _fail("task.train_bins", "empty: the curriculum needs at least one arm")
   try:
-    # The features are the policy's, computed later: one stand-in row here.
-    build_curriculum(c, num_arms, sampled_prompts(c), features=np.zeros((1, 1), np.float32))
+    # No pool yet: the number of arms stands in for it (PCL's features come with the real pool).
+    build_curriculum(c, num_arms, sampled_prompts(c))
   except (ValueError, TypeError) as e:
     raise ConfigError(f"config.curriculum.options: {name}: {e}") from e
 
 
 def build_curriculum(config: ml_collections.ConfigDict, pool: Union[cur.PromptPool, int],
-                     batch_size: int, features: Optional[np.ndarray] = None) -> cur.Curriculum:
-  """The configured curriculum for `batch_size` prompt slots a step (`pool`: the PromptPool, or
-  its number of arms where no pool exists yet, as in `validate`)."""
-  fn, takes_pool = CURRICULA[config.curriculum.name]
-  options = dict(config.curriculum.options)
-  if config.curriculum.name == "pcl":
-    if features is None:
-      raise ConfigError("config.curriculum.name: pcl needs per-prompt features")
-    return fn(features, batch_size=batch_size, **options)
-  if takes_pool:
-    return fn(pool, batch_size=batch_size, **options)
-  return fn(batch_size=batch_size, **options)
+                     batch_size: int) -> cur.Curriculum:
+  """The configured curriculum for `batch_size` prompt slots a step.
+
+  `pool` is the PromptPool the curriculum will select from (for PCL, one that carries the prompts'
+  features: `PromptPool.with_features`), or its number of arms where no pool exists yet, as in
+  `validate`."""
+  constructor = CURRICULA[config.curriculum.name]
+  return constructor(pool, batch_size=batch_size, **dict(config.curriculum.options))
 
 
 def model_numerics(config: ml_collections.ConfigDict) -> dict:

@@ -10,38 +10,30 @@ from scipy import stats as sps
 
 from rl_curriculum.curriculum.adarft import adarft, closest_to_target, target_update
 from rl_curriculum.curriculum.base import PromptPool
-from rl_curriculum.types import Feedback
+import test_util
 
 POOL = PromptPool.from_arms([0, 1, 1, 1, 2, 1], difficulty=[0.1, 0.5, 0.45, 0.52, 0.9, 0.5])
 
 
-def _feedback(correct, valid=None, rewards=None):
-  correct = np.asarray(correct, bool)
-  p = correct.shape[0]
-  return Feedback(prompt_ids=jnp.arange(p, dtype=jnp.int32), arms=jnp.zeros(p, jnp.int32),
-                  rewards=jnp.asarray(correct if rewards is None else rewards, jnp.float32),
-                  correct=jnp.asarray(correct), advantages=jnp.zeros(correct.shape),
-                  valid=None if valid is None else jnp.asarray(valid, bool))
-
 
 def test_target_update_hand_values_and_clip():
-  cur = adarft(batch_size=2, eta=0.2, sensitivity=2.0, beta=0.5, initial_target=0.3)
+  cur = adarft(POOL, batch_size=2, eta=0.2, sensitivity=2.0, beta=0.5, initial_target=0.3)
   update = jax.jit(cur.update)
   state = cur.init(POOL, jax.random.key(0))
   assert float(state.target) == pytest.approx(0.3)
   # Valid completions: row 0 2/4, row 1 1/1 -> R = 3/5.
-  fb = _feedback([[1, 1, 0, 0], [1, 0, 0, 0]], valid=[[1, 1, 1, 1], [1, 0, 0, 0]])
+  fb = test_util.feedback([[1, 1, 0, 0], [1, 0, 0, 0]], valid=[[1, 1, 1, 1], [1, 0, 0, 0]])
   state, m = update(state, fb)
   assert float(m["mean_reward"]) == pytest.approx(0.6)
   assert float(state.target) == pytest.approx(0.3 + 0.2 * math.tanh(0.2), abs=1e-6)
   # From .85 with R = 1: .85 + .2 tanh(1) = 1.002 -> clipped to d_max = .9 (the pool's largest).
-  state, m = update(state._replace(target=jnp.float32(0.85)), _feedback([[1, 1], [1, 1]]))
+  state, m = update(state._replace(target=jnp.float32(0.85)), test_util.feedback([[1, 1], [1, 1]]))
   assert float(state.target) == pytest.approx(0.9)
   # R = 0 from .2: .2 - .2 tanh(1) = .0477 -> clipped to d_min = .1.
-  state, _ = update(state._replace(target=jnp.float32(0.2)), _feedback([[0, 0], [0, 0]]))
+  state, _ = update(state._replace(target=jnp.float32(0.2)), test_util.feedback([[0, 0], [0, 0]]))
   assert float(state.target) == pytest.approx(0.1)
   # Nothing valid: T unchanged.
-  state, _ = update(state, _feedback([[1, 1], [1, 1]], valid=[[0, 0], [0, 0]]))
+  state, _ = update(state, test_util.feedback([[1, 1], [1, 1]], valid=[[0, 0], [0, 0]]))
   assert float(state.target) == pytest.approx(0.1)
 
 
@@ -53,24 +45,24 @@ def test_target_update_function_matches_formula():
 
 
 def test_reward_source_switch():
-  fb = _feedback([[1, 0], [0, 0]], rewards=[[1.1, 0.1], [0.1, 0.1]])
-  cur = adarft(batch_size=2, eta=1.0, initial_target=0.5)
+  fb = test_util.feedback([[1, 0], [0, 0]], rewards=[[1.1, 0.1], [0.1, 0.1]])
+  cur = adarft(POOL, batch_size=2, eta=1.0, initial_target=0.5)
   _, m = jax.jit(cur.update)(cur.init(POOL, jax.random.key(0)), fb)
   assert float(m["mean_reward"]) == pytest.approx(0.25)
-  cur = adarft(batch_size=2, eta=1.0, initial_target=0.5, reward_source="reward")
+  cur = adarft(POOL, batch_size=2, eta=1.0, initial_target=0.5, reward_source="reward")
   _, m = jax.jit(cur.update)(cur.init(POOL, jax.random.key(0)), fb)
   assert float(m["mean_reward"]) == pytest.approx(0.35)
 
 
 def test_defaults_from_the_pool():
-  state = adarft(batch_size=2).init(POOL, jax.random.key(0))
+  state = adarft(POOL, batch_size=2).init(POOL, jax.random.key(0))
   assert float(state.target) == pytest.approx(0.1)
   assert float(state.d_min) == pytest.approx(0.1) and float(state.d_max) == pytest.approx(0.9)
   assert float(state.eta) == pytest.approx(0.08)
 
 
 def test_select_closest_to_target():
-  cur = adarft(batch_size=3, initial_target=0.5)
+  cur = adarft(POOL, batch_size=3, initial_target=0.5)
   select = jax.jit(cur.select)
   state = cur.init(POOL, jax.random.key(0))
   for t in range(3):
@@ -91,7 +83,7 @@ def test_ties_are_broken_uniformly():
 
 def test_no_repeat_skips_the_previous_batch():
   pool = PromptPool.from_arms([0] * 8, difficulty=[0.0] * 8)
-  cur = adarft(batch_size=4, no_repeat=True)
+  cur = adarft(pool, batch_size=4, no_repeat=True)
   select = jax.jit(cur.select)
   state = cur.init(pool, jax.random.key(0))
   sel1, state = select(state, jax.random.key(1))
@@ -105,6 +97,6 @@ def test_bad_arguments_raise():
                        ({"d_min": 2.0, "d_max": 1.0}, "d_min"),
                        ({"reward_source": "advantage"}, "reward_source")]:
     with pytest.raises(ValueError, match=name):
-      adarft(**{"batch_size": 2, **kwargs})
+      adarft(POOL, **{"batch_size": 2, **kwargs})
   with pytest.raises(ValueError, match="no_repeat"):
-    adarft(batch_size=4, no_repeat=True).init(POOL, jax.random.key(0))
+    adarft(POOL, batch_size=4, no_repeat=True).init(POOL, jax.random.key(0))

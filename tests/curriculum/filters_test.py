@@ -9,18 +9,16 @@ import numpy as np
 import pytest
 
 from rl_curriculum.curriculum import filters
-from rl_curriculum.types import Feedback
+import test_util
 
 
-def _feedback(correct, valid=None, rewards=None):
-  correct = np.asarray(correct, bool)
-  p = correct.shape[0]
-  return Feedback(prompt_ids=jnp.arange(p, dtype=jnp.int32) + 100,
-                  arms=jnp.arange(p, dtype=jnp.int32) % 3,
-                  rewards=jnp.asarray(correct if rewards is None else rewards, jnp.float32),
-                  correct=jnp.asarray(correct),
-                  advantages=jnp.arange(correct.size, dtype=jnp.float32).reshape(correct.shape),
-                  valid=None if valid is None else jnp.asarray(valid, bool))
+
+def _labels(correct):
+  """ids 100, 101, ..., arms 0, 1, 2, 0, ... and advantages 0, 1, 2, ...: distinct values that
+  `gather_groups` must carry along with each group."""
+  p, g = np.shape(correct)
+  return dict(ids=np.arange(p) + 100, arms=np.arange(p) % 3,
+              advantages=np.arange(p * g, dtype=np.float32).reshape(p, g))
 
 
 _all_equal = jax.jit(functools.partial(filters.dynamic_filter, mode="all_equal"))
@@ -30,16 +28,16 @@ _compact4 = jax.jit(functools.partial(filters.compact_indices, batch_size=4))
 GROUPS = [[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [1, 1, 1, 0]]
 
 
-@pytest.mark.parametrize("use_jit", [True, False])
+@test_util.JIT
 def test_all_equal_drops_all_right_and_all_wrong(use_jit):
   fn = _all_equal if use_jit else functools.partial(filters.dynamic_filter, mode="all_equal")
-  out = fn(_feedback(GROUPS))
+  out = fn(test_util.feedback(GROUPS, **_labels(GROUPS)))
   np.testing.assert_array_equal(out.keep, [False, False, True, True, True])
   assert int(out.num_kept) == 3
 
 
 def test_accuracy_band_is_closed():
-  out = _band(_feedback(GROUPS))  # accuracies 1, 0, .5, .25, .75
+  out = _band(test_util.feedback(GROUPS, **_labels(GROUPS)))  # accuracies 1, 0, .5, .25, .75
   np.testing.assert_array_equal(out.keep, [False, False, True, True, False])
   assert int(out.num_kept) == 2
 
@@ -47,7 +45,8 @@ def test_accuracy_band_is_closed():
 def test_valid_mask_restricts_the_group():
   # Row 0: only the correct completion is valid -> all equal. Row 1: nothing valid -> dropped
   # in both modes. Row 2: mixed among valid ones.
-  fb = _feedback([[1, 0, 0], [1, 0, 1], [1, 1, 0]], valid=[[1, 0, 0], [0, 0, 0], [1, 0, 1]])
+  correct = [[1, 0, 0], [1, 0, 1], [1, 1, 0]]
+  fb = test_util.feedback(correct, valid=[[1, 0, 0], [0, 0, 0], [1, 0, 1]], **_labels(correct))
   np.testing.assert_array_equal(_all_equal(fb).keep, [False, False, True])
   band = filters.dynamic_filter(fb, mode="accuracy_band", lo=0.0, hi=1.0)
   np.testing.assert_array_equal(band.keep, [True, False, True])
@@ -57,10 +56,11 @@ def test_filter_reads_correctness_not_shaped_reward():
   correct = np.array([[0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
   fmt = np.array([[1, 0, 1, 0], [0, 1, 1, 1], [1, 1, 1, 1]])  # format bonus varies inside groups
   shaped = correct + 0.1 * fmt  # rewards differ in groups 0 and 1 although correctness does not
-  fb = _feedback(correct, rewards=shaped)
+  fb = test_util.feedback(correct, rewards=shaped, **_labels(correct))
   assert np.ptp(shaped[0]) > 0 and np.ptp(shaped[1]) > 0
   np.testing.assert_array_equal(_all_equal(fb).keep, [False, False, True])
-  np.testing.assert_array_equal(_all_equal(_feedback(correct)).keep, _all_equal(fb).keep)
+  plain = test_util.feedback(correct, **_labels(correct))
+  np.testing.assert_array_equal(_all_equal(plain).keep, _all_equal(fb).keep)
 
 
 def test_compact_pads_with_masked_groups_when_short():
@@ -70,7 +70,7 @@ def test_compact_pads_with_masked_groups_when_short():
   np.testing.assert_array_equal(ok, [True, True, False, False])
   assert sorted(idx[:2].tolist()) == [1, 4]  # both kept groups, in random slot order
   np.testing.assert_array_equal(idx[2:], [0, 0])
-  fb = _feedback(np.ones((6, 3)))
+  fb = test_util.feedback(np.ones((6, 3)), **_labels(np.ones((6, 3))))
   out = jax.jit(filters.gather_groups)(fb, jnp.asarray(idx), ok)
   np.testing.assert_array_equal(out.prompt_ids[:2], 100 + idx[:2])
   np.testing.assert_array_equal(out.valid, [[True] * 3, [True] * 3, [False] * 3, [False] * 3])
@@ -110,7 +110,8 @@ def test_compact_keeps_a_uniformly_random_subset(keep):
 
 
 def test_gather_keeps_existing_invalid_slots():
-  fb = _feedback(np.ones((3, 2)), valid=[[1, 0], [1, 1], [0, 1]])
+  fb = test_util.feedback(np.ones((3, 2)), valid=[[1, 0], [1, 1], [0, 1]],
+                          **_labels(np.ones((3, 2))))
   out = filters.gather_groups(fb, jnp.array([2, 0]), jnp.array([True, True]))
   np.testing.assert_array_equal(out.valid, [[False, True], [True, False]])
 
@@ -121,7 +122,7 @@ def test_oversampled_size_and_bad_arguments():
   assert filters.oversampled_size(3, 1.1) == 4
   with pytest.raises(ValueError, match="factor"):
     filters.oversampled_size(8, 0.5)
-  fb = _feedback(GROUPS)
+  fb = test_util.feedback(GROUPS, **_labels(GROUPS))
   with pytest.raises(ValueError, match="mode"):
     filters.dynamic_filter(fb, mode="variance")
   with pytest.raises(ValueError, match="lo and hi"):
@@ -151,7 +152,7 @@ def test_filter_and_compact_properties(num_groups, batch_size, seed, mode):
   correct = rng.random((total, group_size)) < rng.random((total, 1))
   valid = rng.random((total, group_size)) < rng.random((total, 1))
   valid[num_groups:] = False  # groups past num_groups do not exist
-  fb = _feedback(correct, valid=valid)
+  fb = test_util.feedback(correct, valid=valid, **_labels(correct))
   res = (_all_equal if mode == "all_equal" else _band_wide)(fb)
   # Loop reference of the keep rule.
   want = []

@@ -9,19 +9,13 @@ from scipy import stats as sps
 from rl_curriculum.curriculum import prompt_stats
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.greso import adapt_probability, greso, keep_probability, skip_mask
-from rl_curriculum.types import Feedback
+import test_util
 
 E, H, NONE = prompt_stats.KIND_EASY, prompt_stats.KIND_HARD, prompt_stats.KIND_NONE
 
 
-def _feedback(ids, correct):
-  correct = np.asarray(correct, bool)
-  return Feedback(prompt_ids=jnp.asarray(ids, jnp.int32), arms=jnp.zeros(len(ids), jnp.int32),
-                  rewards=jnp.asarray(correct, jnp.float32), correct=jnp.asarray(correct),
-                  advantages=jnp.zeros(correct.shape))
 
-
-@pytest.mark.parametrize("use_jit", [True, False])
+@test_util.JIT
 def test_keep_probability_hand_values(use_jit):
   fn = jax.jit(keep_probability) if use_jit else keep_probability
   streak = jnp.array([0, 2, 3, 10, 1])
@@ -56,11 +50,12 @@ def test_adapt_probability_hand_values():
 
 
 def test_update_adapts_p_easy_and_p_hard():
-  cur = greso(batch_size=6)
+  pool = PromptPool.from_arms(np.zeros(20, int))
+  cur = greso(pool, batch_size=6)
   update = jax.jit(cur.update)
-  state = cur.init(PromptPool.from_arms(np.zeros(20, int)), jax.random.key(0))
+  state = cur.init(pool, jax.random.key(0))
   # 1 all-correct (1/6 > 1/12) and 3 all-wrong (1/2 > 1/6): both p go down by .01.
-  fb = _feedback(range(6), [[1, 1]] + [[0, 0]] * 3 + [[1, 0]] * 2)
+  fb = test_util.feedback([[1, 1]] + [[0, 0]] * 3 + [[1, 0]] * 2, ids=range(6))
   state, m = update(state, fb)
   np.testing.assert_allclose([m["zero_variance_easy"], m["zero_variance_hard"]], [1 / 6, 0.5],
                              rtol=1e-6)
@@ -68,29 +63,32 @@ def test_update_adapts_p_easy_and_p_hard():
   assert int(state.stats.streak[0]) == 1 and int(state.stats.streak_kind[0]) == E
   assert int(state.stats.streak[1]) == 1 and int(state.stats.streak_kind[1]) == H
   # No zero-variance group: both go up.
-  state, _ = update(state, _feedback(range(6, 12), [[1, 0]] * 6))
+  state, _ = update(state, test_util.feedback([[1, 0]] * 6, ids=range(6, 12)))
   np.testing.assert_allclose([state.p_easy, state.p_hard], [0.5, 0.5], rtol=1e-6)
   # Prompt 0 all correct again: its easy streak is 2.
-  state, _ = update(state, _feedback([0, 13, 14, 15, 16, 17], [[1, 1]] + [[1, 0]] * 5))
+  state, _ = update(state, test_util.feedback([[1, 1]] + [[1, 0]] * 5, ids=[0, 13, 14, 15, 16, 17]))
   assert int(state.stats.streak[0]) == 2
 
 
 def test_update_holds_p_at_target_and_at_bounds():
-  cur = greso(batch_size=4, target_zero_variance=0.5, easy_share=0.5)
-  state = cur.init(PromptPool.from_arms(np.zeros(10, int)), jax.random.key(0))
-  fb = _feedback(range(4), [[1, 1], [0, 0], [1, 0], [0, 1]])  # exactly 1/4 easy, 1/4 hard
+  pool = PromptPool.from_arms(np.zeros(10, int))
+  cur = greso(pool, batch_size=4, target_zero_variance=0.5, easy_share=0.5)
+  state = cur.init(pool, jax.random.key(0))
+  # Exactly 1/4 easy, 1/4 hard.
+  fb = test_util.feedback([[1, 1], [0, 0], [1, 0], [0, 1]], ids=range(4))
   out, _ = jax.jit(cur.update)(state, fb)
   assert float(out.p_easy) == 0.5 and float(out.p_hard) == 0.5
   state = state._replace(p_easy=jnp.float32(0.95), p_hard=jnp.float32(0.05))
-  fb = _feedback(range(4), [[0, 0]] * 4)  # no easy group, all hard
+  fb = test_util.feedback([[0, 0]] * 4, ids=range(4))  # no easy group, all hard
   out, _ = jax.jit(cur.update)(state, fb)
   np.testing.assert_allclose([out.p_easy, out.p_hard], [0.95, 0.05], rtol=1e-6)
 
 
 # One curriculum and one compiled batched select for the statistical tests: N = 40, P = 20,
 # C = 40 candidates (the whole pool, in random order).
-_CUR = greso(batch_size=20, oversample=2.0)
-_STATE = _CUR.init(PromptPool.from_arms(np.zeros(40, int)), jax.random.key(0))
+_POOL = PromptPool.from_arms(np.zeros(40, int))
+_CUR = greso(_POOL, batch_size=20, oversample=2.0)
+_STATE = _CUR.init(_POOL, jax.random.key(0))
 _SELECT_MANY = jax.jit(jax.vmap(_CUR.select, in_axes=(None, 0)))
 
 
@@ -127,6 +125,7 @@ def test_bad_arguments_raise():
                        ({"p_min": 0.6, "p_max": 0.4}, "p_min"), ({"p_init": 0.99}, "p_init"),
                        ({"min_keep": 2.0}, "min_keep")]:
     with pytest.raises(ValueError, match=name):
-      greso(**{"batch_size": 4, **kwargs})
+      greso(1, **{"batch_size": 4, **kwargs})
   with pytest.raises(ValueError, match="pool"):
-    greso(batch_size=4).init(PromptPool.from_arms([0] * 7), jax.random.key(0))
+    pool = PromptPool.from_arms([0] * 7)
+    greso(pool, batch_size=4).init(pool, jax.random.key(0))

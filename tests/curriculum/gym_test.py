@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_curriculum.curriculum import category as C
+from rl_curriculum import curriculum as C
 from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import Curriculum
 from rl_curriculum.types import Selection

@@ -9,25 +9,19 @@ import pytest
 
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.pcl import pcl, sgd_step, value_loss
-from rl_curriculum.types import Feedback
+import test_util
 
-
-def _feedback(ids, correct, valid=None):
-  correct = np.asarray(correct, bool)
-  return Feedback(prompt_ids=jnp.asarray(ids, jnp.int32), arms=jnp.zeros(len(ids), jnp.int32),
-                  rewards=jnp.asarray(correct, jnp.float32), correct=jnp.asarray(correct),
-                  advantages=jnp.zeros(correct.shape),
-                  valid=None if valid is None else jnp.asarray(valid, bool))
 
 
 def test_one_sgd_step_hand_computed():
   # w = 0, b = 0: every prediction is .5 and v (1 - v) = .25, so per row
   # dL/dw = 2 (.5 - y) .25 x / 3 over the three rows with valid completions.
   feats = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0], [5.0, 5.0]])
-  cur = pcl(feats, batch_size=4, learning_rate=0.1, oversample=1.0)
-  state = cur.init(PromptPool.from_arms([0, 0, 0, 0]), jax.random.key(0))
-  fb = _feedback([0, 1, 2, 3], [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]],
-                 valid=[[1] * 4, [1] * 4, [1] * 4, [0] * 4])
+  pool = PromptPool.from_arms([0, 0, 0, 0], features=feats)
+  cur = pcl(pool, batch_size=4, learning_rate=0.1, oversample=1.0)
+  state = cur.init(pool, jax.random.key(0))
+  fb = test_util.feedback([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]],
+                          ids=[0, 1, 2, 3], valid=[[1] * 4, [1] * 4, [1] * 4, [0] * 4])
   state, m = jax.jit(cur.update)(state, fb)
   # grad_w = ([-.25, 0] + [0, .5] + [0, 0]) / 3, grad_b = (-.25 + .25 + 0) / 3 = 0.
   np.testing.assert_allclose(state.weights, [0.1 * 0.25 / 3, -0.1 * 0.5 / 3], rtol=1e-6)
@@ -59,8 +53,9 @@ def test_gradient_matches_loop_reference():
 
 def test_select_picks_predictions_nearest_one_half():
   x = np.array([[3.0], [-0.1], [2.0], [0.05], [-4.0], [0.5], [1.0], [-0.2]])
-  cur = pcl(x, batch_size=3, oversample=8 / 3)  # 8 candidates: the whole pool
-  state = cur.init(PromptPool.from_arms([0] * 8), jax.random.key(0))
+  pool = PromptPool.from_arms([0] * 8, features=x)
+  cur = pcl(pool, batch_size=3, oversample=8 / 3)  # 8 candidates: the whole pool
+  state = cur.init(pool, jax.random.key(0))
   state = state._replace(weights=jnp.array([1.0]))  # v = sigmoid(x)
   select = jax.jit(cur.select)
   for t in range(3):
@@ -70,9 +65,10 @@ def test_select_picks_predictions_nearest_one_half():
 
 def test_training_moves_predictions_toward_accuracies():
   x = np.eye(4, dtype=np.float32)
-  cur = pcl(x, batch_size=4, oversample=1.0, learning_rate=2.0, num_sgd_steps=5)
-  state = cur.init(PromptPool.from_arms([0] * 4), jax.random.key(0))
-  fb = _feedback([0, 1, 2, 3], [[1] * 4, [0] * 4, [1, 1, 0, 0], [1, 1, 1, 0]])
+  pool = PromptPool.from_arms([0] * 4, features=x)
+  cur = pcl(pool, batch_size=4, oversample=1.0, learning_rate=2.0, num_sgd_steps=5)
+  state = cur.init(pool, jax.random.key(0))
+  fb = test_util.feedback([[1] * 4, [0] * 4, [1, 1, 0, 0], [1, 1, 1, 0]], ids=[0, 1, 2, 3])
   update = jax.jit(cur.update)
   losses = []
   for _ in range(5):
@@ -82,17 +78,28 @@ def test_training_moves_predictions_toward_accuracies():
 
 
 def test_bad_arguments_raise():
-  feats = np.zeros((6, 2))
+  pool = PromptPool.from_arms([0] * 6, features=np.zeros((6, 2)))
   with pytest.raises(ValueError, match="features"):
-    pcl(np.zeros(6), batch_size=2)
+    PromptPool.from_arms([0] * 6, features=np.zeros(6))
   with pytest.raises(ValueError, match="finite"):
-    pcl(np.full((6, 2), np.nan), batch_size=2)
+    pcl(PromptPool.from_arms([0] * 6, features=np.full((6, 2), np.nan)), batch_size=2)
   for kwargs, name in [({"batch_size": 0}, "batch_size"), ({"oversample": 0.5}, "oversample"),
                        ({"learning_rate": 0.0}, "learning_rate"),
                        ({"num_sgd_steps": 0}, "num_sgd_steps")]:
     with pytest.raises(ValueError, match=name):
-      pcl(feats, **{"batch_size": 2, **kwargs})
+      pcl(pool, **{"batch_size": 2, **kwargs})
   with pytest.raises(ValueError, match="rows"):
-    pcl(feats, batch_size=1).init(PromptPool.from_arms([0] * 5), jax.random.key(0))
+    pcl(pool, batch_size=1).init(PromptPool.from_arms([0] * 5), jax.random.key(0))
   with pytest.raises(ValueError, match="candidates"):
-    pcl(feats, batch_size=2).init(PromptPool.from_arms([0] * 6), jax.random.key(0))
+    pcl(pool, batch_size=2).init(pool, jax.random.key(0))
+
+
+def test_features_come_from_the_pool_given_to_init():
+  """Built from a number of arms (a config check), PCL reads the features of the init pool."""
+  x = np.eye(4, dtype=np.float32)
+  cur = pcl(1, batch_size=2, oversample=1.0)
+  with pytest.raises(ValueError, match="needs per-prompt features"):
+    cur.init(PromptPool.from_arms([0] * 4), jax.random.key(0))
+  state = cur.init(PromptPool.from_arms([0] * 4, features=x), jax.random.key(0))
+  np.testing.assert_array_equal(state.features, x)
+  assert state.features.dtype == jnp.float32

@@ -99,12 +99,12 @@ N, P, G = 48, 6, 4
 POOL = PromptPool.from_arms(np.arange(N) % 3, difficulty=np.linspace(0.0, 1.0, N))
 FEATURES = np.random.default_rng(0).normal(size=(N, 3)).astype(np.float32)
 BUILDERS = {
-    "vcrl": lambda: vcrl(batch_size=P, replay_fraction=0.5),
-    "vade": lambda: vade(batch_size=P, num_candidates=2 * P),
-    "greso": lambda: greso(batch_size=P),
-    "adarft": lambda: adarft(batch_size=P, no_repeat=True),
-    "pcl": lambda: pcl(FEATURES, batch_size=P),
-    "hard_focus": lambda: hard_focus(batch_size=P, retain_fraction=0.5),
+    "vcrl": lambda: vcrl(POOL, batch_size=P, replay_fraction=0.5),
+    "vade": lambda: vade(POOL, batch_size=P, num_candidates=2 * P),
+    "greso": lambda: greso(POOL, batch_size=P),
+    "adarft": lambda: adarft(POOL, batch_size=P, no_repeat=True),
+    "pcl": lambda: pcl(POOL.with_features(FEATURES), batch_size=P),
+    "hard_focus": lambda: hard_focus(POOL, batch_size=P, retain_fraction=0.5),
 }
 
 

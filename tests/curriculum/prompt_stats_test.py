@@ -6,19 +6,10 @@ import numpy as np
 import pytest
 
 from rl_curriculum.curriculum import prompt_stats
-from rl_curriculum.types import Feedback
+import test_util
 
 E, H, NONE = prompt_stats.KIND_EASY, prompt_stats.KIND_HARD, prompt_stats.KIND_NONE
 
-
-def _feedback(ids, correct, valid=None):
-  correct = np.asarray(correct, bool)
-  return Feedback(prompt_ids=jnp.asarray(ids, jnp.int32),
-                  arms=jnp.zeros(len(ids), jnp.int32),
-                  rewards=jnp.asarray(correct, jnp.float32),
-                  correct=jnp.asarray(correct),
-                  advantages=jnp.zeros(correct.shape, jnp.float32),
-                  valid=None if valid is None else jnp.asarray(valid, bool))
 
 
 def _reference_update(ref, ids, correct, valid, step):
@@ -45,7 +36,7 @@ def _reference_update(ref, ids, correct, valid, step):
     ref["beta_b"][i] += n[i] - s[i]
 
 
-@pytest.mark.parametrize("use_jit", [True, False])
+@test_util.JIT
 def test_update_matches_loop_reference_with_duplicates_and_masks(use_jit):
   num, p, g = 12, 10, 3
   rng = np.random.default_rng(0)
@@ -59,7 +50,7 @@ def test_update_matches_loop_reference_with_duplicates_and_masks(use_jit):
     ids = rng.integers(0, num, size=p)  # duplicates on purpose
     correct = rng.random((p, g)) < rng.choice([0.0, 0.5, 1.0], size=(p, 1))
     valid = rng.random((p, g)) < 0.8
-    store = update(store, _feedback(ids, correct, valid), step)
+    store = update(store, test_util.feedback(correct, ids=ids, valid=valid), step)
     _reference_update(ref, ids, correct, valid, step)
     for name, want in ref.items():
       np.testing.assert_allclose(np.asarray(getattr(store, name)), want, rtol=1e-6, err_msg=name)
@@ -70,7 +61,7 @@ def test_duplicate_rows_pool_into_one_observation():
   store = prompt_stats.init(5)
   store = store._replace(streak=store.streak.at[3].set(2),
                          streak_kind=store.streak_kind.at[3].set(E))
-  fb = _feedback([3, 1, 3], [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+  fb = test_util.feedback([[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]], ids=[3, 1, 3])
   out = jax.jit(prompt_stats.update)(store, fb, 7)
   assert int(out.attempts[3]) == 8 and int(out.successes[3]) == 4
   assert float(out.last_accuracy[3]) == 0.5
@@ -79,14 +70,14 @@ def test_duplicate_rows_pool_into_one_observation():
   assert float(out.beta_a[3]) == 5.0 and float(out.beta_b[3]) == 5.0
   assert int(out.last_step[3]) == 7 and int(out.last_step[0]) == -1
   # Order of rows does not matter.
-  perm = _feedback([3, 3, 1], [[0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+  perm = test_util.feedback([[0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], ids=[3, 3, 1])
   out2 = jax.jit(prompt_stats.update)(store, perm, 7)
   jax.tree.map(np.testing.assert_array_equal, out, out2)
 
 
 def test_two_duplicate_all_correct_rows_advance_the_streak_once():
   store = prompt_stats.init(2)
-  fb = _feedback([0, 0], [[1, 1], [1, 1]])
+  fb = test_util.feedback([[1, 1], [1, 1]], ids=[0, 0])
   out = prompt_stats.update(store, fb, 0)
   assert int(out.streak[0]) == 1 and int(out.streak_kind[0]) == E
 
@@ -97,14 +88,14 @@ def test_streak_sequence_easy_easy_hard_mixed():
   seq = [[1, 1], [1, 1], [0, 0], [1, 0]]
   want = [(1, E), (2, E), (1, H), (0, NONE)]
   for step, (c, (k, kind)) in enumerate(zip(seq, want)):
-    store = update(store, _feedback([0], [c]), step)
+    store = update(store, test_util.feedback([c], ids=[0]), step)
     assert (int(store.streak[0]), int(store.streak_kind[0])) == (k, kind)
 
 
 def test_invalid_completions_do_not_count():
   store = prompt_stats.init(3)
   # Row 0: only the wrong completion is valid -> 0/1 (hard). Row 1: nothing valid -> unchanged.
-  fb = _feedback([0, 1], [[1, 0], [1, 1]], valid=[[0, 1], [0, 0]])
+  fb = test_util.feedback([[1, 0], [1, 1]], ids=[0, 1], valid=[[0, 1], [0, 0]])
   out = jax.jit(prompt_stats.update)(store, fb, 0)
   assert int(out.attempts[0]) == 1 and int(out.successes[0]) == 0
   assert int(out.streak_kind[0]) == H
@@ -125,7 +116,7 @@ def test_decay_beta_moves_toward_prior():
 
 
 def test_observed_accuracy():
-  fb = _feedback([0, 2], [[1, 0, 0, 0], [1, 1, 1, 1]])
+  fb = test_util.feedback([[1, 0, 0, 0], [1, 1, 1, 1]], ids=[0, 2])
   store = prompt_stats.update(prompt_stats.init(3), fb, 0)
   acc = prompt_stats.observed_accuracy(store, default=-1.0)
   np.testing.assert_allclose(acc, [0.25, -1.0, 1.0])

@@ -7,24 +7,18 @@ import pytest
 
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.vade import information_gain, vade
-from rl_curriculum.types import Feedback
+import test_util
 
-
-def _feedback(ids, correct, valid=None):
-  correct = np.asarray(correct, bool)
-  return Feedback(prompt_ids=jnp.asarray(ids, jnp.int32), arms=jnp.zeros(len(ids), jnp.int32),
-                  rewards=jnp.asarray(correct, jnp.float32), correct=jnp.asarray(correct),
-                  advantages=jnp.zeros(correct.shape),
-                  valid=None if valid is None else jnp.asarray(valid, bool))
 
 
 def test_update_applies_both_decays_then_counts():
-  cur = vade(batch_size=2)
-  state = cur.init(PromptPool.from_arms([0, 0, 1, 1]), jax.random.key(0))
+  pool = PromptPool.from_arms([0, 0, 1, 1])
+  cur = vade(pool, batch_size=2)
+  state = cur.init(pool, jax.random.key(0))
   stats = state.stats._replace(beta_a=jnp.array([3.0, 1.0, 1.0, 2.0]),
                                beta_b=jnp.array([1.0, 2.0, 1.0, 1.0]))
   state = state._replace(stats=stats)
-  fb = _feedback([0, 2], [[1, 1, 0, 0], [1, 0, 0, 0]])
+  fb = test_util.feedback([[1, 1, 0, 0], [1, 0, 0, 0]], ids=[0, 2])
   state, m = jax.jit(cur.update)(state, fb)
   # Prompt 0 (batch): 1 + .9 * .99 * (3 - 1) + 2 = 4.782;  b: 1 + .891 * 0 + 2 = 3.
   # Prompt 1 (not in batch): a = 1, b = 1 + .99 * 1 = 1.99.
@@ -37,14 +31,17 @@ def test_update_applies_both_decays_then_counts():
 
 
 def test_two_updates_compound_the_decays():
-  cur = vade(batch_size=1, fast_decay=0.5, slow_decay=0.8, prior_a=2.0, prior_b=1.0)
+  pool = PromptPool.from_arms([0, 0])
+  cur = vade(pool, batch_size=1, fast_decay=0.5, slow_decay=0.8, prior_a=2.0, prior_b=1.0)
   update = jax.jit(cur.update)
-  state = cur.init(PromptPool.from_arms([0, 0]), jax.random.key(0))
-  state, _ = update(state, _feedback([0], [[1, 1]]))  # a0 = 2 + 2 = 4, b0 = 1
-  state, _ = update(state, _feedback([1], [[0, 0]]))  # prompt 0 only slow: a = 2 + .8 * 2
+  state = cur.init(pool, jax.random.key(0))
+  state, _ = update(state, test_util.feedback([[1, 1]], ids=[0]))  # a0 = 2 + 2 = 4, b0 = 1
+  # Prompt 0 only slow: a = 2 + .8 * 2.
+  state, _ = update(state, test_util.feedback([[0, 0]], ids=[1]))
   np.testing.assert_allclose(state.stats.beta_a, [3.6, 2.0], rtol=1e-6)
   np.testing.assert_allclose(state.stats.beta_b, [1.0, 3.0], rtol=1e-6)
-  state, _ = update(state, _feedback([0], [[0, 1]]))  # both: 2 + .4 * 1.6 + 1, b: 1 + 0 + 1
+  # Both: 2 + .4 * 1.6 + 1, b: 1 + 0 + 1.
+  state, _ = update(state, test_util.feedback([[0, 1]], ids=[0]))
   np.testing.assert_allclose(state.stats.beta_a, [3.64, 2.0], rtol=1e-6)
   np.testing.assert_allclose(state.stats.beta_b, [2.0, 1.0 + 0.8 * 2.0], rtol=1e-6)
 
@@ -54,8 +51,9 @@ def test_thompson_selection_frequencies():
   # Prompt 3 is sharp near 1 (score ~0): never chosen. Prompt 0 ~ Beta(2, 2) beats prompt 1
   # (sharp at .2, score .16) when .2 < theta < .8: F(.8) - F(.2) = .896 - .104 = .792 with
   # F(x) = 3x^2 - 2x^3.
-  cur = vade(batch_size=2)
-  state = cur.init(PromptPool.from_arms([0, 0, 0, 0]), jax.random.key(0))
+  pool = PromptPool.from_arms([0, 0, 0, 0])
+  cur = vade(pool, batch_size=2)
+  state = cur.init(pool, jax.random.key(0))
   state = state._replace(stats=state.stats._replace(
       beta_a=jnp.array([2.0, 2e5, 5e5, 1e6]), beta_b=jnp.array([2.0, 8e5, 5e5, 1.0])))
   n = 3000
@@ -79,6 +77,7 @@ def test_bad_arguments_raise():
                        ({"fast_decay": 0.0}, "fast_decay"), ({"slow_decay": 1.5}, "slow_decay"),
                        ({"prior_a": 0.0}, "prior_a")]:
     with pytest.raises(ValueError, match=name):
-      vade(**{"batch_size": 4, **kwargs})
+      vade(1, **{"batch_size": 4, **kwargs})
   with pytest.raises(ValueError, match="pool"):
-    vade(batch_size=4, num_candidates=10).init(PromptPool.from_arms([0] * 5), jax.random.key(0))
+    pool = PromptPool.from_arms([0] * 5)
+    vade(pool, batch_size=4, num_candidates=10).init(pool, jax.random.key(0))

@@ -8,21 +8,14 @@ import pytest
 from rl_curriculum.curriculum import prompt_level
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.vcrl import variance_score, vcrl
-from rl_curriculum.types import Feedback
+import test_util
 
 EMPTY = prompt_level.EMPTY
 POOL = PromptPool.from_arms(np.arange(20) % 2)
 
 
-def _feedback(ids, correct, rewards=None, valid=None):
-  correct = np.asarray(correct, bool)
-  return Feedback(prompt_ids=jnp.asarray(ids, jnp.int32), arms=jnp.zeros(len(ids), jnp.int32),
-                  rewards=jnp.asarray(correct if rewards is None else rewards, jnp.float32),
-                  correct=jnp.asarray(correct), advantages=jnp.zeros(correct.shape),
-                  valid=None if valid is None else jnp.asarray(valid, bool))
 
-
-@pytest.mark.parametrize("use_jit", [True, False])
+@test_util.JIT
 def test_variance_score_hand_values(use_jit):
   fn = jax.jit(variance_score) if use_jit else variance_score
   r = jnp.array([[1.0, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 0, 0]])
@@ -49,31 +42,33 @@ def test_variance_score_matches_loop_reference():
 
 
 def test_memory_insertion_eviction_and_removal():
-  cur = vcrl(batch_size=4, memory_size=2, replay_fraction=0.5, threshold=0.5)
+  cur = vcrl(POOL, batch_size=4, memory_size=2, replay_fraction=0.5, threshold=0.5)
   update = jax.jit(cur.update)
   state = cur.init(POOL, jax.random.key(0))
   # Scores: 2/4 -> 1.0, 1/4 -> .75, 0/4 -> 0, 4/4 -> 0.
-  fb = _feedback([3, 5, 7, 9], [[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+  fb = test_util.feedback([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]],
+                          ids=[3, 5, 7, 9])
   state, m = update(state, fb)
   np.testing.assert_allclose(m["scores"], [1.0, 0.75, 0.0, 0.0])
   np.testing.assert_array_equal(m["high_variance"], [True, True, False, False])
   np.testing.assert_array_equal(state.memory.ids, [3, 5])
   np.testing.assert_allclose(state.memory.priority, [1.0, 0.75])
   # 11 scores .75 (3/4): ties with 5, which is older -> 5 is evicted.
-  state, _ = update(state, _feedback([11, 12, 13, 14], [[1, 1, 1, 0]] + [[0] * 4] * 3))
+  state, _ = update(state, test_util.feedback([[1, 1, 1, 0]] + [[0] * 4] * 3, ids=[11, 12, 13, 14]))
   np.testing.assert_array_equal(state.memory.ids, [3, 11])
   np.testing.assert_array_equal(state.memory.age, [1, 0])
   # 3 is observed again as all-wrong: it leaves the memory.
-  state, m = update(state, _feedback([3, 15, 16, 17], [[0] * 4] * 4))
+  state, m = update(state, test_util.feedback([[0] * 4] * 4, ids=[3, 15, 16, 17]))
   np.testing.assert_array_equal(state.memory.ids, [11, EMPTY])
   assert int(m["memory_fill"]) == 1
 
 
 def test_duplicate_rows_are_scored_pooled():
-  cur = vcrl(batch_size=3, memory_size=4)
+  cur = vcrl(POOL, batch_size=3, memory_size=4)
   state = cur.init(POOL, jax.random.key(0))
   # Prompt 2 twice: all right and all wrong -> pooled 4/8, score 1, one memory entry.
-  state, m = jax.jit(cur.update)(state, _feedback([2, 2, 6], [[1] * 4, [0] * 4, [1, 0, 0, 0]]))
+  fb = test_util.feedback([[1] * 4, [0] * 4, [1, 0, 0, 0]], ids=[2, 2, 6])
+  state, m = jax.jit(cur.update)(state, fb)
   np.testing.assert_allclose(m["scores"], [1.0, 1.0, 0.75])
   np.testing.assert_array_equal(state.memory.ids, [2, 6, EMPTY, EMPTY])
 
@@ -81,17 +76,17 @@ def test_duplicate_rows_are_scored_pooled():
 def test_scores_use_correctness_not_shaped_reward_by_default():
   correct = np.array([[1, 1, 1, 1], [0, 0, 0, 0]])
   shaped = correct + 0.5 * np.array([[1, 0, 1, 0], [0, 1, 1, 0]])  # a format bonus
-  fb = _feedback([1, 2], correct, rewards=shaped)
-  cur = vcrl(batch_size=2)
+  fb = test_util.feedback(correct, rewards=shaped, ids=[1, 2])
+  cur = vcrl(POOL, batch_size=2)
   _, m = jax.jit(cur.update)(cur.init(POOL, jax.random.key(0)), fb)
   np.testing.assert_allclose(m["scores"], [0.0, 0.0])
-  cur = vcrl(batch_size=2, score_on="reward", var_max=0.0625)
+  cur = vcrl(POOL, batch_size=2, score_on="reward", var_max=0.0625)
   _, m = jax.jit(cur.update)(cur.init(POOL, jax.random.key(0)), fb)
   np.testing.assert_allclose(m["scores"], [1.0, 1.0])
 
 
 def test_select_draws_replay_share_from_memory():
-  cur = vcrl(batch_size=4, memory_size=3, replay_fraction=0.5)
+  cur = vcrl(POOL, batch_size=4, memory_size=3, replay_fraction=0.5)
   state = cur.init(POOL, jax.random.key(0))
   state = state._replace(memory=prompt_level.Memory(
       ids=jnp.array([4, 8, 12], jnp.int32), priority=jnp.array([1.0, 0.75, 0.5]),
@@ -110,6 +105,6 @@ def test_bad_arguments_raise():
                        ({"threshold": -0.1}, "threshold"), ({"var_max": 0.0}, "var_max"),
                        ({"score_on": "advantage"}, "score_on"), ({"max_age": -1}, "max_age")]:
     with pytest.raises(ValueError, match=name):
-      vcrl(**{"batch_size": 4, **kwargs})
+      vcrl(POOL, **{"batch_size": 4, **kwargs})
   with pytest.raises(ValueError, match="pool"):
-    vcrl(batch_size=16, replay_fraction=0.5).init(POOL, jax.random.key(0))
+    vcrl(POOL, batch_size=16, replay_fraction=0.5).init(POOL, jax.random.key(0))

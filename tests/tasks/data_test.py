@@ -79,6 +79,6 @@ def test_difficulty_is_the_bin_not_the_arm_for_unsorted_bins():
   hard_first = cur.hard_to_easy(prompt_pool, batch_size=4)
   selection, _ = hard_first.select(hard_first.init(prompt_pool, key), key)
   np.testing.assert_array_equal(selection.arms, [0, 0, 0, 0])  # bin 5 first
-  adarft = cur.adarft(batch_size=4)
+  adarft = cur.adarft(prompt_pool, batch_size=4)
   selection, _ = adarft.select(adarft.init(prompt_pool, key), key)
   assert {problems[i].difficulty for i in np.asarray(selection.prompt_ids)} == {0}

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from rl_curriculum.curriculum import arm_sampling
 from rl_curriculum.curriculum.base import Curriculum, PromptPool
-from rl_curriculum.curriculum.category import arm_mean
+from rl_curriculum.curriculum.arms import arm_mean
 from rl_curriculum.types import Feedback, Selection
 
 
@@ -36,13 +36,13 @@ def target_probabilities(success: jax.Array, sizes: jax.Array, target: float,
   return jax.nn.softmax(jnp.where(sizes > 0, logits, -jnp.inf))
 
 
-def target_success(pool_or_num_arms: Union[PromptPool, int], *, batch_size: int,
+def target_success(pool: Union[PromptPool, int], *, batch_size: int,
                    target: float = 0.5, rate: float = 0.2,
                    temperature: float = 0.1) -> Curriculum:
   """Builds the curriculum (module docstring).
 
   Args:
-    pool_or_num_arms: the PromptPool the curriculum will select from, or its number of arms K.
+    pool: the PromptPool the curriculum will select from, or its number of arms K.
     batch_size: P, prompts per step.
     target: success rate to aim for, in (0, 1).
     rate: step size of the running success estimate, in (0, 1].
@@ -55,8 +55,7 @@ def target_success(pool_or_num_arms: Union[PromptPool, int], *, batch_size: int,
   Raises:
     ValueError: an argument out of range (named in the message).
   """
-  num_arms = (pool_or_num_arms.num_arms if isinstance(pool_or_num_arms, PromptPool)
-              else int(pool_or_num_arms))
+  num_arms = pool.num_arms if isinstance(pool, PromptPool) else int(pool)
   if num_arms < 1 or batch_size < 1:
     raise ValueError(f"need at least one arm and batch_size >= 1, got {num_arms} and {batch_size}")
   if not 0.0 < target < 1.0:
