@@ -1,12 +1,12 @@
 """Step time of the sharded learn step and sampler on 1 to 8 fake CPU devices.
 
-  python experiments/benchmark_scaling.py --out results/scaling_cpu.json
+  python -m experiments.benchmark_scaling --out results/scaling_cpu.json
 
-Each device count runs in its own process (`--xla_force_host_platform_device_count=N` must be set
-before JAX starts), on meshes (N, 1, 1) (data parallel) and (1, N, 1) (FSDP), with the quickstart's
-tiny model (about 3M parameters), 16 prompts x 4 completions, 8 prompt and 8 new tokens. Reported:
-median wall time of one learn step and of one greedy sampling call, after a compile-and-warm-up
-call.
+Run from the repository root. Each device count runs in its own process
+(`--xla_force_host_platform_device_count=N` must be set before JAX starts), on meshes (N, 1, 1)
+(data parallel) and (1, N, 1) (FSDP), with the quickstart's tiny model (about 3M parameters),
+16 prompts x 4 completions, 8 prompt and 8 new tokens. Reported: median wall time of one learn
+step and of one greedy sampling call, after a compile-and-warm-up call.
 
 Read the numbers for what they are: fake CPU devices share the same cores (2 on the machines
 this project is developed on), so more devices cannot be faster; the ratio to one device measures
@@ -23,6 +23,19 @@ import time
 
 from absl import app
 from absl import flags
+import jax
+import numpy as np
+
+from configs import quickstart
+from rl_curriculum import curriculum as cur
+from rl_curriculum.model import transformer
+from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.parallel import distributed
+from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import sampler
+from rl_curriculum.train import builders
+from rl_curriculum.train import examples
+from rl_curriculum.train import rl_step
 
 _OUT = flags.DEFINE_string("out", "results/scaling_cpu.json", "Where the JSON goes.")
 _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
@@ -30,10 +43,10 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per measurement (medi
 _CHILD = flags.DEFINE_integer("child", 0, "Internal: measure with this many devices, print JSON.")
 
 P, G, TP, T, V = 16, 4, 8, 8, 64
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _median_time(fn, repeats):
-  import jax  # pylint: disable=import-outside-toplevel
   jax.block_until_ready(fn())  # compile and warm up
   times = []
   for _ in range(repeats):
@@ -43,20 +56,17 @@ def _median_time(fn, repeats):
   return sorted(times)[len(times) // 2]
 
 
+def _batch() -> rl_step.Batch:
+  """P x G rows with a distinct random prompt per row, -4 sampler log-probs, 3 arms."""
+  rng = np.random.default_rng(0)
+  rewards = rng.integers(0, 2, (P, G)).astype(np.float32)
+  prompt_tokens = rng.integers(4, V, (P * G, TP))
+  tokens = rng.integers(4, V, (P * G, T))
+  return examples.make_batch(prompt_tokens, tokens, rewards, sampler_logprob=-4.0, num_arms=3)
+
+
 def measure(num_devices: int, repeats: int) -> list:
   """[{mesh, learn_s, sample_s}] for the data-parallel and the FSDP mesh of `num_devices`."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-
-  from rl_curriculum import curriculum as cur  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.model import transformer  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.model.config import ModelConfig  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.parallel import distributed  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.sampling import sampler  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import builders, rl_step  # pylint: disable=import-outside-toplevel
-  from configs import quickstart  # pylint: disable=import-outside-toplevel
-
   assert jax.device_count() == num_devices, jax.devices()
   # The quickstart's learn step (clipping, ratio guard, rollback KL) with two minibatches.
   learn_config = dataclasses.replace(builders.learn_config(quickstart.get_config()),
@@ -65,15 +75,7 @@ def measure(num_devices: int, repeats: int) -> list:
   optimizer = builders.build_optimizer(1e-4, max_grad_norm=1.0)
   curriculum = cur.sec(3, batch_size=P)
   b = P * G
-  rng = np.random.default_rng(0)
-  rewards = rng.integers(0, 2, (P, G)).astype(np.float32)
-  batch = rl_step.Batch(
-      prompt_tokens=rng.integers(4, V, (b, TP)).astype(np.int32), prompt_mask=np.ones((b, TP), bool),
-      tokens=rng.integers(4, V, (b, T)).astype(np.int32), mask=np.ones((b, T), np.float32),
-      sampler_logprobs=np.full((b, T), -4.0, np.float32), prompt_ids=np.arange(P, dtype=np.int32),
-      arms=(np.arange(P) % 3).astype(np.int32), rewards=rewards, correct=rewards > 0.5,
-      valid=np.ones((P, G), bool), train_groups=np.arange(P, dtype=np.int32),
-      train_valid=np.ones(P, bool))
+  batch = _batch()
   out = []
   shapes = [(num_devices, 1, 1)] + ([(1, num_devices, 1)] if num_devices > 1 else [])
   for shape in shapes:
@@ -113,13 +115,11 @@ def main(argv):
     print("RESULT " + json.dumps(measure(_CHILD.value, _REPEATS.value)), flush=True)
     return
   rows = []
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for n in map(int, _DEVICES.value):
-    env = {**os.environ, "PYTHONPATH": root,
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), f"--child={n}",
-                             f"--repeats={_REPEATS.value}"], env=env, capture_output=True,
-                            text=True, check=True)
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    result = subprocess.run([sys.executable, "-m", "experiments.benchmark_scaling",
+                             f"--child={n}", f"--repeats={_REPEATS.value}"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, check=True)
     line = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")][-1]
     rows.extend(json.loads(line[len("RESULT "):]))
     print(rows[-1], flush=True)

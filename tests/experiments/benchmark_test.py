@@ -1,4 +1,4 @@
-"""experiments/benchmark.py --quick on the tiny model, no peers: structure and sane values."""
+"""`python -m experiments.benchmark --quick` on the tiny model, no peers: sane values."""
 
 import json
 import math
@@ -13,10 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.slow
 def test_quick_benchmark_writes_sane_results(tmp_path):
-  subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "benchmark.py"), "--quick",
-                  "--peers=", f"--out_dir={tmp_path}", f"--weights_dir={tmp_path / 'weights'}"],
-                 cwd=ROOT, check=True, capture_output=True, text=True,
-                 env={**os.environ, "PYTHONPATH": ROOT})
+  subprocess.run([sys.executable, "-m", "experiments.benchmark", "--quick", "--peers=",
+                  f"--out_dir={tmp_path}", f"--weights_dir={tmp_path / 'weights'}"],
+                 cwd=ROOT, check=True, capture_output=True, text=True)
   results = json.load(open(tmp_path / "speed_cpu.json"))
   assert (tmp_path / "speed_cpu.md").read_text().startswith("# Speed on CPU")
   assert (tmp_path / "weights" / "tiny" / "config.json").exists()

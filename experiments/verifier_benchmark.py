@@ -1,6 +1,6 @@
 """Mean `Task.score` time per task on fuzzed completions (a benchmark, not a test).
 
-  python -m rl_curriculum.tasks.benchmark [--n 4000] [--seed 0]
+  python -m experiments.verifier_benchmark [--n 4000] [--seed 0]
 
 Prints one JSON line per (task, template): microseconds per call (mean, p99, max) over completions
 drawn from a fixed mix: random printable and Unicode text (up to 2,000 characters), numbers with
@@ -9,14 +9,20 @@ reference answer with noise around it, and long texts ending with an answer mark
 MATH verifiers are timed on hand-written problems (no data needed).
 """
 
-import argparse
 import json
 import time
 
+from absl import app
+from absl import flags
 import numpy as np
 
-from rl_curriculum.tasks import base, get_task
-from rl_curriculum.tasks.math_datasets import Gsm8kTask, MathTask
+from rl_curriculum.tasks import base
+from rl_curriculum.tasks import get_task
+from rl_curriculum.tasks.math_datasets import Gsm8kTask
+from rl_curriculum.tasks.math_datasets import MathTask
+
+_N = flags.DEFINE_integer("n", 4000, "Timed calls per (task, template).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the fuzzed completions.")
 
 _ALPHABET = list("0123456789+-*/()=.,: abcxyzAB\n\\{}$^") + ["\u0663", "\uff17", "\u00b2",
                                                              "\u2212", "\u00d7", "Answer:"]
@@ -50,18 +56,17 @@ def fuzzed_completions(rng: np.random.Generator, answer: str, n: int) -> list[st
   return out
 
 
-class _NoData:
-  """Gsm8k/Math tasks without their data: only the verifier is exercised."""
-
-  @staticmethod
-  def make(cls, template):
-    task = cls.__new__(cls)
-    base.Task.__init__(task, template)
-    task.use_math_verify = False
-    return task
+def verifier_only(cls, template: str) -> base.Task:
+  """A GSM8K or MATH task without its data (its constructor would load it): only `score` works.
+  """
+  task = cls.__new__(cls)
+  base.Task.__init__(task, template)
+  task.use_math_verify = False
+  return task
 
 
 def run(n: int = 4000, seed: int = 0) -> list[dict]:
+  """Times `n` calls of `score` per (task, template); one dict of microseconds per pair."""
   rng = np.random.default_rng(seed)
   results = []
   cases = []
@@ -75,7 +80,7 @@ def run(n: int = 4000, seed: int = 0) -> list[dict]:
   math = base.Problem(task="math", difficulty=0, prompt="", question="",
                       answer="\\frac{3}{4}", target="")
   for cls, problem in ((Gsm8kTask, gsm), (MathTask, math)):
-    cases.append((cls.name, "chat", _NoData.make(cls, "chat"), [problem]))
+    cases.append((cls.name, "chat", verifier_only(cls, "chat"), [problem]))
   for name, template, task, problems in cases:
     times = []
     for i in range(n):
@@ -92,14 +97,12 @@ def run(n: int = 4000, seed: int = 0) -> list[dict]:
   return results
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--n", type=int, default=4000)
-  parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args()
-  for row in run(args.n, args.seed):
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  for row in run(_N.value, _SEED.value):
     print(json.dumps(row))
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
