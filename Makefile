@@ -16,7 +16,7 @@ install: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,interop,math]'
 
 quickstart: install
-	$(BIN)/python experiments/train.py --config configs/quickstart.py --workdir workdirs/quickstart
+	$(BIN)/python -m experiments.train --config configs/quickstart.py --workdir workdirs/quickstart
 
 test: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
@@ -28,11 +28,11 @@ test-fast: install
 benchmark: install
 	$(BIN)/pip install --quiet -e '.[dev,interop,math,bench]'
 	bash benchmarks/peers/setup_tunix.sh
-	$(BIN)/python experiments/benchmark.py --tunix_timeout=2400
+	$(BIN)/python -m experiments.benchmark --tunix_timeout=2400
 
 # Curricula on equal rollout budgets, 5 seeds (hours on 2 cores; benchmarks/results/).
 compare: install
-	$(BIN)/python experiments/compare_curricula.py --setting=quickstart --seeds=5
+	$(BIN)/python -m experiments.compare_curricula --config configs/compare.py:quickstart --seeds=5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

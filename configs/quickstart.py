@@ -1,6 +1,6 @@
 """Quickstart: a tiny transformer learns the arithmetic ladder by SFT, then RLOO with SEC.
 
-  python experiments/train.py --config configs/quickstart.py --workdir workdirs/quickstart
+  python -m experiments.train --config configs/quickstart.py --workdir workdirs/quickstart
 
 What it does: trains a SentencePiece tokenizer and a ~3M-parameter transformer from scratch on
 the arithmetic ladder (a short SFT warm start, cached in the workdir), then runs RL with RLOO
@@ -75,7 +75,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.max_new_tokens = 6           # completion length cap (answer + EOS)
   c.rl.temperature = 1.0            # sampling temperature; the losses' log-probs are those of
                                     # logits / temperature, the distribution that sampled
-  c.rl.learning_rate = 2e-5        # Adam moves every weight ~lr per step: 3e-4 wrecked the SFT model
+  c.rl.learning_rate = 2e-5         # Adam moves every weight ~lr per step: 3e-4 wrecked the SFT
+                                    # model
   c.rl.epochs = 1                   # passes over each rollout batch
   c.rl.minibatches = 2              # optimizer steps per epoch; P must divide by it
   c.rl.microbatches = 1             # gradient accumulation: forward/backward passes per

@@ -1,6 +1,6 @@
 """Sampling demo: the KV-cache sampler on the tiny transformer with random weights.
 
-  python experiments/sample.py --config configs/sample.py
+  python -m experiments.sample --config configs/sample.py
 
 Builds the `tiny` preset over a byte-level vocabulary (256 bytes + pad, bos, eos; no tokenizer
 needed), repeats the prompts below to fill `batch_size` rows, samples once to compile, then again

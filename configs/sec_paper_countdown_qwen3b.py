@@ -4,7 +4,7 @@ Chen et al. 2025, "Self-Evolving Curriculum for LLM Reasoning": 256 prompts x 8 
 step, 240 steps, the curriculum choosing among difficulty bins. Launch (docs/scaling.md):
 
   # 8-GPU host, one process, FSDP over the 8 GPUs:
-  python experiments/train.py --config configs/sec_paper_countdown_qwen3b.py \
+  python -m experiments.train --config configs/sec_paper_countdown_qwen3b.py \
       --workdir /ckpt/sec_countdown --config.model.source=/models/Qwen2.5-3B-Instruct
   # TPU v4-32 / v5p-32 slice (4 hosts): the same command on every host, with
       --config.parallel.num_processes=0            # JAX finds the slice's hosts itself
@@ -35,7 +35,8 @@ def get_config():
   c.task.eval_per_bin = 256
   c.task.format_bonus = 0.1
 
-  c.model.source = ""                 # REQUIRED to train: --config.model.source=/path/to/Qwen2.5-3B(-Instruct)
+  c.model.source = ""                 # REQUIRED to train:
+                                      # --config.model.source=/path/to/Qwen2.5-3B(-Instruct)
   c.model.preset = "qwen2_5_3b"       # the shape the planner uses without a checkpoint
   c.model.dtype = "bfloat16"          # compute: activations and matmuls
   c.model.param_dtype = "float32"     # master parameters and Adam moments
@@ -49,7 +50,8 @@ def get_config():
   c.rl.steps = 240                    # paper
   c.rl.prompts_per_step = 256         # paper: P
   c.rl.group_size = 8                 # paper: G (2048 completions a step)
-  c.rl.max_new_tokens = 1024          # Countdown reasoning traces; the cache and logits scale with it
+  c.rl.max_new_tokens = 1024          # Countdown reasoning traces; the cache and logits scale
+                                      # with it
   c.rl.temperature = 1.0
   c.rl.learning_rate = 1e-6           # this project's choice for full fine-tuning of a 3B model
   c.rl.epochs = 1

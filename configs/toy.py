@@ -1,6 +1,6 @@
 """The quickstart at toy size, for tests and smoke runs (about a minute on a 2-core CPU).
 
-  python experiments/train.py --config configs/toy.py --workdir /tmp/toy
+  python -m experiments.train --config configs/toy.py --workdir /tmp/toy
 
 Nothing is learned at this size: 10 SFT steps, 4 RL steps of 4 prompts x 4 completions. It runs
 every phase (tokenizer, SFT cache, RL, evaluation, checkpoints, report) quickly, which is what the

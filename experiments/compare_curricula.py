@@ -1,19 +1,22 @@
 """Curricula compared on equal rollout budgets, several seeds each.
 
-  python experiments/compare_curricula.py --setting=quickstart --seeds=5 \
+  python -m experiments.compare_curricula --config configs/compare.py:quickstart --seeds=5 \
       --workdir=workdirs/compare --out=benchmarks/results
 
-Every run starts from the same SFT warm start (trained once per setting, in WORKDIR/SETTING/base)
-and the same data; seeds vary only the RL randomness (`config.rl.seed`: rollouts, curriculum,
-minibatches). Each method gets the same number of rollouts: steps = budget / (P * G * oversample),
-so a post-rollout filter that samples twice the prompts gets half the updates. Uniform sampling and
-SEC are also run at every learning rate of `--lr_sweep`, and each is reported at its best one, so
-the baseline gets the same tuning as the method it is compared with.
+`--config` is the setting: the config every run starts from, `configs/compare.py:NAME` (see that
+file for the settings; overrides such as `--config.rl.group_size=4` apply to every run). NAME,
+the text after ":", names the run folders and the summary files. Every run starts from the same
+SFT warm start (trained once per setting, in WORKDIR/NAME/base) and the same data; seeds vary only
+the RL randomness (`config.rl.seed`: rollouts, curriculum, minibatches). Each method gets the same
+number of rollouts: steps = budget / (P * G * oversample), so a post-rollout filter that samples
+twice the prompts gets half the updates. Uniform sampling and SEC are also run at every learning
+rate of `--lr_sweep`, and each is reported at its best one, so the baseline gets the same tuning
+as the method it is compared with.
 
 Per method the summary gives: rollouts (and steps) to reach the tuned uniform baseline's final
 held-out accuracy, final per-bin and out-of-distribution accuracy with 95% intervals across
 seeds, the fraction of sampled groups that carried signal (not all equal), and wall time.
-Outputs OUT/curricula_SETTING.{json,md,png}. Finished runs are skipped when the command is run
+Outputs OUT/curricula_NAME.{json,md,png}. Finished runs are skipped when the command is run
 again (each run folder also resumes on its own), so a killed comparison continues where it stopped;
 `--analyse_only` rebuilds the summary from the run folders. `--shard=i/n` runs every n-th planned
 run from the i-th, so n processes (e.g. one per core, under `taskset`) share the plan; start them
@@ -28,20 +31,20 @@ summary). "ood" is the mean over the task's evaluation-only bins.
 import json
 import math
 import os
-import sys
 import time
 from typing import Callable, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+import numpy as np
 
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app, flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+from rl_curriculum.train import builders
 
-from configs import quickstart  # pylint: disable=g-import-not-at-top,wrong-import-position
-from rl_curriculum.train import builders  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-_SETTING = flags.DEFINE_enum("setting", "quickstart", ["quickstart", "countdown", "toy"],
-                             "Task and model setting (see SETTINGS).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "The setting, configs/compare.py:NAME: the config every run starts from; "
+    "NAME names the run folders and summary files.", lock_config=True)
 _METHODS = flags.DEFINE_list("methods", None, "Methods to run (default: all of METHODS).")
 _SEEDS = flags.DEFINE_integer("seeds", 5, "RL seeds per method (config.rl.seed = 1..seeds).")
 _BUDGET = flags.DEFINE_integer("budget", 0, "Rollouts per run (0 = the setting's default).")
@@ -53,65 +56,46 @@ _OUT = flags.DEFINE_string("out", "benchmarks/results", "Folder of the summary f
 _ANALYSE_ONLY = flags.DEFINE_bool("analyse_only", False, "Only rebuild the summary.")
 _SHARD = flags.DEFINE_string("shard", "0/1", "i/n: run only every n-th planned run, from the i-th "
                              "(n processes in parallel; then --analyse_only).")
+flags.mark_flags_as_required(["config"])
 
 # ---------------------------------------------------------------------------------------------
 # Settings and methods.
 
 
-def _quickstart_setting():
-  c = quickstart.get_config()
-  c.rl.steps = 80
-  c.rl.prompts_per_step = 16
-  c.eval.every = 10
-  c.eval.batch_size = 256
-  c.checkpoint.every = 50
-  return c
+def setting_name(config_flag: str) -> str:
+  """The setting's name in a `--config` value: its argument ("configs/compare.py:countdown" ->
+  "countdown"), which names the run folders (WORKDIR/NAME) and summary files (OUT/curricula_NAME).
+
+  Raises:
+    ValueError: the value has no argument after a colon.
+  """
+  _, _, name = config_flag.partition(":")
+  if not name:
+    raise ValueError(f"--config={config_flag} names no setting: give one after a colon, e.g. "
+                     "--config=configs/compare.py:quickstart")
+  return name
 
 
-def _countdown_setting():
-  """The countdown task (3-5 numbers; no out-of-distribution bin) with the tiny model."""
-  c = _quickstart_setting()
-  c.task.name = "countdown"
-  c.task.train_bins = (0, 1, 2)
-  c.task.eval_bins = (0, 1, 2)
-  c.task.eval_per_bin = 128
-  c.rl.max_new_tokens = 20
-  c.rl.steps = 100
-  return c
+def _curriculum_fields(method: str, config) -> dict:
+  """The `config.curriculum` fields one method sets: name, options, filter and oversample.
 
-
-def _toy_setting():
-  """Seconds per run: for tests of this script, nothing is learned."""
-  from configs import toy  # pylint: disable=import-outside-toplevel
-  c = toy.get_config()
-  c.eval.every = 2
-  c.checkpoint.every = 4
-  return c
-
-
-# name -> config builder; the budget default is the setting's steps x P x G.
-SETTINGS: dict[str, Callable] = {
-    "quickstart": _quickstart_setting,
-    "countdown": _countdown_setting,
-    "toy": _toy_setting,
-}
-
-
-def _method_overrides(name: str, config) -> dict:
-  """Config overrides of one method: {"name", "options", "filter", "oversample"}."""
+  SEC keeps the setting's options; the other curricula run with their constructors' defaults
+  (easy_to_hard's schedule is sized in run_config, once the step count is known).
+  """
+  plain = dict(options={}, filter="none", oversample=1.0)
   table = {
-      "uniform": dict(name="uniform", options={}),
-      "easy_to_hard": dict(name="easy_to_hard", options={}),  # steps_per_arm: see run_config
-      "sec": dict(name="sec", options=dict(config.curriculum.options)),
-      "dump": dict(name="dump", options={}),
-      "dynamic_filtering": dict(name="uniform", options={}, filter="all_equal", oversample=2),
-      "vcrl": dict(name="vcrl", options={}),
-      "vade": dict(name="vade", options={}),
-      "greso": dict(name="greso", options={}),
-      "adarft": dict(name="adarft", options={}),
-      "lp_teacher": dict(name="alp_teacher", options={}),
+      "uniform": dict(plain, name="uniform"),
+      "easy_to_hard": dict(plain, name="easy_to_hard"),
+      "sec": dict(plain, name="sec", options=dict(config.curriculum.options)),
+      "dump": dict(plain, name="dump"),
+      "dynamic_filtering": dict(plain, name="uniform", filter="all_equal", oversample=2.0),
+      "vcrl": dict(plain, name="vcrl"),
+      "vade": dict(plain, name="vade"),
+      "greso": dict(plain, name="greso"),
+      "adarft": dict(plain, name="adarft"),
+      "lp_teacher": dict(plain, name="alp_teacher"),
   }
-  return table[name]
+  return table[method]
 
 
 METHODS = ("uniform", "easy_to_hard", "sec", "dump", "dynamic_filtering", "vcrl", "vade", "greso",
@@ -124,11 +108,11 @@ def run_config(setting_config, method: str, seed: int, budget: int,
   """The config of one run: the setting, the method's curriculum, the RL seed and the step count
   that spends `budget` rollouts."""
   c = setting_config.copy_and_resolve_references()
-  o = _method_overrides(method, c)
-  c.curriculum.name = o["name"]
-  c.curriculum.options = o["options"]
-  c.curriculum.filter = o.get("filter", "none")
-  c.curriculum.oversample = o.get("oversample", 1)
+  fields = _curriculum_fields(method, c)
+  c.curriculum.name = fields["name"]
+  c.curriculum.options = fields["options"]
+  c.curriculum.filter = fields["filter"]
+  c.curriculum.oversample = fields["oversample"]
   per_step = builders.sampled_prompts(c) * c.rl.group_size
   c.rl.steps = max(budget // per_step, 1)
   if method == "easy_to_hard":  # the schedule covers every arm within the run
@@ -138,6 +122,11 @@ def run_config(setting_config, method: str, seed: int, budget: int,
     c.rl.learning_rate = learning_rate
   c.checkpoint.every = min(c.checkpoint.every, c.rl.steps)
   return c
+
+
+def default_budget(config) -> int:
+  """Rollouts of the setting's own run: rl.steps x rl.prompts_per_step x rl.group_size."""
+  return config.rl.steps * config.rl.prompts_per_step * config.rl.group_size
 
 
 def run_name(method: str, seed: int, learning_rate: float) -> str:
@@ -300,7 +289,8 @@ def _fmt(ci: Optional[dict], scale: float = 100.0, digits: int = 1) -> str:
     return "never"
   if ci["n"] == 1:
     return f"{ci['mean'] * scale:.{digits}f}"
-  return f"{ci['mean'] * scale:.{digits}f} [{ci['lo'] * scale:.{digits}f}, {ci['hi'] * scale:.{digits}f}]"
+  return (f"{ci['mean'] * scale:.{digits}f} "
+          f"[{ci['lo'] * scale:.{digits}f}, {ci['hi'] * scale:.{digits}f}]")
 
 
 def markdown(summary: dict, setting: str) -> str:
@@ -308,8 +298,9 @@ def markdown(summary: dict, setting: str) -> str:
            f"Budget {summary['budget_rollouts']} rollouts per run. Target: the tuned uniform "
            f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
            "Intervals: 95% Student-t across seeds.", "",
-           "| method | lr | seeds reaching target | rollouts to target (x budget) | final held-out % | "
-           "gain over start, points | final OOD % | groups with signal % | wall s |",
+           "| method | lr | seeds reaching target | rollouts to target (x budget) | "
+           "final held-out % | gain over start, points | final OOD % | groups with signal % | "
+           "wall s |",
            "|---|---|---|---|---|---|---|---|---|"]
   if summary.get("start_heldout") is not None:
     lines[2] += (f" Every run starts from the same warm start, at "
@@ -385,12 +376,11 @@ def _link_warm_start(base: str, folder: str) -> None:
       os.symlink(src, dst)
 
 
-def plan(setting: str, methods: Sequence[str], seeds: int, budget: int,
+def plan(base_config, methods: Sequence[str], seeds: int, budget: int,
          lr_sweep: Sequence[float]) -> list:
   """[(method, learning_rate, seed, config)] of every run, seed by seed, so that a comparison cut
   short still covers every method: per seed, the tuned methods at the setting's learning rate,
   then at the sweep's other rates in the given order, then the other methods."""
-  base_config = SETTINGS[setting]()
   default_lr = float(base_config.rl.learning_rate)
   other_rates = [float(lr) for lr in lr_sweep if not math.isclose(float(lr), default_lr)]
   tuned = [m for m in methods if m in TUNED]
@@ -411,17 +401,16 @@ def parse_shard(text: str) -> tuple:
   return index, count
 
 
-def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
+def run_all(name: str, base_config, methods: Sequence[str], seeds: int, budget: int,
             lr_sweep: Sequence[float], workdir: str, log=print, shard: tuple = (0, 1),
             clock: Callable[[], float] = time.time) -> bool:
-  """Runs every planned run of this shard (runs i, i + n, ... of the plan) not finished yet;
-  False when SIGTERM stopped it (run it again)."""
+  """Runs every planned run of this shard (runs i, i + n, ... of the plan) not finished yet, in
+  WORKDIR/NAME; False when SIGTERM stopped it (run it again)."""
   from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
-  root = os.path.join(workdir, setting)
+  root = os.path.join(workdir, name)
   base = os.path.join(root, "base")
-  base_config = SETTINGS[setting]()
   loop.prepare(base_config, base, log=log)  # the shared SFT warm start (cached)
-  todo = plan(setting, methods, seeds, budget, lr_sweep)
+  todo = plan(base_config, methods, seeds, budget, lr_sweep)
   for i, (method, lr, seed, config) in enumerate(todo):
     if i % shard[1] != shard[0]:
       continue
@@ -450,16 +439,16 @@ def run_all(setting: str, methods: Sequence[str], seeds: int, budget: int,
   return True
 
 
-def analyse(setting: str, workdir: str, out: str, budget: int) -> dict:
-  """Reads every finished run folder of the setting; writes OUT/curricula_SETTING.*."""
+def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
+  """Reads every finished run folder in WORKDIR/NAME of the setting `config`; writes
+  OUT/curricula_NAME.*."""
   from rl_curriculum import tasks  # pylint: disable=import-outside-toplevel
-  config = SETTINGS[setting]()
   task = tasks.get_task(config.task.name, template=config.task.template)
   train_names = [task.bin_names[b] for b in config.task.train_bins if b in config.task.eval_bins]
   ood_names = [task.bin_names[b] for b in config.task.eval_bins if b in task.eval_only_bins]
-  root = os.path.join(workdir, setting)
-  folders = [os.path.join(root, name) for name in sorted(os.listdir(root))
-             if os.path.exists(os.path.join(root, name, "compare.json"))]
+  root = os.path.join(workdir, name)
+  folders = [os.path.join(root, run) for run in sorted(os.listdir(root))
+             if os.path.exists(os.path.join(root, run, "compare.json"))]
   # Bins whose problem space leaves too few held-out problems are not compared (the runs share
   # the data, so any run's summary says which).
   small = []
@@ -482,22 +471,18 @@ def analyse(setting: str, workdir: str, out: str, budget: int) -> dict:
     raise ValueError(f"no seed has finished every method in {root} yet")
   runs = {k: v for k, v in runs.items() if k[2] in complete}
   summary = summarise(runs, budget)
-  summary.update({"setting": setting, "train_bins": train_names, "ood_bins": ood_names,
+  summary.update({"setting": name, "train_bins": train_names, "ood_bins": ood_names,
                   "small_bins_excluded": small,
-                  "date": time.strftime("%Y-%m-%d"), "cpu_affinity": sorted(os.sched_getaffinity(0))})
+                  "date": time.strftime("%Y-%m-%d"),
+                  "cpu_affinity": sorted(os.sched_getaffinity(0))})
   os.makedirs(out, exist_ok=True)
-  stem = os.path.join(out, f"curricula_{setting}")
+  stem = os.path.join(out, f"curricula_{name}")
   with open(stem + ".json", "w") as f:
     json.dump(summary, f, indent=1)
   with open(stem + ".md", "w") as f:
-    f.write(markdown(summary, setting))
-  plot(summary, stem + ".png", train_names, setting)
+    f.write(markdown(summary, name))
+  plot(summary, stem + ".png", train_names, name)
   return summary
-
-
-def default_budget(setting: str) -> int:
-  c = SETTINGS[setting]()
-  return c.rl.steps * c.rl.prompts_per_step * c.rl.group_size
 
 
 def main(argv):
@@ -510,21 +495,23 @@ def main(argv):
     raise app.UsageError(f"unknown methods {unknown}; choose from {METHODS}")
   if "uniform" not in methods:
     raise app.UsageError("the comparison needs the uniform baseline (--methods must include it)")
-  budget = _BUDGET.value or default_budget(_SETTING.value)
-  lrs = [float(x) for x in _LR_SWEEP.value]
   try:
+    name = setting_name(config_flags.get_config_filename(flags.FLAGS["config"]))
     shard = parse_shard(_SHARD.value)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  config = _CONFIG.value
+  budget = _BUDGET.value or default_budget(config)
+  lrs = [float(x) for x in _LR_SWEEP.value]
   if not _ANALYSE_ONLY.value:
-    if not run_all(_SETTING.value, methods, _SEEDS.value, budget, lrs, _WORKDIR.value,
+    if not run_all(name, config, methods, _SEEDS.value, budget, lrs, _WORKDIR.value,
                    shard=shard):
       return
     if shard[1] > 1:
       print(f"shard {_SHARD.value} done; once every shard is, run again with --analyse_only")
       return
-  summary = analyse(_SETTING.value, _WORKDIR.value, _OUT.value, budget)
-  print(markdown(summary, _SETTING.value))
+  summary = analyse(name, config, _WORKDIR.value, _OUT.value, budget)
+  print(markdown(summary, name))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """Writes docs/config_reference.md from the config files: every field, its default, its comment.
 
-  python experiments/config_reference.py            # rewrite docs/config_reference.md
-  python experiments/config_reference.py --check    # exit 1 if the file is out of date
+  python -m experiments.config_reference            # rewrite docs/config_reference.md
+  python -m experiments.config_reference --check    # exit 1 if the file is out of date
 
 The config files are the single source: each `c.section.field = value  # comment` line of a
 `get_config()` gives one row. A field's comment is the trailing comment of its line, plus comment
 lines directly above it and indented comment lines directly below it (continuations). Values are
 read from the evaluated config, so `tuple(range(12))` shows as the tuple it makes. A config built
 on another one (`c = quickstart.get_config()`) is listed as its overrides, next to the defaults
-they replace.
+they replace. A config file with variants (a `VARIANTS` tuple of the names its `get_config(arg)`
+takes, as in `--config configs/compare.py:countdown`) is listed as one column per variant of every
+field some variant sets away from the base config's default.
 """
 
 import ast
@@ -17,7 +19,7 @@ import io
 import os
 import sys
 import tokenize
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "configs")
@@ -98,28 +100,103 @@ def parse(path: str) -> ConfigFile:
       continue
     if _is_empty_configdict(stmt.value):
       continue  # a section
-    texts = []
-    above = stmt.lineno - 1
-    # A block comment above belongs to the field when it starts in the field's column; deeper
-    # comment lines continue the previous field's trailing comment.
-    while above in comments and above not in code and comments[above][0] == stmt.col_offset:
-      above -= 1
-    texts += [comments[i][1] for i in range(above + 1, stmt.lineno)]
-    texts += [comments[i][1] for i in range(stmt.lineno, stmt.end_lineno + 1) if i in comments]
-    below = stmt.end_lineno + 1
-    while (below in comments and below not in code
-           and comments[below][0] > stmt.col_offset):
-      texts.append(comments[below][1])
-      below += 1
-    fields.append(Field(path=dotted[len(root) + 1:], comment=" ".join(texts), line=stmt.lineno))
+    fields.append(Field(path=dotted[len(root) + 1:], comment=_field_comment(stmt, comments, code),
+                        line=stmt.lineno))
   return ConfigFile(name=os.path.splitext(os.path.basename(path))[0],
                     docstring=ast.get_docstring(tree) or "", base=base, fields=fields)
 
 
+def _field_comment(stmt, comments: dict, code: set) -> str:
+  """The comment of one assignment (see the module docstring), from `_comments`' output."""
+  texts = []
+  above = stmt.lineno - 1
+  # A block comment above belongs to the field when it starts in the field's column; deeper
+  # comment lines continue the previous field's trailing comment.
+  while above in comments and above not in code and comments[above][0] == stmt.col_offset:
+    above -= 1
+  texts += [comments[i][1] for i in range(above + 1, stmt.lineno)]
+  texts += [comments[i][1] for i in range(stmt.lineno, stmt.end_lineno + 1) if i in comments]
+  below = stmt.end_lineno + 1
+  while below in comments and below not in code and comments[below][0] > stmt.col_offset:
+    texts.append(comments[below][1])
+    below += 1
+  return " ".join(texts)
+
+
+class Variant(NamedTuple):
+  base: Optional[str]  # module the variant's config starts from
+  comments: dict       # {dotted path: comment} of the fields the variant's code path assigns
+
+
+def _selected(test, arg: str) -> Optional[frozenset]:
+  """Variants an `if` test selects (`arg == "x"` or `arg in ("x", "y")`); None for other tests."""
+  if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+          and test.left.id == arg and len(test.ops) == 1):
+    return None
+  try:
+    value = ast.literal_eval(test.comparators[0])
+  except ValueError:
+    return None
+  if isinstance(test.ops[0], ast.Eq):
+    return frozenset([value])
+  if isinstance(test.ops[0], ast.In):
+    return frozenset(value)
+  return None
+
+
+def parse_variants(path: str, variants: Sequence[str]) -> dict:
+  """{variant: Variant} of a config file whose `get_config(arg)` takes a variant name.
+
+  Follows get_config's statements with the set of variants that reach each one: an
+  `if arg == "x":` (or `arg in (...)`) block is reached by those it selects, its `else` by the
+  others, and a `return` ends the path of those that reach it. A field's comment is that of the
+  last assignment of it on the variant's path.
+  """
+  with open(path) as f:
+    source = f.read()
+  comments, code = _comments(source)
+  fn = next(n for n in ast.parse(source).body
+            if isinstance(n, ast.FunctionDef) and n.name == "get_config")
+  arg = fn.args.args[0].arg
+  base = {v: None for v in variants}
+  notes = {v: {} for v in variants}
+  root = [None]
+
+  def walk(stmts, live):
+    for stmt in stmts:
+      if isinstance(stmt, ast.If):
+        chosen = _selected(stmt.test, arg)
+        taken = live if chosen is None else live & chosen
+        skipped = live if chosen is None else live - chosen
+        live = walk(stmt.body, taken) | walk(stmt.orelse, skipped)
+      elif isinstance(stmt, ast.Return):
+        return frozenset()
+      elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        call = _dotted(stmt.value.func) if isinstance(stmt.value, ast.Call) else None
+        dotted = _dotted(target)
+        if isinstance(target, ast.Name) and call and call.endswith(".get_config"):
+          root[0] = target.id
+          for v in live:
+            base[v] = call.rsplit(".", 2)[-2]
+        elif root[0] and dotted and dotted.startswith(root[0] + "."):
+          for v in live:
+            notes[v][dotted[len(root[0]) + 1:]] = _field_comment(stmt, comments, code)
+    return live
+
+  walk(fn.body, frozenset(variants))
+  return {v: Variant(base=base[v], comments=notes[v]) for v in variants}
+
+
+def _module(name: str):
+  """The config module configs/NAME.py (the repository root is on sys.path under `python -m`)."""
+  return importlib.import_module(f"configs.{name}")
+
+
 def _load(name: str):
-  if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-  return importlib.import_module(f"configs.{name}").get_config()
+  return _module(name).get_config()
+
+
 
 
 def _lookup(config, path: str):
@@ -147,10 +224,11 @@ def _cell(text: str) -> str:
 
 
 def _summary(docstring: str) -> list:
-  """The docstring's first line and its indented command lines."""
+  """The docstring's first line and its indented command lines (runs of spaces, as a
+  backslash-continued line leaves them, read as one)."""
   lines = docstring.splitlines()
   out = [lines[0]] if lines else []
-  commands = [l.strip() for l in lines[1:] if l.startswith("  ") and l.strip()
+  commands = [" ".join(l.split()) for l in lines[1:] if l.startswith("  ") and l.strip()
               and l.strip().split()[0] in ("python", "make")]
   if commands:
     out += ["", "```bash", *commands, "```"]
@@ -170,6 +248,52 @@ def leaf_paths(config, prefix: str = "") -> list:
   return out
 
 
+def _variant_note(path: str, parsed: dict, base_comments: dict) -> str:
+  """The note of one field of a config with variants: its comment on each variant's path (or in
+  the config file the variant starts from, unless that is the base config), each labelled with
+  the variants it is for unless every variant shares it."""
+  by_comment = {}
+  for v, variant in parsed.items():
+    text = variant.comments.get(path) or base_comments.get(variant.base, {}).get(path, "")
+    if text:
+      by_comment.setdefault(text, []).append(v)
+  if len(by_comment) == 1 and len(next(iter(by_comment.values()))) == len(parsed):
+    return next(iter(by_comment))
+  return "; ".join(", ".join(f"`:{v}`" for v in vs) + f": {text}"
+                   for text, vs in by_comment.items())
+
+
+def _variant_table(path: str, name: str, variants: Sequence[str], others: dict) -> list:
+  """Markdown lines of a config file with variants: one row per field that some variant sets away
+  from the base config's default, one column per variant. `others`: {name: ConfigFile} of the
+  other config files, whose comments note the fields a variant takes from them."""
+  module = _module(name)
+  configs = {v: module.get_config(v) for v in variants}
+  parsed = parse_variants(path, variants)
+  base_name = os.path.splitext(FIRST)[0]
+  base = _load(base_name)
+  base_comments = {n: {f.path: f.comment for f in c.fields} for n, c in others.items()
+                   if n != base_name}
+  paths = []
+  for config in configs.values():
+    for leaf in leaf_paths(config):
+      if leaf not in paths and any(_lookup(c, leaf) != _lookup(base, leaf)
+                                   for c in configs.values()):
+        paths.append(leaf)
+  columns = " | ".join(f"`:{v}`" for v in variants)
+  out = [f"Variants (`--config configs/{name}.py:NAME`): "
+         + ", ".join(f"`{v}`" for v in variants) + ". Each starts from "
+         f"[`configs/{base_name}.py`](#configs{base_name}py) or a config built on it, and "
+         "changes:", "",
+         f"| field | {columns} | {base_name} default | note |",
+         "|---|" + "---|" * len(variants) + "---|---|"]
+  for leaf in paths:
+    values = " | ".join(_value(_lookup(c, leaf)) for c in configs.values())
+    out.append(f"| `{leaf}` | {values} | {_value(_lookup(base, leaf))} | "
+               f"{_cell(_variant_note(leaf, parsed, base_comments))} |")
+  return out + [""]
+
+
 def config_files(config_dir: str = CONFIG_DIR) -> list:
   """Config file paths, the base config first, then by name."""
   names = sorted(n for n in os.listdir(config_dir) if n.endswith(".py") and n != "__init__.py")
@@ -184,7 +308,7 @@ def render(config_dir: str = CONFIG_DIR) -> str:
       "",
       "<!-- Generated by experiments/config_reference.py from configs/*.py; do not edit. -->",
       "",
-      "Generated from the config files by `python experiments/config_reference.py` (a test checks",
+      "Generated from the config files by `python -m experiments.config_reference` (a test checks",
       "that this page matches them). Every config is an `ml_collections` file whose",
       "`get_config()` sets each field with a comment; the entrypoints lock it",
       "(`lock_config=True`), so a misspelt override fails at once. Override any field on the",
@@ -193,12 +317,18 @@ def render(config_dir: str = CONFIG_DIR) -> str:
       "fields mean in the RL step.",
       "",
   ]
-  parsed = [parse(p) for p in config_files(config_dir)]
+  paths = config_files(config_dir)
+  parsed = [parse(p) for p in paths]
+  by_name = {c.name: c for c in parsed}
   out += ["Config files: " + ", ".join(f"[`configs/{c.name}.py`](#configs{c.name}py)"
                                        for c in parsed), ""]
-  for cfg in parsed:
-    config = _load(cfg.name)
+  for path, cfg in zip(paths, parsed):
     out += [f"## configs/{cfg.name}.py", ""] + _summary(cfg.docstring) + [""]
+    variants = getattr(_module(cfg.name), "VARIANTS", None)
+    if variants:
+      out += _variant_table(path, cfg.name, variants, by_name)
+      continue
+    config = _load(cfg.name)
     if cfg.base is None:
       sections = {}
       for field in cfg.fields:
@@ -232,7 +362,7 @@ def main(argv) -> int:
     with open(OUTPUT) as f:
       if f.read() != text:
         print(f"{os.path.relpath(OUTPUT, ROOT)} is out of date: run "
-              "python experiments/config_reference.py", file=sys.stderr)
+              "python -m experiments.config_reference", file=sys.stderr)
         return 1
     return 0
   with open(OUTPUT, "w") as f:

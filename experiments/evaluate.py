@@ -1,7 +1,7 @@
 """Evaluate a run's newest checkpoint (or its starting policy) per difficulty bin.
 
-  python experiments/evaluate.py --config configs/quickstart.py --workdir workdirs/quickstart
-  python experiments/evaluate.py --config configs/smollm2_arithmetic.py --workdir /tmp/base --k 4
+  python -m experiments.evaluate --config configs/quickstart.py --workdir workdirs/quickstart
+  python -m experiments.evaluate --config configs/smollm2_arithmetic.py --workdir /tmp/base --k 4
 
 Prints greedy accuracy and pass@k (k of `--samples` sampled completions at the config's RL
 temperature) for every evaluation bin of the config, and writes them to WORKDIR/eval.json. A
@@ -11,12 +11,8 @@ SFT warm start (trained and cached there on first use).
 
 import json
 import os
-import sys
 
-# Config files may build on their siblings (`from configs import quickstart`).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
 from absl import flags
 from absl import logging
 import jax

@@ -4,7 +4,7 @@ CPU devices, without weights, and prints per-device memory from XLA's analysis.
   python -m experiments.plan --config configs/sec_paper_countdown_qwen3b.py --devices 8 \
       --hbm_gib 80 --out plan.json
   python -m experiments.plan --config configs/quickstart.py --devices 8 --hbm_gib 1 \
-      --config.rl.microbatches=2                  # overrides as in experiments/train.py
+      --config.rl.microbatches=2                  # overrides as in experiments.train
 
 The model's shape comes from `config.model.preset`, or from the config.json of an HF folder named
 by `config.model.source`; no weights are read. Exit status 0 when every program fits, 1 when one
@@ -29,7 +29,6 @@ if __name__ == "__main__":
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
                              f"device_count={_devices_from_argv(sys.argv)}").strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 

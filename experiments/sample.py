@@ -1,4 +1,4 @@
-"""Sampling demo: `python experiments/sample.py --config configs/sample.py`.
+"""Sampling demo: `python -m experiments.sample --config configs/sample.py`.
 
 Random-weight tiny transformer over bytes; prints completions and decode speed (see the config's
 docstring for what to expect).

@@ -1,4 +1,4 @@
-"""Train and evaluate: `python experiments/train.py --config configs/quickstart.py --workdir DIR`.
+"""Train and evaluate: `python -m experiments.train --config configs/quickstart.py --workdir DIR`.
 
 Overrides follow the config's field names, e.g. `--config.rl.steps=50
 --config.curriculum.name=uniform`. Running the same command again resumes from the workdir.
@@ -8,13 +8,9 @@ limit) and exits (rl_curriculum/train/plan.py; `python -m experiments.plan` does
 CPU devices).
 """
 
-import os
 import sys
 
-# Config files may build on their siblings (`from configs import quickstart`).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags

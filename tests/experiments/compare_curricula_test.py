@@ -1,6 +1,5 @@
 """experiments/compare_curricula.py: its statistics, its equal-budget plan and a toy comparison."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,20 +9,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from configs import compare
+from experiments import compare_curricula as cc
 from rl_curriculum.train import builders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _module():
-  spec = importlib.util.spec_from_file_location(
-      "compare_curricula", os.path.join(ROOT, "experiments", "compare_curricula.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-cc = _module()
 
 
 @pytest.mark.parametrize("values", [[0.2, 0.4], [1.0, 2.0, 4.0, 8.0], list(np.linspace(0, 1, 12)),
@@ -127,8 +117,9 @@ def test_sec_goal_not_met_when_a_seed_falls_short():
 
 
 def test_plan_gives_every_method_the_same_rollouts():
-  budget = cc.default_budget("quickstart")
-  todo = cc.plan("quickstart", list(cc.METHODS), 2, budget, [2e-5, 4e-5])
+  config = compare.get_config("quickstart")
+  budget = cc.default_budget(config)
+  todo = cc.plan(config, list(cc.METHODS), 2, budget, [2e-5, 4e-5])
   # Seed by seed: the tuned methods first, then the sweep, then the rest.
   assert [(m, lr) for m, lr, s, _ in todo[:4]] == [("uniform", 2e-5), ("sec", 2e-5),
                                                    ("uniform", 4e-5), ("sec", 4e-5)]
@@ -154,12 +145,24 @@ def test_wall_time_of_a_run_stopped_by_sigterm_is_kept(tmp_path, monkeypatch):
   monkeypatch.setattr(loop, "train_and_evaluate", lambda config, folder: next(outcomes))
   monkeypatch.setattr(cc, "_link_warm_start",
                       lambda base, folder: os.makedirs(folder, exist_ok=True))
-  lr = float(cc.SETTINGS["toy"]().rl.learning_rate)
-  args = ("toy", ["uniform"], 1, cc.default_budget("toy"), [lr], str(tmp_path))
+  config = compare.get_config("toy")
+  lr = float(config.rl.learning_rate)
+  args = ("toy", config, ["uniform"], 1, cc.default_budget(config), [lr], str(tmp_path))
   assert not cc.run_all(*args, log=lambda _: None, clock=iter([100.0, 130.0]).__next__)
   assert cc.run_all(*args, log=lambda _: None, clock=iter([200.0, 210.0]).__next__)
   with open(tmp_path / "toy" / cc.run_name("uniform", 1, lr) / "compare.json") as f:
     assert json.load(f)["wall_s"] == 40.0
+
+
+def test_settings_are_config_variants_named_by_the_config_argument():
+  assert cc.setting_name("configs/compare.py:countdown") == "countdown"
+  with pytest.raises(ValueError, match="names no setting"):
+    cc.setting_name("configs/compare.py")
+  assert compare.get_config("countdown").task.name == "countdown"
+  assert cc.default_budget(compare.get_config("quickstart")) == 80 * 16 * 8
+  for bad in (None, "nope"):
+    with pytest.raises(ValueError, match="quickstart"):
+      compare.get_config(bad)
 
 
 def test_parse_shard():
@@ -171,8 +174,8 @@ def test_parse_shard():
 
 @pytest.mark.slow
 def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
-  cmd = [sys.executable, os.path.join(ROOT, "experiments", "compare_curricula.py"),
-         "--setting=toy", "--methods=uniform,sec", "--seeds=2", "--lr_sweep=2e-5",
+  cmd = [sys.executable, "-m", "experiments.compare_curricula",
+         "--config=configs/compare.py:toy", "--methods=uniform,sec", "--seeds=2", "--lr_sweep=2e-5",
          f"--workdir={tmp_path / 'work'}", f"--out={tmp_path / 'out'}"]
   # Two shards share the plan (runs 1, 3 and 2, 4), then the summary is built from both.
   for shard, ran, skipped in (("0/2", "[1/4]", "[2/4]"), ("1/2", "[4/4]", "[3/4]")):
