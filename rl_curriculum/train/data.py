@@ -1,4 +1,4 @@
-"""Problems for a run: the RL pool, the SFT set and the held-out evaluation sets, kept apart.
+"""A run's data: the RL pool, the SFT set and the held-out sets (kept apart), and the tokenizer.
 
   splits = make_splits(task, train_bins=(0, 1, 2, 3, 4, 5), eval_bins=range(12),
                        train_per_bin=2000, sft_per_bin=2000, eval_per_bin=128,
@@ -21,15 +21,26 @@ draw their held-out sets from the whole space: nothing trains on them.
 The partition depends only on the prompt text and the fraction: it is the same in every process
 and on every machine, and nested (a prompt held out at fraction f is held out at every larger
 fraction). Everything here is host-side Python and deterministic in its arguments.
+
+Then the prompts become token pools (`make_pools`): the RL pool with one arm per training bin, the
+SFT pool with its target tokens, and one pool per held-out set, all padded to the longest prompt
+of the run. A run from scratch trains its SentencePiece tokenizer on its own problems, once per
+workdir (`workdir_tokenizer`); a pretrained model brings its own.
 """
 
+import os
 import zlib
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
+from rl_curriculum.model.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from rl_curriculum.parallel import distributed
 from rl_curriculum.tasks.base import Problem
+from rl_curriculum.tasks.data import TaskPool, make_pool
+from rl_curriculum.train import sft
 
 __all__ = ["SEED_BASE", "BIN_STRIDE", "HeldOutSize", "Splits", "held_out", "problems",
-           "make_splits"]
+           "make_splits", "Pools", "make_pools", "prompt_text", "tokenizer_corpus",
+           "workdir_tokenizer"]
 
 # Seed offsets that give the RL pool, the SFT set and the held-out sets their own seeds; a bin's
 # seeds start BIN_STRIDE * bin above its split's base.
@@ -181,3 +192,68 @@ def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
     raise ValueError(f"evaluation bins {empty} of {task.name} have no held-out prompt at "
                      f"fraction {fraction}; raise held_out_fraction or evaluate other bins")
   return Splits(rl=rl, sft=sft, held_out=sets, sizes=sizes)
+
+
+def tokenizer_corpus(splits: Splits) -> list[str]:
+  """The texts a run's own tokenizer is trained on: every RL and SFT prompt with its target, then
+  every held-out prompt (so no evaluation prompt meets an unknown piece)."""
+  trained = [p.prompt + p.target for p in splits.rl + splits.sft]
+  return trained + [p.prompt for ps in splits.held_out.values() for p in ps]
+
+
+def workdir_tokenizer(workdir: str, corpus: Sequence[str],
+                      vocab_size: int) -> SentencePieceTokenizer:
+  """The SentencePiece tokenizer of `workdir/tokenizer.model`, trained on `corpus` first if the
+  file does not exist (by process 0; every process then loads the same file)."""
+  path = os.path.join(workdir, "tokenizer.model")
+  exists = os.path.exists(path)
+  distributed.sync("tokenizer: looked")  # every process sees the same `exists`
+  if exists:
+    return SentencePieceTokenizer.load(path)
+  if distributed.is_main():  # one process trains it, the others load that file
+    train_sentencepiece(corpus, vocab_size=vocab_size).save(path)
+  distributed.sync("tokenizer: saved")
+  return SentencePieceTokenizer.load(path)
+
+
+def prompt_text(template: str, task, tok) -> Callable[[Problem], str]:
+  """The text a model reads for a problem: the task's prompt ("plain"), or the task's chat
+  messages through the tokenizer's chat template ("chat", "chat_short")."""
+  if template in ("chat", "chat_short"):
+    return lambda problem: tok.apply_chat_template(task.prompt_messages(problem))
+  return lambda problem: problem.prompt
+
+
+class Pools(NamedTuple):
+  """The token pools of a run (`make_pools`)."""
+  rl: TaskPool                  # the RL pool; arm = index into train_bins
+  eval_sets: dict               # {bin name: TaskPool} held-out sets, in eval_bins order
+  sft: Optional[TaskPool]       # the SFT prompts (None without SFT problems)
+  sft_targets: Any              # (tokens i32[N, T], mask f32[N, T]) SFT targets + EOS, or None
+  prompt_len: int               # every pool's prompts are left-padded to this length
+
+
+def make_pools(splits: Splits, task, tok, train_bins: Sequence[int], *,
+               template: str = "plain") -> Pools:
+  """Tokenized pools of `splits`, prompts rendered by `prompt_text(template, task, tok)`.
+
+  The SFT pool encodes the plain prompts (SFT warm starts are for models trained here); its
+  targets are the problems' target texts followed by EOS, padded to the longest plus one.
+  """
+  text = prompt_text(template, task, tok)
+  held = [p for ps in splits.held_out.values() for p in ps]
+  prompt_len = max(len(tok.encode(text(p))) for p in splits.rl + splits.sft + held)
+
+  def pool(problems, **kwargs):
+    return make_pool(problems, tok.encode, tok.pad_id, max_prompt_len=prompt_len, **kwargs)
+
+  rl = pool(splits.rl, bins=train_bins, prompt_fn=text)
+  eval_sets = {task.bin_names[b]: pool(ps, prompt_fn=text) for b, ps in splits.held_out.items()}
+  sft_pool = sft_targets = None
+  if splits.sft:
+    sft_pool = pool(splits.sft, bins=train_bins)
+    target_len = max(len(tok.encode(p.target)) for p in splits.sft) + 1
+    sft_targets = sft.target_tokens([p.target for p in splits.sft], tok.encode, tok.eos_id,
+                                    tok.pad_id, target_len)
+  return Pools(rl=rl, eval_sets=eval_sets, sft=sft_pool, sft_targets=sft_targets,
+               prompt_len=prompt_len)

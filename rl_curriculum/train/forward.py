@@ -29,6 +29,7 @@ import numpy as np
 
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import distributed
+from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.rl import logprobs as logprobs_lib
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "completion_logprobs",
     "head_logprobs",
     "in_row_blocks",
+    "trained_rows",
+    "row_constraint",
     "split_row_blocks",
     "merge_row_blocks",
     "scaled_logits",
@@ -170,6 +173,19 @@ def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
   _, (logp, entropy) = jax.lax.scan(body, None, (chunks(hidden), chunks(tokens)))
   rows = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * chunk_size)[:, :t]
   return rows(logp), rows(entropy)
+
+
+def trained_rows(train_groups: jax.Array, group: int) -> jax.Array:
+  """i32[P * G] rows of the groups i32[P] (prompt-major)."""
+  return (train_groups[:, None] * group + jnp.arange(group)[None, :]).reshape(-1)
+
+
+def row_constraint(mesh: Any) -> Optional[Callable]:
+  """The `constrain(tree, axis=0)` argument of the helpers here for a run on `mesh`: rows over
+  the mesh's batch axes (`mesh_lib.constrain_rows`); None without a mesh."""
+  if mesh is None:
+    return None
+  return lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh, axis)
 
 
 def split_row_blocks(arrays: Any, *, group: int, num_blocks: int) -> Any:

@@ -29,7 +29,7 @@ import json
 import os
 import re
 import time
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from rl_curriculum import curriculum as cur
-from rl_curriculum.model import checkpoint_io
+from rl_curriculum.model import hf_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
@@ -57,7 +57,7 @@ def model_shape(config: ml_collections.ConfigDict, vocab_size: Optional[int] = N
   source = os.path.expanduser(config.model.source or "")
   if source and os.path.isfile(os.path.join(source, "config.json")):
     with open(os.path.join(source, "config.json")) as f:
-      shape, _ = checkpoint_io.config_from_hf(json.load(f))
+      shape, _ = hf_io.config_from_hf(json.load(f))
     return dataclasses.replace(shape, **builders.model_numerics(config))
   if source:
     raise builders.ConfigError(
@@ -145,6 +145,71 @@ def _pool(config: ml_collections.ConfigDict) -> cur.PromptPool:
   return cur.PromptPool.from_arms(np.repeat(np.arange(bins), config.task.train_per_bin))
 
 
+class _Abstract(NamedTuple):
+  """A planned run's abstract inputs (shapes and shardings, no values)."""
+  graphdef: Any
+  policy: Any        # what the sampler reads: the parameters, or (adapters, frozen base)
+  frozen: Any
+  ref: Any
+  state: Any         # the train state
+  key: Any
+  row: Callable      # row(*dims, dtype): a [rows, *dims] array over the batch axes
+  small: Callable    # small(dims, dtype): a replicated array
+  mesh: Any
+
+
+def _plan_sampler(config: ml_collections.ConfigDict, a: _Abstract, *, prompt_len: int,
+                  other_bytes: int) -> tuple[dict, dict]:
+  """(the larger-peak of prefill and decode, both) of the run's sampler."""
+  n_new, g = config.rl.max_new_tokens, config.rl.group_size
+  prompts = a.row(prompt_len, dtype=jnp.int32)
+  prompt_mask = a.row(prompt_len, dtype=jnp.bool_)
+  pre, pre_compiled = _measure(lambda: sampler.prefill.lower(
+      a.graphdef, a.policy, prompts, prompt_mask, a.key, max_new_tokens=n_new, pad_id=0,
+      group=g, mesh=a.mesh),
+      other_bytes)
+  out_state = jax.eval_shape(lambda p, t, m, k: sampler.prefill(
+      a.graphdef, p, t, m, k, max_new_tokens=n_new, pad_id=0, group=g, mesh=a.mesh),
+      a.policy, prompts, prompt_mask, a.key)
+  out_state = _abstract(out_state, pre_compiled.output_shardings)
+  dec, _ = _measure(lambda: sampler.decode.lower(
+      a.graphdef, a.policy, out_state, a.small((), jnp.float32), stop_ids=(1,), pad_id=0,
+      mesh=a.mesh),
+      other_bytes)
+  parts = {"prefill": pre, "decode": dec}
+  return max(parts.values(), key=lambda p: p["peak_gib"]), parts
+
+
+def _plan_learn(config: ml_collections.ConfigDict, a: _Abstract, optimizer, *, use_lora: bool,
+                prompt_len: int) -> dict:
+  """The memory of the run's learn step."""
+  s, g, n_new = builders.sampled_prompts(config), config.rl.group_size, config.rl.max_new_tokens
+  rep = mesh_lib.replicated(a.mesh)
+  pool = _pool(config)  # with stand-in features for PCL (other curricula ignore them)
+  pool = pool.with_features(np.zeros((len(pool.arms), 1), np.float32))
+  curriculum = builders.build_curriculum(config, pool, s)
+  cur_state = jax.eval_shape(curriculum.init, pool, jax.random.key(0))
+  cur_state = _abstract(cur_state, jax.tree.map(lambda _: rep, cur_state))
+  p = config.rl.prompts_per_step
+  row, small = a.row, a.small
+  batch = rl_step.Batch(
+      prompt_tokens=row(prompt_len, dtype=jnp.int32), prompt_mask=row(prompt_len,
+                                                                      dtype=jnp.bool_),
+      tokens=row(n_new, dtype=jnp.int32), mask=row(n_new, dtype=jnp.float32),
+      sampler_logprobs=row(n_new, dtype=jnp.float32),
+      prompt_ids=small((s,), jnp.int32), arms=small((s,), jnp.int32),
+      rewards=small((s, g), jnp.float32), correct=small((s, g), jnp.bool_),
+      valid=small((s, g), jnp.bool_), train_groups=small((p,), jnp.int32),
+      train_valid=small((p,), jnp.bool_))
+  state_shardings = jax.tree.map(lambda x: x.sharding, a.state)
+  learn = rl_step.make_learn(graphdef=a.graphdef, optimizer=optimizer,
+                             curriculum_update=curriculum.update,
+                             config=builders.learn_config(config), use_lora=use_lora,
+                             out_shardings=(state_shardings, rep, rep), mesh=a.mesh)
+  measured, _ = _measure(lambda: learn.lower(a.state, cur_state, batch, a.key, a.frozen, a.ref))
+  return measured
+
+
 def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int = 256,
          vocab_size: Optional[int] = None, programs=("sampler", "learn"),
          num_layers: Optional[int] = None) -> dict:
@@ -213,47 +278,14 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
             "programs": {}}
   state_bytes = _bytes_per_device(state)
   other_bytes = _bytes_per_device(state.opt_state) + _bytes_per_device(ref)
+  args = _Abstract(graphdef=graphdef, policy=policy, frozen=frozen, ref=ref, state=state,
+                   key=key, row=row, small=small, mesh=mesh)
   if "sampler" in programs:
-    prompts = row(prompt_len, dtype=jnp.int32)
-    prompt_mask = row(prompt_len, dtype=jnp.bool_)
-    pre, pre_compiled = _measure(lambda: sampler.prefill.lower(
-        graphdef, policy, prompts, prompt_mask, key, max_new_tokens=n_new, pad_id=0, group=g,
-        mesh=mesh),
-        other_bytes)
-    out_state = jax.eval_shape(lambda p, t, m, k: sampler.prefill(
-        graphdef, p, t, m, k, max_new_tokens=n_new, pad_id=0, group=g, mesh=mesh),
-        policy, prompts, prompt_mask, key)
-    out_state = _abstract(out_state, pre_compiled.output_shardings)
-    dec, _ = _measure(lambda: sampler.decode.lower(
-        graphdef, policy, out_state, small((), jnp.float32), stop_ids=(1,), pad_id=0,
-        mesh=mesh),
-        other_bytes)
-    parts = {"prefill": pre, "decode": dec}
-    report["programs"]["sampler"] = max(parts.values(), key=lambda p: p["peak_gib"])
-    report["sampler_parts"] = parts
+    report["programs"]["sampler"], report["sampler_parts"] = _plan_sampler(
+        config, args, prompt_len=prompt_len, other_bytes=other_bytes)
   if "learn" in programs:
-    pool = _pool(config)
-    curriculum = builders.build_curriculum(
-        config, pool, s, features=np.zeros((len(pool.arms), 1), np.float32))
-    cur_state = jax.eval_shape(curriculum.init, pool, jax.random.key(0))
-    cur_state = _abstract(cur_state, jax.tree.map(lambda _: rep, cur_state))
-    p = config.rl.prompts_per_step
-    batch = rl_step.Batch(
-        prompt_tokens=row(prompt_len, dtype=jnp.int32), prompt_mask=row(prompt_len,
-                                                                        dtype=jnp.bool_),
-        tokens=row(n_new, dtype=jnp.int32), mask=row(n_new, dtype=jnp.float32),
-        sampler_logprobs=row(n_new, dtype=jnp.float32),
-        prompt_ids=small((s,), jnp.int32), arms=small((s,), jnp.int32),
-        rewards=small((s, g), jnp.float32), correct=small((s, g), jnp.bool_),
-        valid=small((s, g), jnp.bool_), train_groups=small((p,), jnp.int32),
-        train_valid=small((p,), jnp.bool_))
-    state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                               curriculum_update=curriculum.update,
-                               config=builders.learn_config(config), use_lora=use_lora,
-                               out_shardings=(state_shardings, rep, rep), mesh=mesh)
-    report["programs"]["learn"], _ = _measure(
-        lambda: learn.lower(state, cur_state, batch, key, frozen, ref))
+    report["programs"]["learn"] = _plan_learn(config, args, optimizer, use_lora=use_lora,
+                                              prompt_len=prompt_len)
   report["state_gib"] = state_bytes / GIB
   report["fits"] = all(p["peak_gib"] <= hbm_gib for p in report["programs"].values())
   return report

@@ -75,7 +75,8 @@ def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str]
   ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
   ax = axes[0, 1]
-  key = "curriculum/probs" if any("curriculum/probs/0" in r for r in rows) else "curriculum/arm_frac"
+  has_probs = any("curriculum/probs/0" in r for r in rows)
+  key = "curriculum/probs" if has_probs else "curriculum/arm_frac"
   curves = []
   for k in range(len(arm_names)):
     steps, values = _series(rows, f"{key}/{k}")

@@ -10,11 +10,11 @@
   2. view       `train_view`: the P trained groups as B = P * G rows (`TrainView`): per-token
                 advantages, mask, the old policy's and the reference's log-probs, values and
                 returns (PPO).
-  3. objective  `policy_objective`: loss and metrics of one minibatch of rows (the only function
-                that differentiates the policy).
-  4. updates    `minibatch_updates`: `epochs` passes of `minibatches` optimizer steps under
-                `lax.scan` (whole groups per minibatch); a minibatch made only of padding groups
-                leaves the parameters and the optimizer state as they were.
+  3. objective  `objective.policy_objective`: loss and metrics of one minibatch of rows (the only
+                function that differentiates the policy).
+  4. updates    `objective.minibatch_updates`: `epochs` passes of `minibatches` optimizer steps
+                under `lax.scan` (whole groups per minibatch); a minibatch made only of padding
+                groups leaves the parameters and the optimizer state as they were.
   5. rollback   `roll_back_if`: an update with a non-finite loss, parameter, curriculum state or
                 whitening, or whose KL(pi_old || pi_new) exceeds `max_kl`, is discarded: the
                 parameters, optimizer state, curriculum state and reward whitening all return to
@@ -30,7 +30,7 @@ runs a group's prompt once and its G completions on the prompt's shared keys and
                values, one forward pass fewer).
   reference    only when kl_coef != 0; otherwise there is no "kl" metric (not measured).
   policy       forward and backward, once per minibatch (per microbatch with gradient
-               accumulation, `accumulated_gradients`).
+               accumulation, `objective.accumulated_gradients`).
   new policy   only when max_kl is set: one forward pass with the updated parameters, for the
                rollback's KL(pi_old || pi_new) (`update_kl`).
 
@@ -47,9 +47,8 @@ groups (S) than the policy trains on (P; S > P with a post-rollout filter): the 
 every sampled group, the policy loss only the `train_groups`.
 """
 
-import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -61,110 +60,20 @@ from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import stability
 from rl_curriculum.train import forward
+from rl_curriculum.train.objective import minibatch_updates
+from rl_curriculum.train.rl_types import (ADVANTAGES, CURRICULUM_FEEDBACK, KL_LOSS_ESTIMATORS,
+                                          Batch, GroupScores, LearnConfig, TrainState, TrainView,
+                                          check_config)
 from rl_curriculum.types import Feedback
 
-ADVANTAGES = {
-    "rloo": adv_lib.rloo,
-    "grpo": adv_lib.grpo,
-    "dr_grpo": adv_lib.dr_grpo,
-    "reinforce_pp": adv_lib.reinforce_pp,
-}
-CURRICULUM_FEEDBACK = ("correct", "reward")
-# KL estimators that may serve as a loss term: k1's gradient has zero mean (see `check_config`).
-KL_LOSS_ESTIMATORS = ("k2", "k3")
-
-
-class TrainState(NamedTuple):
-  """Everything the optimizer owns; saved in every checkpoint."""
-  step: jax.Array                        # i32[] RL updates attempted
-  params: Any                            # trainable parameters (full model or LoRA adapters)
-  opt_state: Any                         # optax state of `params` (of (params, value) with PPO)
-  whitening: stability.WhiteningState    # running reward statistics
-  skipped: jax.Array                     # i32[] updates discarded by the stability checks
-  value: Any = None                      # PPO value head {"w": f32[D], "b": f32[]}, else None
-
-
-class Batch(NamedTuple):
-  """A scored rollout of S sampled prompts x G completions (rows R = S * G), of which P groups
-  (S = P without a post-rollout filter) are trained on. The G rows of a group repeat its prompt
-  (the learn step runs each group's prompt once, from the group's first row)."""
-  prompt_tokens: jax.Array     # i32[R, Tp] left-padded prompts
-  prompt_mask: jax.Array       # bool[R, Tp] True on real prompt tokens
-  tokens: jax.Array            # i32[R, T] completion tokens
-  mask: jax.Array              # f32[R, T] 1 on completion tokens that count
-  sampler_logprobs: jax.Array  # f32[R, T] log-probs the sampler reported
-  prompt_ids: jax.Array        # i32[S] pool indices
-  arms: jax.Array              # i32[S] curriculum arms
-  rewards: jax.Array           # f32[S, G] shaped rewards
-  correct: jax.Array           # bool[S, G] raw correctness
-  valid: jax.Array             # bool[S, G] completions that exist (all True unless allocated)
-  train_groups: jax.Array      # i32[P] groups (indices into S) the policy trains on
-  train_valid: jax.Array       # bool[P] False on padding slots a filter could not fill
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnConfig:
-  """Static hyperparameters of `learn` (hashable: part of the jit cache key).
-
-  No field has a default: `builders.learn_config` fills every one from `config.rl` and
-  `config.curriculum`, the one place the defaults live (configs/quickstart.py documents each).
-  """
-  algorithm: str              # rloo | grpo | dr_grpo | reinforce_pp | ppo
-  epochs: int                 # passes over the batch
-  minibatches: int            # optimizer steps per pass (whole groups each)
-  microbatches: int           # gradient accumulation: forward/backward passes per optimizer step
-  logits_chunk: int           # completion positions per chunk of the output head (0: all at once)
-  eps_low: float              # PPO clip below 1
-  eps_high: float             # PPO clip above 1 (Clip-Higher)
-  level: str                  # token (PPO) | sequence (GSPO)
-  aggregation: str            # losses.AGGREGATIONS, for the policy loss and the KL term
-  max_tokens: int             # constant normaliser of seq_mean_token_sum_norm (tokens)
-  temperature: float          # sampling temperature; log-probs are those of logits / temperature
-  kl_coef: float              # weight of the KL-to-reference loss term (0: no reference pass)
-  kl_estimator: str           # k2 | k3 as a loss (k1 is rejected, see `check_config`)
-  ratio_guard: float          # drop tokens with |logp_old - logp_sampler| above this (0: off)
-  max_kl: Optional[float]     # roll back an update whose KL(pi_old || pi_new) exceeds this
-  whiten_rewards: bool        # running mean/std reward whitening before the advantages
-  curriculum_feedback: str    # correct | reward: what the curriculum's advantages come from
-  gamma: float                # PPO: discount per token
-  lam: float                  # PPO: GAE lambda
-  vf_coef: float              # PPO: value-loss weight
-  vf_clip: float              # PPO: value clipping range
-  value_detach: bool          # PPO: the value loss trains the head only, not the policy trunk
-
-
-def check_config(config: LearnConfig) -> None:
-  """Raises ValueError for a LearnConfig `learn` cannot run (called at trace time)."""
-  if config.algorithm not in tuple(ADVANTAGES) + ("ppo",):
-    raise ValueError(f"unknown RL algorithm {config.algorithm!r}; choose from "
-                     f"{sorted(ADVANTAGES) + ['ppo']}")
-  if config.curriculum_feedback not in CURRICULUM_FEEDBACK:
-    raise ValueError(f"curriculum_feedback must be one of {CURRICULUM_FEEDBACK}, got "
-                     f"{config.curriculum_feedback!r}")
-  if config.kl_coef != 0 and config.kl_estimator not in KL_LOSS_ESTIMATORS:
-    raise ValueError(
-        f"kl_estimator {config.kl_estimator!r} cannot be a loss term: the gradient of "
-        "k1 = logp - logp_ref on tokens sampled from the policy is grad logp, whose expectation "
-        f"is 0; use one of {KL_LOSS_ESTIMATORS} (see losses.kl_divergence)")
-  if config.temperature <= 0:
-    raise ValueError(f"temperature must be > 0, got {config.temperature}")
-  if config.minibatches < 1 or config.microbatches < 1:
-    raise ValueError(f"minibatches ({config.minibatches}) and microbatches "
-                     f"({config.microbatches}) must be >= 1")
-  if config.logits_chunk < 0:
-    raise ValueError(f"logits_chunk must be >= 0 (0: no chunking), got {config.logits_chunk}")
-
-
-def _chunk(config: LearnConfig) -> Optional[int]:
-  return config.logits_chunk or None
-
-
-def _row_layout(mesh: Any) -> Optional[Callable]:
-  """`constrain(tree, axis=0)` for the forward helpers, or None without a mesh."""
-  if mesh is None:
-    return None
-  return lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh, axis)
-
+# The step's types and constants live in rl_types; they are part of this module's interface.
+__all__ = [
+    "ADVANTAGES", "CURRICULUM_FEEDBACK", "KL_LOSS_ESTIMATORS", "Batch", "GroupScores",
+    "LearnConfig", "TrainState", "TrainView", "check_config",
+    "row_blocks", "constant_logprobs", "init_value_head", "init_train_state",
+    "outcome_token_rewards", "group_advantages", "score_groups", "on_policy", "train_view",
+    "update_kl", "roll_back_if", "batch_metrics", "learn", "make_learn",
+]
 
 def row_blocks(config: LearnConfig) -> int:
   """Blocks of rows the constant passes (old policy, reference, new policy) run in: one per
@@ -182,10 +91,11 @@ def constant_logprobs(graphdef, params: Any, rows: tuple, *, group: int, config:
   def one_block(block):
     prompt_tokens, prompt_mask, tokens = mesh_lib.constrain_rows(block, mesh)
     hidden = forward.completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
-                                       group, constrain=_row_layout(mesh))
+                                       group, constrain=forward.row_constraint(mesh))
     logp, _ = forward.head_logprobs(graphdef, params, hidden, tokens,
-                                    temperature=config.temperature, chunk_size=_chunk(config),
-                                    constrain=_row_layout(mesh))
+                                    temperature=config.temperature,
+                                    chunk_size=config.logits_chunk or None,
+                                    constrain=forward.row_constraint(mesh))
     values = None if value is None else forward.values_from_hidden(value, hidden)
     return jax.lax.stop_gradient((logp, values))
 
@@ -234,14 +144,6 @@ def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str) -> ja
 # --- 1. Rewards, advantages and the curriculum's feedback ---------------------------------------
 
 
-class GroupScores(NamedTuple):
-  """Phase 1's output: what every sampled group's rewards mean for training and the curriculum."""
-  whitening: stability.WhiteningState  # running reward statistics after this batch
-  rewards: jax.Array                   # f32[S, G] rewards the policy trains on (whitened if on)
-  advantages: jax.Array                # f32[S, G] the estimator's advantages of `rewards`
-  feedback: Feedback                   # what `Curriculum.update` reads (every sampled group)
-
-
 def score_groups(batch: Batch, whitening: stability.WhiteningState,
                  config: LearnConfig) -> GroupScores:
   """Phase 1: rewards -> (whitening) -> group advantages, and the curriculum's feedback.
@@ -272,33 +174,10 @@ def score_groups(batch: Batch, whitening: stability.WhiteningState,
 # --- 2. The trained rows ------------------------------------------------------------------------
 
 
-class TrainView(NamedTuple):
-  """The P trained groups as B = P * G rows: everything the policy objective reads.
-
-  Optional fields are None when the configuration does not need them (a None leaf is an empty
-  pytree, so `jax.tree.map(lambda x: x[rows], view)` takes a minibatch of every present field).
-  """
-  prompt_tokens: jax.Array     # i32[B, Tp] left-padded prompts
-  prompt_mask: jax.Array       # bool[B, Tp]
-  tokens: jax.Array            # i32[B, T] completion tokens
-  mask: jax.Array              # f32[B, T] completion tokens that count; 0 on padding groups
-  advantages: jax.Array        # f32[B, T] per-token advantages (0 where mask is 0)
-  sampler_logprobs: jax.Array  # f32[B, T] the sampler's log-probs of the tokens
-  logp_old: Optional[jax.Array] = None    # f32[B, T] old policy; None: on-policy (one step)
-  logp_ref: Optional[jax.Array] = None    # f32[B, T] reference policy; None: no KL term
-  values_old: Optional[jax.Array] = None  # f32[B, T] PPO: value head at sampling time
-  returns: Optional[jax.Array] = None     # f32[B, T] PPO: GAE lambda-returns (value targets)
-
-
 def on_policy(config: LearnConfig) -> bool:
   """True when one optimizer step uses the batch and there is no critic: the old policy is the
   policy being differentiated, and its forward pass is skipped."""
   return config.epochs * config.minibatches == 1 and config.algorithm != "ppo"
-
-
-def trained_rows(train_groups: jax.Array, group: int) -> jax.Array:
-  """i32[P * G] rows of the trained groups i32[P] (prompt-major)."""
-  return (train_groups[:, None] * group + jnp.arange(group)[None, :]).reshape(-1)
 
 
 def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
@@ -314,7 +193,7 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   lambda = 1 gives every token r - V(t).
   """
   _, g = batch.rewards.shape
-  rows = trained_rows(batch.train_groups, g)
+  rows = forward.trained_rows(batch.train_groups, g)
   valid = batch.valid.astype(bool)[batch.train_groups] & batch.train_valid[:, None]
   row_valid = valid.reshape(-1).astype(jnp.float32)
   mask = batch.mask[rows] * row_valid[:, None]
@@ -344,192 +223,6 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   return TrainView(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
                    advantages=adv_tokens, sampler_logprobs=batch.sampler_logprobs[rows],
                    logp_old=logp_old, logp_ref=logp_ref, values_old=values_old, returns=returns)
-
-
-# --- 3. The objective of one minibatch ----------------------------------------------------------
-
-
-def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, group: int,
-                     config: LearnConfig, normaliser: Optional[dict] = None,
-                     mesh: Any = None) -> tuple[jax.Array, dict]:
-  """Phase 3: loss f32[] and metrics of one minibatch `view` (whole groups of `group` rows).
-
-  loss = policy_loss + kl_coef * KL + vf_coef * value_loss (each term present only when
-  configured). The KL term is aggregated over tokens like the policy loss (`config.aggregation`).
-  Tokens whose old and sampler log-probs differ by more than `ratio_guard` nats are dropped from
-  every term. The output head runs `config.logits_chunk` positions at a time.
-
-  With `normaliser` = {"policy": f32[], "tokens": f32[]} (a microbatch of a larger minibatch, see
-  `accumulated_gradients`) the policy and KL terms divide by the minibatch's aggregation
-  normaliser and the value loss by the minibatch's token count, so the microbatches' losses sum to
-  the minibatch's (exactly when no ratio guard drops tokens; the guard's dropped tokens still count
-  in the minibatch's normaliser).
-
-  Args:
-    trained: the trainable parameters, or (parameters, value head) with PPO.
-    view: the minibatch's rows (`TrainView`).
-    graphdef, frozen: the model's graph and its untrained parameters (None: full fine-tuning).
-    group: rows per prompt (G).
-    config: static hyperparameters.
-
-  Returns:
-    (loss, metrics): metrics are scalars; "logp_old" f32[b, T] (the old log-probs the loss used)
-    is returned too, for the rollback's KL after the step.
-  """
-  trainable, value = trained if config.algorithm == "ppo" else (trained, None)
-  params = forward.model_params(trainable, frozen)
-  hidden = forward.completion_hidden(graphdef, params, view.prompt_tokens, view.prompt_mask,
-                                     view.tokens, group, constrain=_row_layout(mesh))
-  logp, entropy = forward.head_logprobs(graphdef, params, hidden, view.tokens,
-                                        temperature=config.temperature, chunk_size=_chunk(config),
-                                        constrain=_row_layout(mesh))
-  old = jax.lax.stop_gradient(logp) if view.logp_old is None else view.logp_old
-  norm = normaliser or {"policy": None, "tokens": None}
-  m, guard_frac = view.mask, jnp.zeros(())
-  if config.ratio_guard > 0:
-    # Tokens where the sampler and the trainer disagree wildly (numerics, stale weights) are dropped.
-    m, guard_frac = stability.ratio_guard(old, view.sampler_logprobs, m,
-                                          max_log_ratio=config.ratio_guard)
-  pg_loss, metrics = losses.policy_loss(
-      logp, old, view.advantages, m, eps_low=config.eps_low, eps_high=config.eps_high,
-      level=config.level, aggregation=config.aggregation, max_tokens=config.max_tokens,
-      normaliser=norm["policy"])
-  loss = pg_loss
-  metrics = {**metrics, "pg_loss": pg_loss, "ratio_guard_frac": guard_frac,
-             "sampler_logp_gap": losses.masked_mean(jnp.abs(old - view.sampler_logprobs), m),
-             "entropy": losses.masked_mean(entropy, m)}
-  if view.logp_ref is not None:  # (kl_coef = 0: no reference pass, and no "kl" metric)
-    kl = losses.aggregate(
-        losses.kl_divergence(logp, view.logp_ref, estimator=config.kl_estimator), m,
-        config.aggregation, config.max_tokens, norm["policy"])
-    loss = loss + config.kl_coef * kl
-    metrics["kl"] = kl
-  if value is not None:
-    value_hidden = jax.lax.stop_gradient(hidden) if config.value_detach else hidden
-    v_loss, v_metrics = losses.value_loss(forward.values_from_hidden(value, value_hidden),
-                                          view.values_old, view.returns, m, clip=config.vf_clip)
-    if norm["tokens"] is not None:  # a token mean over this microbatch -> share of the minibatch's
-      v_loss = v_loss * jnp.maximum(jnp.sum(m), 1e-8) / norm["tokens"]
-    loss = loss + config.vf_coef * v_loss
-    metrics = {**metrics, **v_metrics, "value_loss": v_loss}
-  return loss, {**metrics, "logp_old": old}
-
-
-# --- 4. Optimizer steps over minibatches --------------------------------------------------------
-
-
-def minibatch_rows(key: jax.Array, num_prompts: int, group: int, minibatches: int) -> jax.Array:
-  """i32[M, (P / M) * G] row indices: prompts shuffled, each minibatch holds whole groups."""
-  prompts = jax.random.permutation(key, num_prompts)
-  return trained_rows(prompts, group).reshape(minibatches, -1)
-
-
-# Objective terms that microbatches add up (each already divided by the minibatch's normaliser);
-# metrics named *_max take the maximum; every other metric is a token-weighted mean.
-_SUMMED_TERMS = ("pg_loss", "kl", "value_loss")
-
-
-def accumulated_gradients(objective: Callable, trained: Any, minibatch: TrainView, *, group: int,
-                          microbatches: int, aggregation: str, mesh: Any = None
-                          ) -> tuple[jax.Array, dict, Any, jax.Array]:
-  """Loss, metrics and gradients of one minibatch computed `microbatches` groups-blocks at a time
-  (gradient accumulation under `lax.scan`; memory is that of one microbatch).
-
-  Every microbatch's objective divides by the whole minibatch's normaliser
-  (`losses.aggregation_normaliser` of its mask, and its token count), so the accumulated loss and
-  gradients are those of the minibatch in one pass for every aggregation mode, not an average of
-  per-microbatch means. Gradients accumulate in float32.
-
-  Args:
-    objective: `policy_objective` with everything but (trained, view, normaliser) bound.
-    trained: the parameters being differentiated.
-    minibatch: the minibatch's rows (whole groups of `group`), split into `microbatches` blocks
-      of whole groups (`forward.split_row_blocks`).
-    mesh: each microbatch's rows are constrained over its batch axes (`mesh_lib.constrain_rows`).
-
-  Returns:
-    (loss f32[], metrics, grads, logp_old f32[b, T] in the minibatch's row order).
-  """
-  norm = {"policy": losses.aggregation_normaliser(minibatch.mask, aggregation),
-          "tokens": jnp.maximum(jnp.sum(minibatch.mask), 1e-8)}
-  blocks = forward.split_row_blocks(minibatch, group=group, num_blocks=microbatches)
-  grad_fn = jax.value_and_grad(functools.partial(objective, normaliser=norm), has_aux=True)
-
-  def body(acc, micro):
-    micro = mesh_lib.constrain_rows(micro, mesh)
-    (loss, metrics), grads = grad_fn(trained, micro)
-    acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
-    logp_old = metrics.pop("logp_old")
-    return acc, (loss, metrics, jnp.sum(micro.mask) / norm["tokens"], logp_old)
-
-  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trained)
-  grads, (loss, per_micro, weight, logp_old) = jax.lax.scan(body, zeros, blocks)
-  grads = jax.tree.map(lambda g, x: g.astype(x.dtype), grads, trained)
-
-  def combine(name, x):
-    if name in _SUMMED_TERMS:
-      return jnp.sum(x)
-    if name.endswith("_max"):
-      return jnp.max(x)
-    return jnp.sum(x * weight)
-
-  metrics = {name: combine(name, x) for name, x in per_micro.items()}
-  return jnp.sum(loss), metrics, grads, forward.merge_row_blocks(logp_old, group=group)
-
-
-def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Array, *,
-                      graphdef, frozen: Any, group: int, optimizer: optax.GradientTransformation,
-                      config: LearnConfig, mesh: Any = None) -> tuple[Any, Any, dict, jax.Array]:
-  """Phase 4: `epochs` x `minibatches` optimizer steps over the view, under `lax.scan`.
-
-  Each epoch shuffles the groups (`fold_in(key, epoch)`). A minibatch whose mask is all zero
-  (padding groups only, e.g. a filter that could not fill the batch) takes no step: Adam's
-  momentum would otherwise move the parameters on a zero gradient. With `config.microbatches` > 1
-  each step's gradient is accumulated over that many microbatches (`accumulated_gradients`).
-
-  Returns:
-    (trained, opt_state, metrics, logp_old): metrics f32[] are means over the minibatches that
-    stepped (including "loss" and "grad_norm"; 0 when none did), and "steps_taken", the number
-    of minibatches that stepped; logp_old f32[B, T] are the old log-probs the losses used (those
-    of the view, or on-policy the loss's own stop-gradient log-probs).
-  """
-  num_rows = view.tokens.shape[0]
-  p = num_rows // group
-  rows = jnp.concatenate([minibatch_rows(jax.random.fold_in(key, e), p, group, config.minibatches)
-                          for e in range(config.epochs)])
-  objective = functools.partial(policy_objective, graphdef=graphdef, frozen=frozen, group=group,
-                                config=config, mesh=mesh)
-
-  def step(carry, mb_rows):
-    trained, opt_state = carry
-    mb = mesh_lib.constrain_rows(jax.tree.map(lambda x: x[mb_rows], view), mesh)
-    if config.microbatches == 1:
-      (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(trained, mb)
-      logp_old = metrics.pop("logp_old")
-    else:
-      loss, metrics, grads, logp_old = accumulated_gradients(
-          objective, trained, mb, group=group, microbatches=config.microbatches,
-          aggregation=config.aggregation, mesh=mesh)
-    updates, new_opt_state = optimizer.update(grads, opt_state, trained)
-    new_trained = optax.apply_updates(trained, updates)
-    has_tokens = jnp.sum(mb.mask) > 0
-    trained, opt_state = stability.select_tree(has_tokens, (new_trained, new_opt_state),
-                                               (trained, opt_state))
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads),
-               "steps_taken": has_tokens.astype(jnp.float32)}
-    return (trained, opt_state), (metrics, logp_old)
-
-  (trained, opt_state), (per_mb, old_mb) = jax.lax.scan(step, (trained, opt_state), rows)
-  # Means over the minibatches that stepped: padding-only ones would dilute every average.
-  stepped = per_mb["steps_taken"]
-  metrics = jax.tree.map(
-      lambda x: jnp.sum(jnp.where(stepped > 0, x, 0.0)) / jnp.maximum(jnp.sum(stepped), 1.0),
-      per_mb)
-  metrics["steps_taken"] = jnp.sum(stepped)
-  logp_old = view.logp_old
-  if logp_old is None:  # on-policy: one minibatch of every row, in its shuffled order
-    logp_old = jnp.zeros(view.tokens.shape, jnp.float32).at[rows[0]].set(old_mb[0])
-  return trained, opt_state, metrics, logp_old
 
 
 # --- 5. Rollback --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Supervised warm start: teach the format (and some skill) before RL, by next-token loss on targets.
+"""Supervised warm start: teach the format (and some skill) before RL by next-token loss on targets.
 
 Sequences are a left-padded prompt followed by the target and EOS, right-padded; only target and
 EOS tokens carry loss. The result is cached in the run's workdir, so a resumed or repeated run

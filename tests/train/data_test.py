@@ -177,3 +177,52 @@ def test_a_bin_left_empty_raises():
   # Not trained on: the bin's only prompt is free to be held out.
   splits = data.make_splits(_OnePrompt(), (), (0,), held_out_fraction=0.2, **kwargs)
   assert splits.sizes[0] == data.HeldOutSize(1, 4, False) and not splits.rl
+
+
+# ----------------------------------------------------------------------------- pools, tokenizer
+
+SMALL = dict(train_per_bin=20, sft_per_bin=10, eval_per_bin=6)
+
+
+def test_pools_hold_every_split_padded_to_the_longest_prompt(task, tmp_path):
+  train_bins = (2, 0)  # arm 0 = bin 2: arms follow train_bins, not the bin numbers
+  splits = data.make_splits(task, train_bins, (0, 2, 7), held_out_fraction=FRACTION, **SMALL)
+  corpus = data.tokenizer_corpus(splits)
+  assert corpus[:len(splits.rl)] == [p.prompt + p.target for p in splits.rl]
+  assert corpus[len(splits.rl) + len(splits.sft):] == [
+      p.prompt for ps in splits.held_out.values() for p in ps]
+  tok = data.workdir_tokenizer(str(tmp_path), corpus, vocab_size=64)
+  pools = data.make_pools(splits, task, tok, train_bins)
+
+  every = splits.rl + splits.sft + [p for ps in splits.held_out.values() for p in ps]
+  assert pools.prompt_len == max(len(tok.encode(p.prompt)) for p in every)
+  assert [p.prompt for p in pools.rl.problems] == [p.prompt for p in splits.rl]
+  assert [int(a) for a in pools.rl.arms] == [train_bins.index(p.difficulty) for p in splits.rl]
+  assert list(pools.eval_sets) == [task.bin_names[b] for b in (0, 2, 7)]
+  for pool in [pools.rl, pools.sft, *pools.eval_sets.values()]:
+    assert pool.tokens.shape[1] == pools.prompt_len
+    row = pool.tokens[0][pool.mask[0].astype(bool)]  # left-padded: the real tokens, in order
+    assert list(row) == tok.encode(pool.problems[0].prompt)
+  targets, mask = pools.sft_targets
+  assert targets.shape[0] == len(splits.sft)
+  first = targets[0][mask[0] > 0]
+  assert list(first) == tok.encode(splits.sft[0].target) + [tok.eos_id]
+
+
+def test_workdir_tokenizer_is_trained_once_then_loaded(task, tmp_path):
+  splits = data.make_splits(task, (0, 1), (0,), held_out_fraction=FRACTION, **SMALL)
+  first = data.workdir_tokenizer(str(tmp_path), data.tokenizer_corpus(splits), vocab_size=64)
+  stamp = os.path.getmtime(tmp_path / "tokenizer.model")
+  # A different corpus is ignored: the workdir's file is the run's tokenizer.
+  again = data.workdir_tokenizer(str(tmp_path), ["zzz qqq"] * 50, vocab_size=64)
+  assert os.path.getmtime(tmp_path / "tokenizer.model") == stamp
+  text = splits.rl[0].prompt + splits.rl[0].target
+  assert again.encode(text) == first.encode(text)
+
+
+def test_pools_without_sft_problems_have_no_sft_pool(task, tmp_path):
+  splits = data.make_splits(task, (0,), (0,), held_out_fraction=FRACTION,
+                            **{**SMALL, "sft_per_bin": 0})
+  tok = data.workdir_tokenizer(str(tmp_path), data.tokenizer_corpus(splits), vocab_size=64)
+  pools = data.make_pools(splits, task, tok, (0,))
+  assert pools.sft is None and pools.sft_targets is None

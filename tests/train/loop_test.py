@@ -16,7 +16,7 @@ import pytest
 from configs import toy
 from rl_curriculum import tasks
 from rl_curriculum.tasks import data as tasks_data
-from rl_curriculum.train import builders, checkpointing, data, loop
+from rl_curriculum.train import builders, checkpointing, data, loop, warm_start
 from rl_curriculum.train.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,7 +62,7 @@ def test_quickstart_toy_runs_and_logs(tmp_path):
   assert saved["held_out_sizes"] == {"add_1d_1d": 8, "add_2d_2d": 8, "add_3d_3d": 8}
   # evaluate.py restores the newest checkpoint: its greedy accuracy is the run's final evaluation.
   result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), "--config",
+      [sys.executable, "-m", "experiments.evaluate", "--config",
        os.path.join(ROOT, "configs", "toy.py"), "--workdir", str(tmp_path),
        "--config.rl.steps=3", "--k=1", "--samples=2"],
       capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -130,11 +130,11 @@ def test_rl_seed_changes_the_rl_stream_only():
   assert not np.array_equal(other, base)
   # The SFT warm start's fingerprint ignores rl.seed, so seeds share one cached warm start.
   d = toy_config()
-  assert loop._sft_fingerprint(c) == loop._sft_fingerprint(d)  # pylint: disable=protected-access
+  assert warm_start.fingerprint(c) == warm_start.fingerprint(d)
 
 
 def _cli(workdir, *overrides, config="quickstart"):
-  return [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+  return [sys.executable, "-m", "experiments.train",
           "--config", os.path.join(ROOT, "configs", f"{config}.py"), "--workdir", workdir,
           *overrides]
 
@@ -160,10 +160,9 @@ def test_a_non_finite_reward_is_rejected_on_the_host_naming_task_and_prompt():
                              difficulty=np.zeros(2, np.float32),
                              tokens=np.zeros((2, 1), np.int32), mask=np.ones((2, 1), bool),
                              num_arms=1)
-  score = loop._scored_batch  # pylint: disable=protected-access
   with pytest.raises(ValueError, match=re.escape(
       f"task 'arithmetic' scored nan (not finite) for prompt '{problems[0].prompt}'")):
-    score(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
+    loop.score_completions(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
 
 
 @pytest.mark.parametrize("override,message", [
@@ -184,11 +183,10 @@ _TOY_FLAGS = ["--config.checkpoint.every=2", "--config.rl.steps=6"]
 @pytest.mark.slow
 def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
   straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-  env = {**os.environ, "PYTHONPATH": ROOT}
   subprocess.run(_cli(straight, *_TOY_FLAGS, config="toy"), check=True, capture_output=True,
-                 env=env, timeout=900)
+                 cwd=ROOT, timeout=900)
   proc = subprocess.Popen(_cli(killed, *_TOY_FLAGS, config="toy"), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, env=env)
+                          stderr=subprocess.DEVNULL, cwd=ROOT)
   deadline = time.time() + 900
   while time.time() < deadline:  # kill between checkpoints: after step 3 is logged
     rows = read_jsonl(os.path.join(killed, "metrics.jsonl"))
@@ -198,7 +196,7 @@ def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   subprocess.run(_cli(killed, *_TOY_FLAGS, config="toy"), check=True, capture_output=True,
-                 env=env, timeout=900)
+                 cwd=ROOT, timeout=900)
   a, b = _final_params(straight), _final_params(killed)
   assert a[0] == b[0] == 6
   for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):

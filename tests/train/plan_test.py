@@ -65,7 +65,7 @@ def test_command_line_writes_json_and_rejects_a_bad_config(tmp_path):
 
 
 def test_train_entrypoint_plans_without_a_workdir():
-  result = _run(["experiments/train.py", "--config", "configs/toy.py", "--plan_only",
+  result = _run(["-m", "experiments.train", "--config", "configs/toy.py", "--plan_only",
                  "--hbm_gib", "4", "--prompt_len", "8"], devices=1)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "learn" in result.stdout and result.stdout.strip().endswith("FITS")
@@ -73,7 +73,7 @@ def test_train_entrypoint_plans_without_a_workdir():
 
 def test_model_shape_reads_an_hf_config_json_and_rejects_a_folder_without_one(tmp_path):
   from configs import quickstart  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.model import checkpoint_io  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.model import hf_io  # pylint: disable=import-outside-toplevel
   from rl_curriculum.model.config import PRESETS  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train import builders, plan  # pylint: disable=import-outside-toplevel
   config = quickstart.get_config()
@@ -83,7 +83,7 @@ def test_model_shape_reads_an_hf_config_json_and_rejects_a_folder_without_one(tm
   with pytest.raises(builders.ConfigError, match="config.model.source"):
     plan.model_shape(config)
   expected = PRESETS["qwen2_5_0_5b"]()
-  (tmp_path / "config.json").write_text(json.dumps(checkpoint_io.hf_config(expected, "qwen2")))
+  (tmp_path / "config.json").write_text(json.dumps(hf_io.hf_config(expected, "qwen2")))
   shape = plan.model_shape(config)
   assert shape.num_params == expected.num_params and shape.num_layers == 24
   assert (shape.dtype, shape.param_dtype, shape.scan_layers) == ("bfloat16", "float32", True)

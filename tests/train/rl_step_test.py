@@ -17,7 +17,7 @@ from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import stability
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import builders, forward, rl_step
+from rl_curriculum.train import builders, examples, forward, objective, rl_step
 
 P, G, TP, T, V = 4, 4, 5, 3, 16
 
@@ -56,17 +56,10 @@ def _batch(rewards, train_groups=None, train_valid=None, mask=None, correct=None
   prompts = jnp.repeat(jax.random.randint(key, (s, TP), 4, V), G, axis=0)
   pad = jnp.repeat(jnp.arange(s) % TP, G)
   prompt_mask = jnp.arange(TP)[None, :] >= pad[:, None]
-  return rl_step.Batch(
-      prompt_tokens=jnp.where(prompt_mask, prompts, 0), prompt_mask=prompt_mask,
-      tokens=jax.random.randint(jax.random.fold_in(key, 1), (b, T), 4, V),
-      mask=jnp.ones((b, T)) if mask is None else jnp.asarray(mask, jnp.float32),
-      sampler_logprobs=jnp.zeros((b, T)),
-      prompt_ids=jnp.arange(s, dtype=jnp.int32), arms=jnp.arange(s, dtype=jnp.int32) % 2,
-      rewards=jnp.asarray(rewards, jnp.float32),
-      correct=jnp.asarray(rewards) > 0.5 if correct is None else jnp.asarray(correct, bool),
-      valid=jnp.ones(rewards.shape, bool),
-      train_groups=jnp.arange(P, dtype=jnp.int32) if train_groups is None else train_groups,
-      train_valid=jnp.ones(P, bool) if train_valid is None else train_valid)
+  tokens = jax.random.randint(jax.random.fold_in(key, 1), (b, T), 4, V)
+  return examples.make_batch(jnp.where(prompt_mask, prompts, 0), tokens, rewards,
+                             prompt_mask=prompt_mask, mask=mask, correct=correct, num_arms=2,
+                             train_groups=train_groups, train_valid=train_valid)
 
 
 def _rewards():
@@ -261,8 +254,8 @@ def test_kl_term_is_aggregated_like_the_policy_loss(aggregation):
   ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
   view = rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=ref,
                             config=config, use_lora=False)
-  loss, metrics = rl_step.policy_objective(params, view, graphdef=graphdef, frozen=None, group=G,
-                                           config=config)
+  loss, metrics = objective.policy_objective(params, view, graphdef=graphdef, frozen=None,
+                                             group=G, config=config)
   logp = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
                                      batch.tokens)
   logp_ref = forward.completion_logprobs(graphdef, ref, batch.prompt_tokens, batch.prompt_mask,
@@ -327,7 +320,7 @@ def test_metrics_average_only_the_minibatches_that_stepped():
   # puts both padding groups in one minibatch, which takes no step and must not halve the means.
   params, state, cur_state, learn = _setup(minibatches=2)
   key = jax.random.PRNGKey(2)
-  first = np.asarray(rl_step.minibatch_rows(jax.random.fold_in(key, 0), P, G, 2))[0] // G
+  first = np.asarray(objective.minibatch_rows(jax.random.fold_in(key, 0), P, G, 2))[0] // G
   real = np.isin(np.arange(P), first)
   batch = _batch(_rewards(), train_valid=jnp.asarray(real))
   _, _, metrics = learn(state, cur_state, batch, key, None, params)
@@ -374,7 +367,7 @@ def test_two_epochs_keep_logp_old_frozen_and_clipping_engages():
   before = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
                                        batch.tokens)
   np.testing.assert_allclose(np.asarray(view.logp_old), np.asarray(before), atol=1e-6)
-  new, _, metrics, logp_old = rl_step.minibatch_updates(
+  new, _, metrics, logp_old = objective.minibatch_updates(
       params, optimizer.init(params), view, jax.random.PRNGKey(0), graphdef=graphdef, frozen=None,
       group=G, optimizer=optimizer, config=config)
   np.testing.assert_array_equal(np.asarray(logp_old), np.asarray(view.logp_old))

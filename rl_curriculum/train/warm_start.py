@@ -1,0 +1,97 @@
+"""The policy an RL run starts from: the SFT warm start (cached in the workdir) and LoRA adapters.
+
+  check_workdir(config, workdir)               # refuse caches made with other settings
+  params = sft_params(config, workdir, graphdef, params, pools, mesh, log)
+  graphdef, trainable, frozen, ref_params = attach_lora(config, graphdef, params)
+
+A workdir caches the run's tokenizer and SFT warm start, so a resumed run, a second seed of a
+comparison or an evaluation skips them. `warm_start.json` records the settings behind the caches
+(`fingerprint`); a workdir made with other settings is refused rather than silently reused.
+"""
+
+import json
+import os
+from typing import Any, Callable
+
+import ml_collections
+from flax import nnx
+
+from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.parallel import distributed
+from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.train import builders, checkpointing, sft
+from rl_curriculum.train.data import Pools
+
+__all__ = ["fingerprint", "check_workdir", "sft_params", "attach_lora"]
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> dict:
+  """The config fields that determine the SFT result; a cached warm start must match them.
+  (`rl.seed` is not among them: seeds of an RL comparison share one warm start.)"""
+  return {"seed": config.seed, "task": config.task.to_dict(), "model": config.model.to_dict(),
+          "tokenizer": config.tokenizer.to_dict(), "sft": config.sft.to_dict()}
+
+
+def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Records the settings behind the cached tokenizer and SFT warm start on first use; refuses a
+  workdir whose caches were made with other settings (they would be silently wrong).
+
+  Raises:
+    ValueError: the workdir was made with different seed/task/model/tokenizer/SFT settings.
+  """
+  path = os.path.join(workdir, "warm_start.json")
+  expected = json.loads(json.dumps(fingerprint(config)))  # tuples as lists, like JSON
+  exists = os.path.exists(path)
+  distributed.sync("warm_start.json: looked")  # process 0 writes it only after every look
+  if exists:
+    with open(path) as f:
+      if json.load(f) != expected:
+        raise ValueError(f"{workdir} holds a tokenizer and SFT warm start made with other "
+                         f"seed/task/model/tokenizer/sft settings (see {path}); use a fresh "
+                         "--workdir, or delete that file, tokenizer.model and sft/ to rebuild")
+  elif distributed.is_main():
+    with open(path, "w") as f:
+      json.dump(expected, f, indent=1)
+
+
+def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params: Any,
+               pools: Pools, mesh, log: Callable[[str], None]) -> Any:
+  """The SFT warm start of `params` on `pools.sft` (config.sft), restored from workdir/sft when
+  present, trained and saved there otherwise."""
+  folder = os.path.join(workdir, "sft")
+  params = distributed.place(params, mesh_lib.param_shardings(params, mesh))
+  manager = checkpointing.make_manager(folder, max_to_keep=1, enable_async=False)
+  restored = checkpointing.restore_latest(manager, params)
+  if restored is not None:
+    manager.close()
+    log(f"SFT warm start restored from {folder}")
+    return restored[1]
+  optimizer = builders.build_optimizer(config.sft.learning_rate, max_grad_norm=1.0,
+                                       warmup_steps=config.sft.warmup_steps,
+                                       total_steps=config.sft.steps)
+  targets, target_mask = pools.sft_targets
+  params, curve = sft.run_sft(params, graphdef, pools.sft, targets, target_mask,
+                              steps=config.sft.steps, batch_size=config.sft.batch_size,
+                              optimizer=optimizer, seed=config.seed, log=log)
+  checkpointing.save(manager, config.sft.steps, params, {"loss_curve": curve[-10:]}, wait=True)
+  manager.close()
+  return params
+
+
+def attach_lora(config: ml_collections.ConfigDict, graphdef, params: Any) -> tuple:
+  """(graphdef, trainable, frozen, ref_params) of the RL policy.
+
+  With `config.model.lora_rank` > 0: adapters on `model.lora_targets` (seeded by config.seed + 1)
+  are the trainable parameters, the base is frozen, and there is no separate KL reference (it is
+  the same model with its adapters switched off). Otherwise every parameter trains, nothing is
+  frozen, and the reference is the warm-started model itself.
+  """
+  if config.model.lora_rank <= 0:
+    return graphdef, params, None, params
+  model = nnx.merge(graphdef, params)
+  lora_lib.attach(model, lora_lib.LoRAConfig(rank=config.model.lora_rank,
+                                             alpha=config.model.lora_alpha,
+                                             targets=tuple(config.model.lora_targets)),
+                  rngs=nnx.Rngs(config.seed + 1))
+  graphdef, trainable, frozen = lora_lib.split(model)
+  return graphdef, trainable, frozen, None
