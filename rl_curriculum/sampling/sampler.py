@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import strategies
@@ -49,7 +50,7 @@ class SamplingState(NamedTuple):
   logprobs: jax.Array   # f32[B, N] log-prob of each recorded token under logits / temperature
   mask: jax.Array       # f32[B, N] 1 on recorded tokens (stop token included), else 0
   logits: jax.Array     # f32[B, V] raw logits of each row's next token
-  cache: transformer.KVCache  # S = Tp + N slots: L x [B, S, Hkv, hd], or [L, B, S, Hkv, hd]
+  cache: kv_cache.KVCache  # S = Tp + N slots: L x [B, S, Hkv, hd], or [L, B, S, Hkv, hd]
   key_mask: jax.Array   # bool[B, S] valid cache slots (prompt padding False)
   positions: jax.Array  # i32[B] rotary position of the next token of each row
   done: jax.Array       # bool[B] row has emitted a stop token
@@ -75,7 +76,7 @@ def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens
   firsts = mesh_lib.constrain_rows((first(prompt_tokens), first(prompt_mask)), mesh)
   logits, cache = transformer.prefill(graphdef, params, *firsts, cache_length,
                                       constrain=_row_layout(mesh))
-  rows = transformer.cache_batch_axis(cache)
+  rows = kv_cache.cache_batch_axis(cache)
   logits, cache = mesh_lib.constrain_rows(logits, mesh), mesh_lib.constrain_rows(cache, mesh, rows)
   if group > 1:
     logits = mesh_lib.constrain_rows(jnp.repeat(logits, group, axis=0), mesh)
@@ -87,7 +88,7 @@ def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens
       mask=jnp.zeros((b, max_new_tokens), jnp.float32),
       logits=logits,
       cache=cache,
-      key_mask=transformer.cache_key_mask(prompt_mask, cache_length),
+      key_mask=kv_cache.cache_key_mask(prompt_mask, cache_length),
       positions=jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32),
       done=jnp.zeros((b,), bool),
       step=jnp.zeros((), jnp.int32),

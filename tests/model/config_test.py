@@ -6,7 +6,7 @@ import jax
 import pytest
 from flax import nnx
 
-from rl_curriculum.model import checkpoint_io
+from rl_curriculum.model import hf_io
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.config import PRESETS
@@ -97,7 +97,7 @@ HF_CONFIGS = {
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 def test_presets_equal_the_published_hf_configs(name):
-  config, family = checkpoint_io.config_from_hf(HF_CONFIGS[name])
+  config, family = hf_io.config_from_hf(HF_CONFIGS[name])
   assert family == name[:5]  # qwen2 (Qwen2.5), qwen3, llama
   assert PRESETS[name]() == config
 

@@ -9,6 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
+from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import lora
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
@@ -277,7 +278,7 @@ def _assert_states_equal(a, b, atol=0.0):
 def test_scanned_attach_stacks_the_unrolled_adapters():
   graphdef, params, graphdef_s, params_s = _scanned_models(targets=("q", "v", "down"))
   # A drawn per layer in the same order as the unrolled model, B zero, `layers` axis first.
-  _assert_states_equal(params_s, transformer.stack_layers(params))
+  _assert_states_equal(params_s, layer_stacking.stack_layers(params))
   a = params_s["blocks"]["attn"]["v"]["lora_a"]
   assert a[...].shape == (CONFIG.num_layers, CONFIG.d_model, 3)
   assert a.get_metadata("out_sharding") == ("layers", "embed", None)
@@ -293,7 +294,7 @@ def test_scanned_attach_stacks_the_unrolled_adapters():
 def test_scanned_lora_forward_gradients_and_merges_equal_unrolled():
   graphdef, params, graphdef_s, params_s = _scanned_models()
   params = _with_random_b(params)
-  params_s = transformer.stack_layers(params)
+  params_s = layer_stacking.stack_layers(params)
   expected = _forward(graphdef, params, TOKENS, MASK)
   np.testing.assert_allclose(_forward(graphdef_s, params_s, TOKENS, MASK), expected, atol=1e-5,
                              rtol=0)
@@ -305,12 +306,12 @@ def test_scanned_lora_forward_gradients_and_merges_equal_unrolled():
       return -jnp.sum(jnp.where(MASK, jax.nn.log_softmax(logits)[:, :, 1], 0.0))
     return jax.jit(jax.grad(loss))(lora_params)
   _assert_states_equal(grads(graphdef_s, params_s),
-                       transformer.stack_layers(grads(graphdef, params)), atol=1e-5)
-  _assert_states_equal(lora.merge(params_s), transformer.stack_layers(lora.merge(params)),
+                       layer_stacking.stack_layers(grads(graphdef, params)), atol=1e-5)
+  _assert_states_equal(lora.merge(params_s), layer_stacking.stack_layers(lora.merge(params)),
                        atol=1e-6)
-  _assert_states_equal(lora.disable(params_s), transformer.stack_layers(lora.disable(params)))
+  _assert_states_equal(lora.disable(params_s), layer_stacking.stack_layers(lora.disable(params)))
   key = jax.random.key(7)
   _assert_states_equal(lora.merge_and_reinit(params_s, key),
-                       transformer.stack_layers(lora.merge_and_reinit(params, key)), atol=1e-6)
+                       layer_stacking.stack_layers(lora.merge_and_reinit(params, key)), atol=1e-6)
   np.testing.assert_allclose(_forward(graphdef_s, lora.merge(params_s), TOKENS, MASK), expected,
                              atol=1e-5, rtol=0)

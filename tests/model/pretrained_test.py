@@ -22,10 +22,12 @@ import tokenizers
 from flax import nnx
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from rl_curriculum.model import checkpoint_io
+from rl_curriculum.model import gguf_io
+from rl_curriculum.model import hf_io
+from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
-from rl_curriculum.model import transformer
+from rl_curriculum.model.checkpoint_errors import UnsupportedCheckpointError
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.hf_tokenizer import HFTokenizer
 from rl_curriculum.sampling import sampler
@@ -103,6 +105,7 @@ def test_save_then_load_reproduces_parameters_and_logits(tmp_path, tok, name):
   np.testing.assert_array_equal(loaded.logits(TOKENS), policy.logits(TOKENS))
   assert loaded.tokenizer.encode_chat(MESSAGES) == tok.encode_chat(MESSAGES)
   assert loaded.tokenizer.eos_id == 2 and loaded.tokenizer.bos_id == 1
+  assert pretrained.checkpoint_context_length(str(tmp_path)) == loaded.context_length
 
 
 def test_bfloat16_load_casts_parameters(tmp_path):
@@ -168,8 +171,8 @@ def _write_gguf(policy, tok, path):
   import gguf  # pylint: disable=import-outside-toplevel
   c, arch = policy.config, policy.family
   flat = {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(policy.params)}
-  tensors = checkpoint_io.hf_tensors(flat)
-  to_gguf = {hf: g for g, hf in checkpoint_io.GGUF_TO_HF.items()}
+  tensors = hf_io.hf_tensors(flat)
+  to_gguf = {hf: g for g, hf in gguf_io.GGUF_TO_HF.items()}
   writer = gguf.GGUFWriter(str(path), arch)
   writer.add_block_count(c.num_layers)
   writer.add_context_length(256)
@@ -203,9 +206,9 @@ def _write_gguf(policy, tok, path):
       layer, suffix = name[len("model.layers."):].split(".", 1)
       gguf_name = f"blk.{layer}.{to_gguf[suffix]}"
     if arch == "llama" and _suffix_of(name) == "self_attn.q_proj.weight":
-      w = checkpoint_io.permute_qk(w, c.num_heads)
+      w = gguf_io.permute_qk(w, c.num_heads)
     if arch == "llama" and _suffix_of(name) == "self_attn.k_proj.weight":
-      w = checkpoint_io.permute_qk(w, c.num_kv_heads)
+      w = gguf_io.permute_qk(w, c.num_kv_heads)
     writer.add_tensor(gguf_name, np.ascontiguousarray(w, np.float32))
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
@@ -226,6 +229,7 @@ def test_gguf_file_loads_to_the_same_function(tmp_path, tok, name):
   assert loaded.config == policy.config and loaded.family == policy.family
   np.testing.assert_allclose(loaded.logits(TOKENS), policy.logits(TOKENS), atol=1e-5, rtol=0)
   assert loaded.tokenizer.encode_chat(MESSAGES) == tok.encode_chat(MESSAGES)
+  assert pretrained.checkpoint_context_length(str(path)) == loaded.context_length == 256
 
 
 def test_gguf_without_unpermuting_would_differ(tmp_path, tok):
@@ -233,12 +237,12 @@ def test_gguf_without_unpermuting_would_differ(tmp_path, tok):
   policy = _random_policy("llama", tok)
   path = tmp_path / "model.gguf"
   _write_gguf(policy, tok, path)
-  raw = checkpoint_io.read_gguf(str(path))
+  raw = gguf_io.read_gguf(str(path))
   flat = dict(nnx.to_flat_state(policy.params))
   for name, w in raw.tensors("qwen2", policy.config):  # "qwen2": read without un-permuting
-    found = checkpoint_io.param_path(name)
+    found = hf_io.param_path(name)
     if found and found[0][2:] in (("attn", "q", "kernel"), ("attn", "k", "kernel")):
-      value = checkpoint_io.to_param_layout(w, found[0], found[1], flat[found[0]][...].shape)
+      value = hf_io.to_param_layout(w, found[0], found[1], flat[found[0]][...].shape)
       flat[found[0]] = flat[found[0]].replace(jnp.asarray(value))
   wrong = pretrained.Policy(**{**policy.__dict__, "params": nnx.from_flat_state(flat)})
   assert np.abs(wrong.logits(TOKENS) - policy.logits(TOKENS)).max() > 1e-2
@@ -250,7 +254,7 @@ def test_gguf_without_unpermuting_would_differ(tmp_path, tok):
 def test_unknown_architecture_fails_with_the_supported_list(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"],
                                                     "model_type": "mamba"}))
-  with pytest.raises(checkpoint_io.UnsupportedCheckpointError) as info:
+  with pytest.raises(UnsupportedCheckpointError) as info:
     pretrained.load_pretrained(str(tmp_path))
   assert "MambaForCausalLM" in str(info.value) and "Qwen3ForCausalLM" in str(info.value)
 
@@ -260,7 +264,7 @@ def test_missing_sources_say_what_to_pass(tmp_path):
     pretrained.load_pretrained(str(tmp_path / "nowhere"))
   with pytest.raises(FileNotFoundError, match="no config.json"):
     pretrained.load_pretrained(str(tmp_path))
-  (tmp_path / "config.json").write_text(json.dumps(checkpoint_io.hf_config(
+  (tmp_path / "config.json").write_text(json.dumps(hf_io.hf_config(
       ModelConfig(**FAMILIES["llama"][0]), "llama")))
   with pytest.raises(FileNotFoundError, match="safetensors"):
     pretrained.load_pretrained(str(tmp_path))
@@ -394,7 +398,7 @@ def _hf_checkpoint(name, folder, tok, seed=0):
   torch = pytest.importorskip("torch")
   fields, family = FAMILIES[name]
   config = ModelConfig(**fields)
-  hf = checkpoint_io.hf_config(config, family, bos_id=1, eos_id=2)
+  hf = hf_io.hf_config(config, family, bos_id=1, eos_id=2)
   hf_config = transformers.AutoConfig.for_model(hf["model_type"], **{
       k: v for k, v in hf.items() if k not in ("architectures", "model_type", "rope_scaling",
                                                "torch_dtype", "dtype")})
@@ -499,7 +503,7 @@ def _scanned(policy):
   config = dataclasses.replace(policy.config, scan_layers=True)
   graphdef, _ = pretrained.abstract_params(config)
   return dataclasses.replace(policy, config=config, graphdef=graphdef,
-                             params=transformer.stack_layers(policy.params))
+                             params=layer_stacking.stack_layers(policy.params))
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
@@ -544,7 +548,7 @@ def test_scanned_lora_merged_export_and_adapter_folder_match_unrolled(tmp_path):
   unrolled = dataclasses.replace(
       trained, config=policy.config,
       graphdef=pretrained.load_pretrained(base_dir, lora=lora_config).graphdef,
-      params=transformer.unstack_layers(trained.params))
+      params=layer_stacking.unstack_layers(trained.params))
   np.testing.assert_allclose(unrolled.logits(TOKENS), expected, atol=1e-5, rtol=0)
   pretrained.save_pretrained(trained, str(tmp_path / "merged"))
   np.testing.assert_allclose(pretrained.load_pretrained(str(tmp_path / "merged")).logits(TOKENS),
@@ -572,7 +576,7 @@ def test_scanned_load_places_each_stacked_parameter_with_its_sharding(tmp_path):
                                       lora=lora_lib.LoRAConfig(rank=2, alpha=2.0))
   assert seen[("blocks", "attn", "q", "kernel")] == ("layers", "embed", "heads", "head_dim")
   assert seen[("blocks", "attn", "q", "lora_a")] == ("layers", "embed", None)
-  assert not any(transformer.layer_of(p) is not None for p in seen)
+  assert not any(layer_stacking.layer_of(p) is not None for p in seen)
   lora_state, base_state = loaded.params
   for state in (lora_state, base_state):
     for path, var in nnx.to_flat_state(state):

@@ -1,5 +1,6 @@
 """The scanned layout of the block stack (`ModelConfig.scan_layers`) and rematerialisation
-(`ModelConfig.remat`) in rl_curriculum/model/transformer.py: both change no value."""
+(`ModelConfig.remat`) in rl_curriculum/model/transformer.py, with the stacked parameters of
+layer_stacking.py and the stacked cache of kv_cache.py: both change no value."""
 
 import dataclasses
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rl_curriculum.model import kv_cache
+from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 
@@ -42,7 +45,7 @@ def _both(variant="llama_gqa", seed=0, **overrides):
   config, scanned = _configs(variant, **overrides)
   graphdef, params = _randomised(config, seed)
   return (graphdef, params), (transformer.init_model(scanned)[0],
-                              transformer.stack_layers(params))
+                              layer_stacking.stack_layers(params))
 
 
 def _batch(seed, lengths, width, vocab=48):
@@ -70,8 +73,8 @@ def test_scanned_params_are_the_stacked_unrolled_params_with_a_layers_axis():
   _, params = transformer.init_model(config, seed=3)
   _, stacked = transformer.init_model(scanned, seed=3)
   # Same draws in the same order: the scanned init is the stack of the unrolled one.
-  _assert_states_equal(stacked, transformer.stack_layers(params))
-  assert jax.tree.structure(stacked) == jax.tree.structure(transformer.stack_layers(params))
+  _assert_states_equal(stacked, layer_stacking.stack_layers(params))
+  assert jax.tree.structure(stacked) == jax.tree.structure(layer_stacking.stack_layers(params))
   flat = dict(nnx.to_flat_state(stacked))
   kernel = flat[("blocks", "attn", "q", "kernel")]
   assert kernel[...].shape == (3, 32, 4, 8)
@@ -80,33 +83,33 @@ def test_scanned_params_are_the_stacked_unrolled_params_with_a_layers_axis():
   assert nnx.get_partition_spec(stacked)["blocks"]["mlp"]["down"]["kernel"].get_value() == (
       jax.sharding.PartitionSpec("layers", "mlp", "embed"))
   assert flat[("embed",)].get_metadata("out_sharding") == ("vocab", "embed")  # top level as is
-  assert not any(transformer.layer_of(p) is not None for p in flat)
+  assert not any(layer_stacking.layer_of(p) is not None for p in flat)
 
 
 def test_stack_and_unstack_round_trip_and_pass_the_other_layout_through():
   config, _ = _configs()
   _, params = _randomised(config, seed=1)
-  stacked = transformer.stack_layers(params)
-  _assert_states_equal(transformer.unstack_layers(stacked), params)
-  assert jax.tree.structure(transformer.unstack_layers(stacked)) == jax.tree.structure(params)
-  _assert_states_equal(transformer.stack_layers(stacked), stacked)      # already stacked
-  _assert_states_equal(transformer.unstack_layers(params), params)      # already per layer
-  pair = transformer.stack_layers((params, params))                     # tuples of states
+  stacked = layer_stacking.stack_layers(params)
+  _assert_states_equal(layer_stacking.unstack_layers(stacked), params)
+  assert jax.tree.structure(layer_stacking.unstack_layers(stacked)) == jax.tree.structure(params)
+  _assert_states_equal(layer_stacking.stack_layers(stacked), stacked)      # already stacked
+  _assert_states_equal(layer_stacking.unstack_layers(params), params)      # already per layer
+  pair = layer_stacking.stack_layers((params, params))                     # tuples of states
   assert isinstance(pair, tuple) and len(pair) == 2
   _assert_states_equal(pair[1], stacked)
   # Abstract states convert too (shapes only).
   _, abstract = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(config,
                                                                          rngs=nnx.Rngs(0))))
-  shapes = dict(nnx.to_flat_state(transformer.stack_layers(abstract)))
+  shapes = dict(nnx.to_flat_state(layer_stacking.stack_layers(abstract)))
   assert shapes[("blocks", "mlp", "up", "kernel")].get_value().shape == (3, 32, 48)
 
 
 def test_stack_layers_rejects_missing_layers():
   config, _ = _configs()
   _, params = transformer.init_model(config)
-  flat = {p: v for p, v in nnx.to_flat_state(params) if transformer.layer_of(p) != 1}
+  flat = {p: v for p, v in nnx.to_flat_state(params) if layer_stacking.layer_of(p) != 1}
   with pytest.raises(ValueError, match="not 0 .. 1"):
-    transformer.stack_layers(nnx.from_flat_state(flat))
+    layer_stacking.stack_layers(nnx.from_flat_state(flat))
 
 
 # --- values and gradients ------------------------------------------------------------------------
@@ -127,7 +130,7 @@ def test_scanned_forward_and_gradients_equal_unrolled(variant):
 
   grads = loss(graphdef)(params)
   grads_s = loss(graphdef_s)(params_s)
-  _assert_states_equal(grads_s, transformer.stack_layers(grads), atol=1e-5)
+  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5)
 
 
 def test_scanned_cache_decoding_equals_full_forward_and_unrolled():
@@ -141,7 +144,7 @@ def test_scanned_cache_decoding_equals_full_forward_and_unrolled():
   def decode(graphdef, params):
     logits, cache = prefill(graphdef, params, prompts, prompt_mask, length)
     out = [logits]
-    key_mask = transformer.cache_key_mask(jnp.asarray(prompt_mask), length)
+    key_mask = kv_cache.cache_key_mask(jnp.asarray(prompt_mask), length)
     positions = prompt_mask.sum(axis=1).astype(np.int32)
     for t in range(2):
       logits, cache = step(graphdef, params, new_tokens[:, t], positions + t, key_mask, cache,
@@ -151,7 +154,7 @@ def test_scanned_cache_decoding_equals_full_forward_and_unrolled():
 
   scanned, cache_s = decode(graphdef_s, params_s)
   unrolled, cache = decode(graphdef, params)
-  assert cache_s.k.shape == (3, 3, length, 2, 8) and transformer.cache_batch_axis(cache_s) == 1
+  assert cache_s.k.shape == (3, 3, length, 2, 8) and kv_cache.cache_batch_axis(cache_s) == 1
   np.testing.assert_allclose(cache_s.k, np.stack(cache.k), atol=1e-5, rtol=0)
   np.testing.assert_allclose(cache_s.v, np.stack(cache.v), atol=1e-5, rtol=0)
   np.testing.assert_allclose(scanned, unrolled, atol=1e-5, rtol=0)
@@ -180,7 +183,7 @@ def test_scanned_shared_prefix_equals_unrolled_values_and_gradients():
   for a, b in zip(hiddens_s, hiddens):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
   np.testing.assert_allclose(loss_s, loss, rtol=1e-5)
-  _assert_states_equal(grads_s, transformer.stack_layers(grads), atol=1e-5)
+  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5)
 
 
 # --- rematerialisation ---------------------------------------------------------------------------
@@ -253,11 +256,11 @@ def test_scanned_program_does_not_grow_with_depth():
 
 def test_init_cache_follows_the_layout_and_a_mismatch_is_reported():
   config, scanned = _configs()
-  stacked = transformer.init_cache(scanned, 2, 6)
+  stacked = kv_cache.init_cache(scanned, 2, 6)
   assert stacked.k.shape == stacked.v.shape == (3, 2, 6, 2, 8)
-  per_layer = transformer.init_cache(config, 2, 6)
+  per_layer = kv_cache.init_cache(config, 2, 6)
   assert len(per_layer.k) == 3 and per_layer.k[0].shape == (2, 6, 2, 8)
-  assert transformer.cache_batch_axis(per_layer) == 0
+  assert kv_cache.cache_batch_axis(per_layer) == 0
   model = transformer.Transformer(scanned, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="scan_layers=True"):
     model(jnp.zeros((2, 1), jnp.int32), jnp.zeros((2, 1), jnp.int32), jnp.ones((2, 6), bool),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 
@@ -172,7 +173,7 @@ def test_kv_cache_decoding_equals_full_forward(variant):
   new_tokens = np.random.default_rng(7).integers(0, config.vocab_size, size=(3, num_new))
   logits, cache = _prefill(graphdef, params, prompts, prompt_mask, prompt_len + num_new)
   decoded = [logits]
-  key_mask = transformer.cache_key_mask(jnp.asarray(prompt_mask), prompt_len + num_new)
+  key_mask = kv_cache.cache_key_mask(jnp.asarray(prompt_mask), prompt_len + num_new)
   positions = prompt_mask.sum(axis=1).astype(np.int32)
   for t in range(num_new - 1):
     logits, cache = _decode_step(graphdef, params, new_tokens[:, t], positions + t, key_mask, cache,
@@ -292,7 +293,7 @@ def test_bfloat16_params_and_activations_give_finite_logits():
   def run(params):
     logits = transformer.forward(graphdef, params, tokens, mask)
     last, cache = transformer.prefill(graphdef, params, tokens, mask, WIDTH)
-    key_mask = transformer.cache_key_mask(jnp.asarray(mask), WIDTH)
+    key_mask = kv_cache.cache_key_mask(jnp.asarray(mask), WIDTH)
     step, cache = transformer.decode_step(graphdef, params, jnp.argmax(last, -1).astype(jnp.int32),
                                           jnp.asarray(mask.sum(1), jnp.int32), key_mask, cache,
                                           jnp.int32(5))
@@ -341,7 +342,7 @@ def test_llama3_rope_scaling_matches_reference():
 def test_cache_without_index_raises():
   config = _config("llama_gqa")
   model = transformer.Transformer(config, rngs=nnx.Rngs(0))
-  cache = transformer.init_cache(config, 1, 4)
+  cache = kv_cache.init_cache(config, 1, 4)
   with pytest.raises(ValueError, match="cache_index"):
     model(jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 4), bool),
           cache=cache)

@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from rl_curriculum import curriculum as cur
+from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
@@ -118,7 +119,7 @@ def test_batch_shardings_split_rows_and_replicate_the_rest():
 
 
 def test_kv_cache_and_curriculum_shardings():
-  cache = transformer.KVCache(k=(np.zeros((8, 10, 2, 4)),), v=(np.zeros((8, 10, 2, 4)),))
+  cache = kv_cache.KVCache(k=(np.zeros((8, 10, 2, 4)),), v=(np.zeros((8, 10, 2, 4)),))
   specs = mesh_lib.kv_cache_shardings(cache, abstract(2, 2, 2))
   assert specs.k[0].spec == P(("data", "fsdp"), None, "tensor")
   # Two kv heads do not split over tensor = 4; the rows still split over the batch axes.
@@ -147,7 +148,7 @@ def test_stacked_params_and_cache_of_a_scanned_model():
   placed = jax.device_put(params, shardings)
   for x, y in zip(jax.tree.leaves(placed), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  cache = transformer.init_cache(config, 8, 10)
+  cache = kv_cache.init_cache(config, 8, 10)
   specs = mesh_lib.kv_cache_shardings(cache, abstract(2, 2, 2))
   assert specs.k.spec == specs.v.spec == P(None, ("data", "fsdp"), None, "tensor")
   assert mesh_lib.kv_cache_sharding(abstract(1, 1, 4), (3, 8, 10, 2, 4)).spec == P(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.sampling import sampler
@@ -206,7 +207,7 @@ def test_scanned_model_samples_what_the_unrolled_one_does(model, group):
   """The scanned layout (stacked weights, stacked [L, B, S, ...] cache) draws the same greedy
   tokens and log-probs, with and without grouped prefill; sampled draws too."""
   graphdef = transformer.init_model(dataclasses.replace(CONFIG, scan_layers=True))[0]
-  scanned = (graphdef, transformer.stack_layers(model[1]))
+  scanned = (graphdef, layer_stacking.stack_layers(model[1]))
   prompts, mask = _prompts(seed=12)
   prompts, mask = np.repeat(prompts, group, axis=0), np.repeat(mask, group, axis=0)
   for settings in (dict(greedy=True), dict(temperature=0.8)):

@@ -1,6 +1,7 @@
-"""Reading and writing checkpoint files: HF safetensors folders and GGUF files.
+"""HF checkpoint folders: config.json, safetensors weights, and the tensor-name table.
 
-Everything here is host-side NumPy and file work; `pretrained.py` builds models from it.
+Everything here is host-side NumPy and file work; `pretrained.py` builds models from it, and
+`gguf_io.py` renames GGUF tensors to the HF names used here.
 
 Layouts. HF stores a linear map as weight[out, in] (torch `nn.Linear`) with heads flattened into
 the out (q, k, v) or in (o) axis; the transformer here stores kernel[*in, *out] with heads as
@@ -13,21 +14,13 @@ their own axes (`transformer.Projection`). The mapping of one tensor is therefor
 and the embedding, the norm scales and Qwen3's q/k norms are copied as they are.
 
 Names. HF names (`model.layers.{i}.self_attn.q_proj.weight`, ...) are the same for the Llama,
-Qwen2 and Qwen3 families; GGUF names (`blk.{i}.attn_q.weight`, ...) are renamed to HF names first
-(`GGUF_TO_HF`), so there is one table from HF names to parameter paths (`_HF_LAYER`).
+Qwen2 and Qwen3 families, so there is one table from HF names to parameter paths (`_HF_LAYER`).
 
 Layer layouts. Files always hold per-layer tensors. Paths here are per-layer,
 ("blocks", i, ...); a scanned model's stacked parameters ("blocks", ...) [L, ...] are split into
 them by `per_layer_arrays` (which `hf_tensors` applies), and stacked on load by `pretrained.py`.
-
-GGUF specifics. llama.cpp's converter permutes the rows of the Llama q and k projections (per
-head, from the rotate-half layout HF uses to interleaved pairs); `unpermute_qk` undoes it. Without
-it the logits are wrong; with it float32 logits match transformers. Qwen2 and Qwen3 files are
-written without the permutation. Quantised tensors are dequantised to float32 by the `gguf`
-package (`gguf.quants.dequantize`).
 """
 
-import dataclasses
 import glob
 import json
 import math
@@ -37,6 +30,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, T
 
 import numpy as np
 
+from rl_curriculum.model.checkpoint_errors import UnsupportedCheckpointError
+from rl_curriculum.model.checkpoint_errors import unsupported_architecture
 from rl_curriculum.model.config import ModelConfig
 
 # HF `architectures[0]` -> family. The families differ only in config fields (Qwen2: q/k/v bias;
@@ -46,8 +41,6 @@ HF_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-# GGUF `general.architecture` values read here (they are the family names).
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # Family -> (HF architecture, HF model_type) written by `hf_config`.
 _FAMILY_TO_HF = {"llama": ("LlamaForCausalLM", "llama"),
                  "qwen2": ("Qwen2ForCausalLM", "qwen2"),
@@ -55,16 +48,6 @@ _FAMILY_TO_HF = {"llama": ("LlamaForCausalLM", "llama"),
 
 # A parameter path in the model state, e.g. ("blocks", 0, "attn", "q", "kernel").
 Path = Tuple[Any, ...]
-
-
-class UnsupportedCheckpointError(ValueError):
-  """The checkpoint's architecture or one of its options is not implemented here."""
-
-
-def _unsupported_architecture(name: str, supported: Iterable[str]) -> UnsupportedCheckpointError:
-  return UnsupportedCheckpointError(
-      f"architecture {name!r} is not supported; supported: {', '.join(supported)} "
-      "(Llama incl. SmolLM2 and Llama 3, Qwen2/Qwen2.5, Qwen3).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +73,7 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32") -> Tuple[Mo
     by_type = {t: f for f, (_, t) in _FAMILY_TO_HF.items()}
     family = by_type.get(hf.get("model_type"))
   if family is None:
-    raise _unsupported_architecture(archs[0] if archs else hf.get("model_type"), HF_ARCHITECTURES)
+    raise unsupported_architecture(archs[0] if archs else hf.get("model_type"), HF_ARCHITECTURES)
 
   def unsupported(field, value):
     return UnsupportedCheckpointError(
@@ -157,7 +140,7 @@ def hf_config(config: ModelConfig, family: str, *, bos_id: Optional[int] = None,
       family (Qwen2 needs q/k/v bias, Qwen3 needs q/k norm, Llama neither).
   """
   if family not in _FAMILY_TO_HF:
-    raise _unsupported_architecture(family, _FAMILY_TO_HF)
+    raise unsupported_architecture(family, _FAMILY_TO_HF)
   wants = dict(llama=(False, False), qwen2=(True, False), qwen3=(False, True))[family]
   if (config.qkv_bias, config.qk_norm) != wants:
     raise UnsupportedCheckpointError(
@@ -206,59 +189,17 @@ def hf_config(config: ModelConfig, family: str, *, bos_id: Optional[int] = None,
                layer_types=["full_attention"] * config.num_layers)
   return out
 
-
-def config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str], *,
-                     dtype: str = "float32") -> Tuple[ModelConfig, str]:
-  """(ModelConfig, family) from GGUF metadata (`{arch}.block_count`, ...).
-
-  The output head is tied when the file has no `output.weight`.
+def family_of(config: ModelConfig) -> str:
+  """The family whose HF block `config` has: "qwen2" (q/k/v bias), "qwen3" (q/k norm), else
+  "llama"; the family `hf_config` accepts for it.
 
   Raises:
-    UnsupportedCheckpointError: `general.architecture` not in GGUF_ARCHITECTURES (listed in the
-      message), or Llama 3 rope scaling stored as a `rope_freqs` tensor (use the HF folder).
+    UnsupportedCheckpointError: both q/k/v bias and q/k norm (no family here has both).
   """
-  arch = metadata.get("general.architecture")
-  if arch not in GGUF_ARCHITECTURES:
-    raise _unsupported_architecture(arch, GGUF_ARCHITECTURES)
-  names = set(tensor_names)
-  if "rope_freqs.weight" in names:
-    raise UnsupportedCheckpointError(
-        "this GGUF stores rotary scaling as a rope_freqs tensor (Llama 3.1+), which is not read "
-        "here; load the model's HF folder instead.")
-  scaling_type = metadata.get(f"{arch}.rope.scaling.type", "none")
-  if scaling_type not in ("none", None):
-    raise UnsupportedCheckpointError(f"GGUF rope scaling {scaling_type!r} is not supported.")
-
-  def get(key, default=None):
-    value = metadata.get(f"{arch}.{key}", default)
-    if value is None:
-      raise UnsupportedCheckpointError(f"GGUF metadata lacks {arch}.{key}.")
-    return value
-
-  heads = int(get("attention.head_count"))
-  d_model = int(get("embedding_length"))
-  vocab = metadata.get(f"{arch}.vocab_size")
-  if vocab is None:
-    vocab = len(metadata["tokenizer.ggml.tokens"])
-  head_dim = metadata.get(f"{arch}.attention.key_length") or d_model // heads
-  config = ModelConfig(
-      vocab_size=int(vocab),
-      d_model=d_model,
-      num_layers=int(get("block_count")),
-      num_heads=heads,
-      num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv") or heads),
-      mlp_dim=int(get("feed_forward_length")),
-      head_dim=int(head_dim),
-      rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10_000.0)),
-      # stored as float32: 1e-5 reads back as 9.99999974738e-06; round to the written value.
-      rms_eps=float(np.format_float_positional(np.float32(get("attention.layer_norm_rms_epsilon")),
-                                               unique=True)),
-      tie_embeddings="output.weight" not in names,
-      qkv_bias=arch == "qwen2",
-      qk_norm=arch == "qwen3",
-      dtype=dtype,
-      param_dtype=dtype)
-  return config, arch
+  if config.qkv_bias and config.qk_norm:
+    raise UnsupportedCheckpointError("a config with both qkv_bias and qk_norm fits no HF "
+                                     "family here (Qwen2 has the bias, Qwen3 the norm).")
+  return "qwen2" if config.qkv_bias else "qwen3" if config.qk_norm else "llama"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,28 +230,6 @@ _HF_TOP = {
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # HF names that carry no parameter (buffers some exporters save).
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
-
-# GGUF per-layer suffix -> HF per-layer suffix, and top-level names.
-GGUF_TO_HF = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight",
-             "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}
-_GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
 def param_path(hf_name: str) -> Optional[Tuple[Path, Optional[int]]]:
@@ -379,36 +298,6 @@ def from_param_layout(array: np.ndarray, path: Path, n_in: Optional[int]) -> np.
   return array
 
 
-def permute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
-  """llama.cpp's Q/K row permutation (convert_hf_to_gguf.py, LlamaModel.permute): within each
-  head, rows [first half; second half] (rotate-half) become interleaved pairs.
-
-  w: [num_heads * head_dim, ...] -> same shape. Inverse: `unpermute_qk`.
-  """
-  head_dim = w.shape[0] // num_heads
-  return (w.reshape(num_heads, 2, head_dim // 2, *w.shape[1:]).swapaxes(1, 2)
-          .reshape(w.shape))
-
-
-def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
-  """Undoes `permute_qk`: w[num_heads * head_dim, ...] from llama.cpp's interleaved rows back to
-  HF's rotate-half rows. num_heads is the head count of that projection (kv heads for k)."""
-  head_dim = w.shape[0] // num_heads
-  return (w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2)
-          .reshape(w.shape))
-
-
-def gguf_to_hf_name(name: str) -> Optional[str]:
-  """HF name of a GGUF tensor name; None for tensors that carry no parameter (rope_freqs)."""
-  if name == "rope_freqs.weight":
-    return None
-  if name in _GGUF_TOP:
-    return _GGUF_TOP[name]
-  match = _GGUF_LAYER_RE.match(name)
-  if match and match.group(2) in GGUF_TO_HF:
-    return f"model.layers.{match.group(1)}.{GGUF_TO_HF[match.group(2)]}"
-  raise UnsupportedCheckpointError(f"unexpected GGUF tensor {name!r}.")
-
 
 # ---------------------------------------------------------------------------------------------
 # Readers.
@@ -452,51 +341,6 @@ def iter_safetensors(folder: str) -> Iterator[Tuple[str, np.ndarray]]:
       for name in f.keys():
         yield name, f.get_tensor(name)
 
-
-@dataclasses.dataclass
-class GGUFFile:
-  """An opened GGUF file: metadata values and a tensor reader (the file is memory-mapped)."""
-  path: str
-  metadata: Dict[str, Any]         # every key-value field, decoded to Python values
-  tensor_names: Tuple[str, ...]    # in file order
-  _reader: Any = dataclasses.field(repr=False, default=None)
-
-  def tensors(self, family: str, config: ModelConfig) -> Iterator[Tuple[str, np.ndarray]]:
-    """(HF name, float32 array in HF layout) per tensor, dequantised, Q/K un-permuted for Llama."""
-    from gguf import quants  # pylint: disable=import-outside-toplevel
-    for tensor in self._reader.tensors:
-      name = gguf_to_hf_name(tensor.name)
-      if name is None:
-        continue
-      w = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
-      if family == "llama" and name.endswith("self_attn.q_proj.weight"):
-        w = unpermute_qk(w, config.num_heads)
-      elif family == "llama" and name.endswith("self_attn.k_proj.weight"):
-        w = unpermute_qk(w, config.num_kv_heads)
-      yield name, w
-
-
-def read_gguf(path: str) -> GGUFFile:
-  """Opens a GGUF file with the `gguf` package and decodes its metadata.
-
-  Raises:
-    FileNotFoundError: no such file. ValueError: not a GGUF file.
-  """
-  import gguf  # pylint: disable=import-outside-toplevel
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"no GGUF file at {path}.")
-  try:
-    reader = gguf.GGUFReader(path)
-  except (ValueError, OSError) as e:
-    raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
-  metadata = {}
-  for key, field in reader.fields.items():
-    if key.startswith("GGUF."):
-      continue
-    value = field.contents()
-    metadata[key] = value
-  return GGUFFile(path=path, metadata=metadata,
-                  tensor_names=tuple(t.name for t in reader.tensors), _reader=reader)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tests of rl_curriculum/model/checkpoint_io.py (no torch needed)."""
+"""Tests of rl_curriculum/model/hf_io.py (no torch needed)."""
 
 import json
 import os
@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from rl_curriculum.model import checkpoint_io
+from rl_curriculum.model import hf_io
+from rl_curriculum.model.checkpoint_errors import UnsupportedCheckpointError
 from rl_curriculum.model.config import ModelConfig
 
 LLAMA_HF = {
@@ -18,30 +19,6 @@ LLAMA_HF = {
 }
 
 
-# --- Q/K permutation ------------------------------------------------------------------------------
-
-
-def _loop_permute(w, num_heads):
-  """llama.cpp's permutation written row by row: within a head of width d, output row 2i is
-  input row i and output row 2i + 1 is input row d/2 + i."""
-  d = w.shape[0] // num_heads
-  out = np.empty_like(w)
-  for h in range(num_heads):
-    for i in range(d // 2):
-      out[h * d + 2 * i] = w[h * d + i]
-      out[h * d + 2 * i + 1] = w[h * d + d // 2 + i]
-  return out
-
-
-@pytest.mark.parametrize("num_heads,head_dim", [(1, 2), (3, 8), (4, 64)])
-def test_permute_matches_row_loop_and_unpermute_inverts_it(num_heads, head_dim):
-  w = np.random.default_rng(0).normal(size=(num_heads * head_dim, 5)).astype(np.float32)
-  permuted = checkpoint_io.permute_qk(w, num_heads)
-  np.testing.assert_array_equal(permuted, _loop_permute(w, num_heads))
-  np.testing.assert_array_equal(checkpoint_io.unpermute_qk(permuted, num_heads), w)
-  assert not np.array_equal(permuted, w) or head_dim == 2
-
-
 # --- layouts --------------------------------------------------------------------------------------
 
 
@@ -49,43 +26,42 @@ def test_q_kernel_layout_against_index_loop():
   h, hd, d = 3, 4, 5
   w = np.random.default_rng(1).normal(size=(h * hd, d)).astype(np.float32)  # HF [out, in]
   path = ("blocks", 0, "attn", "q", "kernel")
-  kernel = checkpoint_io.to_param_layout(w, path, 1, (d, h, hd))
+  kernel = hf_io.to_param_layout(w, path, 1, (d, h, hd))
   for i in range(d):
     for head in range(h):
       for j in range(hd):
         assert kernel[i, head, j] == w[head * hd + j, i]
-  np.testing.assert_array_equal(checkpoint_io.from_param_layout(kernel, path, 1), w)
+  np.testing.assert_array_equal(hf_io.from_param_layout(kernel, path, 1), w)
 
 
 def test_o_kernel_layout_against_index_loop():
   h, hd, d = 3, 4, 5
   w = np.random.default_rng(2).normal(size=(d, h * hd)).astype(np.float32)  # HF [out, in]
   path = ("blocks", 1, "attn", "o", "kernel")
-  kernel = checkpoint_io.to_param_layout(w, path, 2, (h, hd, d))
+  kernel = hf_io.to_param_layout(w, path, 2, (h, hd, d))
   for head in range(h):
     for j in range(hd):
       for i in range(d):
         assert kernel[head, j, i] == w[i, head * hd + j]
-  np.testing.assert_array_equal(checkpoint_io.from_param_layout(kernel, path, 2), w)
+  np.testing.assert_array_equal(hf_io.from_param_layout(kernel, path, 2), w)
 
 
 def test_bias_head_and_vector_layouts_round_trip():
   rng = np.random.default_rng(3)
   bias = rng.normal(size=(12,)).astype(np.float32)
   path = ("blocks", 0, "attn", "k", "bias")
-  ours = checkpoint_io.to_param_layout(bias, path, None, (3, 4))
+  ours = hf_io.to_param_layout(bias, path, None, (3, 4))
   assert ours[2, 1] == bias[2 * 4 + 1]
-  np.testing.assert_array_equal(checkpoint_io.from_param_layout(ours, path, None), bias)
+  np.testing.assert_array_equal(hf_io.from_param_layout(ours, path, None), bias)
   head = rng.normal(size=(7, 5)).astype(np.float32)  # lm_head [V, D]
-  ours = checkpoint_io.to_param_layout(head, ("head",), None, (5, 7))
+  ours = hf_io.to_param_layout(head, ("head",), None, (5, 7))
   np.testing.assert_array_equal(ours, head.T)
-  np.testing.assert_array_equal(checkpoint_io.from_param_layout(ours, ("head",), None), head)
+  np.testing.assert_array_equal(hf_io.from_param_layout(ours, ("head",), None), head)
 
 
 def test_shape_mismatch_names_the_parameter():
   with pytest.raises(ValueError, match="blocks/0/attn/q/kernel"):
-    checkpoint_io.to_param_layout(np.zeros((4, 4)), ("blocks", 0, "attn", "q", "kernel"), 1,
-                                  (4, 2, 3))
+    hf_io.to_param_layout(np.zeros((4, 4)), ("blocks", 0, "attn", "q", "kernel"), 1, (4, 2, 3))
 
 
 def test_names_map_both_ways_for_every_parameter_of_each_family():
@@ -95,27 +71,18 @@ def test_names_map_both_ways_for_every_parameter_of_each_family():
                             tie_embeddings=False)
   _, state = pretrained.abstract_params(config)
   for path, _ in nnx.to_flat_state(state):
-    name, n_in = checkpoint_io.hf_name(path)
-    assert checkpoint_io.param_path(name) == (tuple(path), n_in)
-  assert checkpoint_io.param_path("model.layers.0.self_attn.rotary_emb.inv_freq") is None
-  with pytest.raises(checkpoint_io.UnsupportedCheckpointError, match="unexpected tensor"):
-    checkpoint_io.param_path("model.layers.0.mlp.experts.0.w1.weight")
-
-
-def test_gguf_names():
-  assert checkpoint_io.gguf_to_hf_name("token_embd.weight") == "model.embed_tokens.weight"
-  assert (checkpoint_io.gguf_to_hf_name("blk.11.attn_output.weight")
-          == "model.layers.11.self_attn.o_proj.weight")
-  assert (checkpoint_io.gguf_to_hf_name("blk.0.attn_k_norm.weight")
-          == "model.layers.0.self_attn.k_norm.weight")
-  assert checkpoint_io.gguf_to_hf_name("rope_freqs.weight") is None
+    name, n_in = hf_io.hf_name(path)
+    assert hf_io.param_path(name) == (tuple(path), n_in)
+  assert hf_io.param_path("model.layers.0.self_attn.rotary_emb.inv_freq") is None
+  with pytest.raises(UnsupportedCheckpointError, match="unexpected tensor"):
+    hf_io.param_path("model.layers.0.mlp.experts.0.w1.weight")
 
 
 # --- configs --------------------------------------------------------------------------------------
 
 
 def test_config_from_hf_reads_llama_fields():
-  config, family = checkpoint_io.config_from_hf(LLAMA_HF)
+  config, family = hf_io.config_from_hf(LLAMA_HF)
   assert family == "llama"
   assert (config.vocab_size, config.d_model, config.num_layers, config.num_heads,
           config.num_kv_heads, config.mlp_dim, config.head_dim) == (100, 32, 2, 4, 2, 48, 8)
@@ -128,24 +95,23 @@ def test_config_from_hf_legacy_rope_keys_and_llama3_scaling():
   hf.update(rope_theta=500000.0, rope_scaling={
       "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
       "original_max_position_embeddings": 64})
-  config, _ = checkpoint_io.config_from_hf(hf)
+  config, _ = hf_io.config_from_hf(hf)
   assert config.rope_theta == 500000.0
   assert (config.rope_scaling_factor, config.rope_low_freq_factor, config.rope_high_freq_factor,
           config.rope_original_max_len) == (8.0, 1.0, 4.0, 64)
 
 
 def test_config_from_hf_families():
-  qwen2, family = checkpoint_io.config_from_hf(dict(LLAMA_HF, architectures=["Qwen2ForCausalLM"]))
+  qwen2, family = hf_io.config_from_hf(dict(LLAMA_HF, architectures=["Qwen2ForCausalLM"]))
   assert family == "qwen2" and qwen2.qkv_bias and not qwen2.qk_norm
-  qwen3, family = checkpoint_io.config_from_hf(
+  qwen3, family = hf_io.config_from_hf(
       dict(LLAMA_HF, architectures=["Qwen3ForCausalLM"], head_dim=16))
   assert family == "qwen3" and qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 16
 
 
 def test_unknown_architecture_lists_supported_ones():
-  with pytest.raises(checkpoint_io.UnsupportedCheckpointError) as info:
-    checkpoint_io.config_from_hf(dict(LLAMA_HF, architectures=["GPT2LMHeadModel"],
-                                      model_type="gpt2"))
+  with pytest.raises(UnsupportedCheckpointError) as info:
+    hf_io.config_from_hf(dict(LLAMA_HF, architectures=["GPT2LMHeadModel"], model_type="gpt2"))
   message = str(info.value)
   assert "GPT2LMHeadModel" in message
   for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
@@ -157,8 +123,8 @@ def test_unknown_architecture_lists_supported_ones():
     ("use_sliding_window", True), ("rope_parameters", {"rope_type": "yarn", "factor": 2.0}),
 ])
 def test_unsupported_options_are_named(field, value):
-  with pytest.raises(checkpoint_io.UnsupportedCheckpointError, match=field.split("_")[0]):
-    checkpoint_io.config_from_hf(dict(LLAMA_HF, **{field: value}))
+  with pytest.raises(UnsupportedCheckpointError, match=field.split("_")[0]):
+    hf_io.config_from_hf(dict(LLAMA_HF, **{field: value}))
 
 
 @pytest.mark.parametrize("family,overrides", [
@@ -170,31 +136,16 @@ def test_unsupported_options_are_named(field, value):
 def test_hf_config_round_trips(family, overrides):
   config = ModelConfig.tiny(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                             mlp_dim=48, rms_eps=1e-5, rope_theta=1234.0, **overrides)
-  hf = json.loads(json.dumps(checkpoint_io.hf_config(config, family, eos_id=3)))
-  assert checkpoint_io.config_from_hf(hf) == (config, family)
+  hf = json.loads(json.dumps(hf_io.hf_config(config, family, eos_id=3)))
+  assert hf_io.config_from_hf(hf) == (config, family)
+  assert hf_io.family_of(config) == family
 
 
 def test_hf_config_refuses_a_block_of_another_family():
-  with pytest.raises(checkpoint_io.UnsupportedCheckpointError, match="qwen2"):
-    checkpoint_io.hf_config(ModelConfig.tiny(vocab_size=8), "qwen2")
-
-
-def test_config_from_gguf():
-  metadata = {
-      "general.architecture": "llama", "llama.block_count": 30, "llama.embedding_length": 576,
-      "llama.feed_forward_length": 1536, "llama.attention.head_count": 9,
-      "llama.attention.head_count_kv": 3, "llama.rope.freq_base": 100000.0,
-      "llama.attention.layer_norm_rms_epsilon": float(np.float32(1e-5)), "llama.vocab_size": 49152,
-  }
-  config, family = checkpoint_io.config_from_gguf(metadata, ["token_embd.weight"])
-  assert family == "llama"
-  assert config == ModelConfig.smollm2_135m()
-  untied, _ = checkpoint_io.config_from_gguf(metadata, ["token_embd.weight", "output.weight"])
-  assert not untied.tie_embeddings
-  with pytest.raises(checkpoint_io.UnsupportedCheckpointError, match="qwen2, qwen3"):
-    checkpoint_io.config_from_gguf(dict(metadata, **{"general.architecture": "phi3"}), [])
-  with pytest.raises(checkpoint_io.UnsupportedCheckpointError, match="rope_freqs"):
-    checkpoint_io.config_from_gguf(metadata, ["rope_freqs.weight"])
+  with pytest.raises(UnsupportedCheckpointError, match="qwen2"):
+    hf_io.hf_config(ModelConfig.tiny(vocab_size=8), "qwen2")
+  with pytest.raises(UnsupportedCheckpointError, match="qkv_bias and qk_norm"):
+    hf_io.family_of(ModelConfig.tiny(vocab_size=8, qkv_bias=True, qk_norm=True))
 
 
 # --- files ----------------------------------------------------------------------------------------
@@ -206,28 +157,28 @@ def test_write_and_read_safetensors_sharded_and_bfloat16(tmp_path):
   tensors = {f"model.layers.{i}.mlp.up_proj.weight": rng.normal(size=(16, 8)).astype(np.float32)
              for i in range(5)}
   tensors["model.norm.weight"] = rng.normal(size=(8,)).astype(ml_dtypes.bfloat16)
-  paths = checkpoint_io.write_safetensors(tensors, str(tmp_path), max_shard_bytes=1100)
+  paths = hf_io.write_safetensors(tensors, str(tmp_path), max_shard_bytes=1100)
   assert len(paths) > 1
   assert os.path.isfile(tmp_path / "model.safetensors.index.json")
-  read = dict(checkpoint_io.iter_safetensors(str(tmp_path)))
+  read = dict(hf_io.iter_safetensors(str(tmp_path)))
   assert sorted(read) == sorted(tensors)
   for name, value in tensors.items():
     assert read[name].dtype == value.dtype
     np.testing.assert_array_equal(read[name], value)
   one = tmp_path / "one"
-  assert checkpoint_io.write_safetensors(tensors, str(one)) == [str(one / "model.safetensors")]
+  assert hf_io.write_safetensors(tensors, str(one)) == [str(one / "model.safetensors")]
 
 
 def test_missing_weights_say_what_to_do(tmp_path):
   with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-    checkpoint_io.safetensors_files(str(tmp_path))
+    hf_io.safetensors_files(str(tmp_path))
   (tmp_path / "pytorch_model.bin").write_bytes(b"")
   with pytest.raises(FileNotFoundError, match="convert them"):
-    checkpoint_io.safetensors_files(str(tmp_path))
+    hf_io.safetensors_files(str(tmp_path))
   (tmp_path / "model.safetensors.index.json").write_text(
       json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
   with pytest.raises(FileNotFoundError, match="every shard"):
-    checkpoint_io.safetensors_files(str(tmp_path))
+    hf_io.safetensors_files(str(tmp_path))
 
 
 def test_fill_state_reports_missing_and_skips_tied_head():
@@ -235,12 +186,12 @@ def test_fill_state_reports_missing_and_skips_tied_head():
   place = lambda path, x: x  # pylint: disable=unnecessary-lambda-assignment
   tensors = [("model.embed_tokens.weight", np.ones((4, 2))), ("lm_head.weight", np.ones((4, 2))),
              ("model.norm.weight", np.ones(2))]
-  out = checkpoint_io.fill_state(abstract, tensors, place)
+  out = hf_io.fill_state(abstract, tensors, place)
   assert sorted(out) == sorted(abstract)
   with pytest.raises(ValueError, match="model.norm.weight"):
-    checkpoint_io.fill_state(abstract, tensors[:1], place)
+    hf_io.fill_state(abstract, tensors[:1], place)
   with pytest.raises(ValueError, match="twice"):
-    checkpoint_io.fill_state(abstract, tensors + tensors[:1], place)
+    hf_io.fill_state(abstract, tensors + tensors[:1], place)
 
 
 def test_stacked_parameters_give_the_per_layer_tensors():
@@ -254,15 +205,15 @@ def test_stacked_parameters_give_the_per_layer_tensors():
   stacked = {p: v for p, v in per_layer.items() if p[0] != "blocks"}
   for sub in (("attn", "o", "kernel"), ("attn_norm", "scale")):
     stacked[("blocks",) + sub] = np.stack([per_layer[("blocks", i) + sub] for i in range(3)])
-  assert checkpoint_io.is_stacked(("blocks", "attn", "o", "kernel"))
-  assert not checkpoint_io.is_stacked(("blocks", 0, "attn", "o", "kernel"))
-  assert not checkpoint_io.is_stacked(("embed",))
-  split = checkpoint_io.per_layer_arrays(stacked)
+  assert hf_io.is_stacked(("blocks", "attn", "o", "kernel"))
+  assert not hf_io.is_stacked(("blocks", 0, "attn", "o", "kernel"))
+  assert not hf_io.is_stacked(("embed",))
+  split = hf_io.per_layer_arrays(stacked)
   assert sorted(split, key=str) == sorted(per_layer, key=str)
   for path, value in per_layer.items():
     np.testing.assert_array_equal(split[path], value)
-  expected = checkpoint_io.hf_tensors(per_layer)
-  got = checkpoint_io.hf_tensors(stacked)
+  expected = hf_io.hf_tensors(per_layer)
+  got = hf_io.hf_tensors(stacked)
   assert sorted(got) == sorted(expected) and "model.layers.2.self_attn.o_proj.weight" in got
   for name, value in expected.items():
     np.testing.assert_array_equal(got[name], value)
