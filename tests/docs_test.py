@@ -16,7 +16,7 @@ from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.examples import target_success as example
 from rl_curriculum.train import builders
-from rl_curriculum.types import Feedback
+import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -40,14 +40,6 @@ def test_howto_quotes_the_example_file_verbatim():
   assert match.group(1) == _read(*EXAMPLE.split("/"))
 
 
-def _feedback(prompt_ids, arms, correct, valid=None):
-  correct = np.asarray(correct, bool)
-  return Feedback(prompt_ids=jnp.asarray(prompt_ids, jnp.int32), arms=jnp.asarray(arms, jnp.int32),
-                  rewards=jnp.asarray(correct, jnp.float32), correct=jnp.asarray(correct),
-                  advantages=jnp.zeros(correct.shape, jnp.float32),
-                  valid=None if valid is None else jnp.asarray(valid, bool))
-
-
 @pytest.mark.parametrize("jit", [False, True])
 def test_target_success_update_by_hand(jit):
   # Pool: arms 0, 0, 1, 1, 2, 2 (three arms of two prompts). Step: two prompts of arm 0 and one
@@ -56,9 +48,8 @@ def test_target_success_update_by_hand(jit):
   cur = example.target_success(pool, batch_size=3, target=0.5, rate=0.25, temperature=0.2)
   update = jax.jit(cur.update) if jit else cur.update
   state = cur.init(pool, jax.random.key(0))
-  fb = _feedback([0, 1, 4], [0, 0, 2],
-                 [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]],
-                 valid=[[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])
+  fb = test_util.feedback([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]], ids=[0, 1, 4],
+                          arms=[0, 0, 2], valid=[[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])
   state, metrics = update(state, fb)
   # Arm 0: 5 of 8 right -> 0.625; arm 2: 0 of 3 valid right -> 0.0; arm 1 keeps 0.5.
   expected = [0.5 + 0.25 * (0.625 - 0.5), 0.5, 0.5 + 0.25 * (0.0 - 0.5)]
