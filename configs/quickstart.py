@@ -16,7 +16,7 @@ held-out problems (too few to compare), three-term and out-of-distribution bins 
 beyond noise on unseen problems, while batch accuracy on the practised prompts rises 66% -> 74%.
 The warm start's numbers move by several points from machine to machine (float rounding differs
 with the thread count and grows over 1,500 steps).
-Overrides: --config.rl.steps=50 --config.curriculum.name=uniform ...
+Overrides: --config.rl.steps=50 --config.curriculum.name=uniform --config.curriculum.options={}
 """
 
 import ml_collections
@@ -87,6 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.eps_high = 0.28              # Clip-Higher above 1
   c.rl.level = "token"              # token (PPO) | sequence (GSPO)
   c.rl.aggregation = "token_mean"   # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+                                    # (dr_grpo requires seq_mean_token_sum_norm)
   c.rl.kl_coef = 0.0                # KL-to-reference loss coefficient (beta)
   c.rl.kl_estimator = "k3"          # k2 | k3 as a loss (k1's gradient has zero mean): k2's
                                     # gradient is that of KL(pi || ref), k3's that of KL(ref || pi)
@@ -102,6 +103,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.vf_coef = 0.5                # ppo: value-loss weight
   c.rl.vf_clip = 0.2                # ppo: value clipping range
   c.rl.value_detach = True          # ppo: the value loss trains the head only, never the policy
+  c.rl.dual_clip = 0.0              # dual-clip PPO: a negative-advantage token's loss is at most
+                                    # -dual_clip * A (0 = off, else > 1, e.g. 3)
+  c.rl.entropy_coef = 0.0           # entropy bonus: loss -= coef * entropy, aggregated like the
+                                    # policy loss (0 = off)
+  c.rl.tis_cap = 0.0                # truncated importance sampling: advantages times
+                                    # min(pi_old / pi_sampler, cap) per token (0 = off, e.g. 2)
+  c.rl.capo_positive_steps = 0      # CAPO: first updates learn from positive advantages only
+  c.rl.capo_ramp_steps = 0          # CAPO: then negative ones phase in over this many updates
+                                    # (both 0 = off)
+  c.rl.grpo_std = "population"      # grpo: population (divide by n) | sample (n - 1) group std;
+                                    # other algorithms ignore it
+  c.rl.kl_reward_coef = 0.0         # KL to the reference in the reward (beta): PPO's token
+                                    # rewards lose beta * k1 each, a group estimator's completion
+                                    # rewards beta * sum k1 (0 = off; on costs a reference pass)
 
   c.curriculum = ml_collections.ConfigDict()
   c.curriculum.name = "sec"         # see rl_curriculum.train.builders.CURRICULA

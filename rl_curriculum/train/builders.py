@@ -145,6 +145,28 @@ def _validate_rl(rl: ml_collections.ConfigDict) -> None:
                 "vf_clip"):
     if getattr(rl, field) < 0:
       _fail(f"rl.{field}", f"must be >= 0, got {getattr(rl, field)}")
+  _validate_rl_methods(rl)
+
+
+def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
+  """config.rl's optional loss-side methods: dual clip, entropy bonus, truncated importance
+  sampling, CAPO, GRPO's std, Dr. GRPO's aggregation and the KL in the reward."""
+  if rl.algorithm == "dr_grpo" and rl.aggregation != rl_step.DR_GRPO_AGGREGATION:
+    _fail("rl.aggregation", f"rl.algorithm='dr_grpo' needs rl.aggregation="
+          f"{rl_step.DR_GRPO_AGGREGATION!r}, got {rl.aggregation!r}: Dr. GRPO removes the "
+          "per-completion length normalisation (every token sum is divided by one constant, "
+          "rl.max_new_tokens)")
+  if rl.dual_clip != 0 and not rl.dual_clip > 1:
+    _fail("rl.dual_clip", f"must be 0 (off) or > 1, got {rl.dual_clip}")
+  for field in ("entropy_coef", "tis_cap", "kl_reward_coef"):
+    if getattr(rl, field) < 0:
+      _fail(f"rl.{field}", f"must be >= 0 (0 = off), got {getattr(rl, field)}")
+  for field in ("capo_positive_steps", "capo_ramp_steps"):
+    value = getattr(rl, field)
+    if not isinstance(value, int) or value < 0:
+      _fail(f"rl.{field}", f"must be a whole number >= 0, got {value!r}")
+  if rl.grpo_std not in rl_step.GRPO_STDS:
+    _fail("rl.grpo_std", f"must be one of {rl_step.GRPO_STDS}, got {rl.grpo_std!r}")
 
 
 def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> None:
@@ -303,4 +325,7 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
       kl_estimator=rl.kl_estimator, ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None,
       whiten_rewards=rl.whiten_rewards, curriculum_feedback=config.curriculum.feedback,
       gamma=rl.gamma, lam=rl.lam, vf_coef=rl.vf_coef, vf_clip=rl.vf_clip,
-      value_detach=rl.value_detach)
+      value_detach=rl.value_detach, dual_clip=float(rl.dual_clip),
+      entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap),
+      capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
+      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef))

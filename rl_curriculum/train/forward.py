@@ -115,16 +115,17 @@ def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, gr
                        chunk_size=chunk_size)[0]
 
 
-def _head_block(graphdef, params, hidden, tokens, temperature):
-  """(log-probs, entropies) f32[B, c] of one chunk of positions; the entropy has no gradient."""
+def _head_block(graphdef, params, hidden, tokens, temperature, entropy_grad):
+  """(log-probs, entropies) f32[B, c] of one chunk of positions; the entropy has a gradient only
+  with `entropy_grad`."""
   logits = scaled_logits(graphdef, params, hidden, temperature)
   logp = logprobs_lib.token_logprobs(logits, tokens)
-  return logp, logprobs_lib.token_entropy(jax.lax.stop_gradient(logits))
+  return logp, logprobs_lib.token_entropy(logits if entropy_grad else jax.lax.stop_gradient(logits))
 
 
 def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
                   temperature: float = 1.0, chunk_size: Optional[int] = None,
-                  constrain: Optional[Callable[[Any], Any]] = None
+                  constrain: Optional[Callable[[Any], Any]] = None, entropy_grad: bool = False
                   ) -> Tuple[jax.Array, jax.Array]:
   """Log-probs and entropies of the tokens under softmax(head(hidden) / temperature), without the
   [B, T, V] logits.
@@ -144,16 +145,18 @@ def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
     constrain: applied to each chunk's (hidden [B, c, D], tokens [B, c]) inside the scan, e.g. a
       sharding constraint that keeps the rows over the batch axes (the scan's layout change can
       otherwise leave every chunk's rows whole on each device).
+    entropy_grad: static; whether the entropy is differentiable (an entropy bonus in the loss).
+      Without it the entropy carries no gradient (a metric), and no backward pass goes through it.
 
   Returns:
-    (logp f32[B, T], entropy f32[B, T]); the entropy carries no gradient.
+    (logp f32[B, T], entropy f32[B, T]).
 
   Raises:
     ValueError: chunk_size < 1.
   """
   b, t = tokens.shape
   if chunk_size is None or chunk_size >= t:
-    return _head_block(graphdef, params, hidden, tokens, temperature)
+    return _head_block(graphdef, params, hidden, tokens, temperature, entropy_grad)
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
   n = -(-t // chunk_size)
@@ -165,7 +168,7 @@ def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
 
   @jax.checkpoint
   def block(prm, h, tok):
-    return _head_block(graphdef, prm, h, tok, temperature)
+    return _head_block(graphdef, prm, h, tok, temperature, entropy_grad)
 
   def body(carry, xs):
     return carry, block(params, *(xs if constrain is None else constrain(xs)))

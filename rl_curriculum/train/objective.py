@@ -25,13 +25,16 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
                      mesh: Any = None) -> tuple[jax.Array, dict]:
   """Phase 3: loss f32[] and metrics of one minibatch `view` (whole groups of `group` rows).
 
-  loss = policy_loss + kl_coef * KL + vf_coef * value_loss (each term present only when
-  configured). The KL term is aggregated over tokens like the policy loss (`config.aggregation`).
-  Tokens whose old and sampler log-probs differ by more than `ratio_guard` nats are dropped from
-  every term. The output head runs `config.logits_chunk` positions at a time.
+  loss = policy_loss + kl_coef * KL - entropy_coef * entropy + vf_coef * value_loss (each term
+  present only when configured). The KL and entropy terms are aggregated over tokens like the
+  policy loss (`config.aggregation`). The policy loss is dual-clipped with `dual_clip` > 1, and
+  with `tis_cap` > 0 its per-token advantages are weighted by truncated importance weights
+  against the sampler (`truncated_is`). Tokens whose old and sampler log-probs differ by more
+  than `ratio_guard` nats are dropped from every term. The output head runs
+  `config.logits_chunk` positions at a time.
 
   With `normaliser` = {"policy": f32[], "tokens": f32[]} (a microbatch of a larger minibatch, see
-  `accumulated_gradients`) the policy and KL terms divide by the minibatch's aggregation
+  `accumulated_gradients`) the policy, KL and entropy terms divide by the minibatch's aggregation
   normaliser and the value loss by the minibatch's token count, so the microbatches' losses sum to
   the minibatch's (exactly when no ratio guard drops tokens; the guard's dropped tokens still count
   in the minibatch's normaliser).
@@ -54,7 +57,8 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   logp, entropy = forward.head_logprobs(graphdef, params, hidden, view.tokens,
                                         temperature=config.temperature,
                                         chunk_size=config.logits_chunk or None,
-                                        constrain=forward.row_constraint(mesh))
+                                        constrain=forward.row_constraint(mesh),
+                                        entropy_grad=config.entropy_coef > 0)
   old = jax.lax.stop_gradient(logp) if view.logp_old is None else view.logp_old
   norm = normaliser or {"policy": None, "tokens": None}
   m, guard_frac = view.mask, jnp.zeros(())
@@ -62,15 +66,23 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
     # Tokens where sampler and trainer disagree wildly (numerics, stale weights) are dropped.
     m, guard_frac = stability.ratio_guard(old, view.sampler_logprobs, m,
                                           max_log_ratio=config.ratio_guard)
+  advantages, tis_metrics = view.advantages, {}
+  if config.tis_cap > 0:
+    advantages, tis_metrics = truncated_is(advantages, old, view.sampler_logprobs, m,
+                                           cap=config.tis_cap)
   pg_loss, metrics = losses.policy_loss(
-      logp, old, view.advantages, m, eps_low=config.eps_low, eps_high=config.eps_high,
+      logp, old, advantages, m, eps_low=config.eps_low, eps_high=config.eps_high,
       level=config.level, aggregation=config.aggregation, max_tokens=config.max_tokens,
-      normaliser=norm["policy"])
+      normaliser=norm["policy"], dual_clip=config.dual_clip or None)
   loss = pg_loss
-  metrics = {**metrics, "pg_loss": pg_loss, "ratio_guard_frac": guard_frac,
+  metrics = {**metrics, **tis_metrics, "pg_loss": pg_loss, "ratio_guard_frac": guard_frac,
              "sampler_logp_gap": losses.masked_mean(jnp.abs(old - view.sampler_logprobs), m),
              "entropy": losses.masked_mean(entropy, m)}
-  if view.logp_ref is not None:  # (kl_coef = 0: no reference pass, and no "kl" metric)
+  if config.entropy_coef > 0:
+    bonus = entropy_term(entropy, m, config, norm["policy"])
+    loss = loss - config.entropy_coef * bonus
+    metrics["entropy_bonus"] = bonus
+  if config.kl_coef != 0:  # (no "kl" metric without the term)
     kl = losses.aggregate(
         losses.kl_divergence(logp, view.logp_ref, estimator=config.kl_estimator), m,
         config.aggregation, config.max_tokens, norm["policy"])
@@ -87,6 +99,34 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   return loss, {**metrics, "logp_old": old}
 
 
+def truncated_is(advantages: jax.Array, logp_old: jax.Array, sampler_logprobs: jax.Array,
+                 mask: jax.Array, *, cap: float) -> tuple[jax.Array, dict]:
+  """Per-token advantages f32[B, T] times the truncated importance weights
+  w = min(pi_old / pi_sampler, cap) of the sampled tokens (`losses.truncated_is_weights`), which
+  correct the loss for the sampler's numerics differing from the trainer's; and the metrics
+  "tis_weight_mean" (masked mean of w) and "tis_truncated_frac" (masked share of tokens whose
+  weight the cap truncated).
+
+  Reference: Yao et al. (2025), "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+  Training", https://fengyao.notion.site/off-policy-rl.
+  """
+  w = losses.truncated_is_weights(logp_old, sampler_logprobs, cap=cap)
+  return advantages * w, {
+      "tis_weight_mean": losses.masked_mean(w, mask),
+      "tis_truncated_frac": losses.masked_mean((w >= cap).astype(jnp.float32), mask)}
+
+
+def entropy_term(entropy: jax.Array, mask: jax.Array, config: LearnConfig,
+                 normaliser: Optional[jax.Array]) -> jax.Array:
+  """f32[] the entropy bonus `losses.entropy_bonus` aggregated like the policy loss; with the
+  `normaliser` of a larger minibatch (`accumulated_gradients`), this microbatch's share of it."""
+  bonus = losses.entropy_bonus(entropy, mask, aggregation=config.aggregation,
+                               max_tokens=config.max_tokens)
+  if normaliser is None:
+    return bonus
+  return bonus * losses.aggregation_normaliser(mask, config.aggregation) / normaliser
+
+
 # --- 4. Optimizer steps over minibatches --------------------------------------------------------
 
 
@@ -98,7 +138,7 @@ def minibatch_rows(key: jax.Array, num_prompts: int, group: int, minibatches: in
 
 # Objective terms that microbatches add up (each already divided by the minibatch's normaliser);
 # metrics named *_max take the maximum; every other metric is a token-weighted mean.
-_SUMMED_TERMS = ("pg_loss", "kl", "value_loss")
+_SUMMED_TERMS = ("pg_loss", "kl", "value_loss", "entropy_bonus")
 
 
 def accumulated_gradients(objective: Callable, trained: Any, minibatch: TrainView, *, group: int,

@@ -9,7 +9,8 @@
                 default, see `LearnConfig.curriculum_feedback`); then `Curriculum.update`.
   2. view       `train_view`: the P trained groups as B = P * G rows (`TrainView`): per-token
                 advantages, mask, the old policy's and the reference's log-probs, values and
-                returns (PPO).
+                returns (PPO); the KL penalty in the reward (`kl_reward_coef`), and CAPO's
+                weights on negative advantages (`advantage_curriculum`).
   3. objective  `objective.policy_objective`: loss and metrics of one minibatch of rows (the only
                 function that differentiates the policy).
   4. updates    `objective.minibatch_updates`: `epochs` passes of `minibatches` optimizer steps
@@ -27,8 +28,10 @@ runs a group's prompt once and its G completions on the prompt's shared keys and
   old policy   only when there is more than one optimizer step per batch (epochs x minibatches
                > 1) or a critic (PPO); with one step the old policy is the policy being
                differentiated, and logp_old = stop_gradient(logp) inside the loss (the same
-               values, one forward pass fewer).
-  reference    only when kl_coef != 0; otherwise there is no "kl" metric (not measured).
+               values, one forward pass fewer); a KL in the reward (kl_reward_coef) needs it
+               too.
+  reference    only when kl_coef != 0 or kl_reward_coef != 0; without kl_coef there is no
+               "kl" metric (not measured).
   policy       forward and backward, once per minibatch (per microbatch with gradient
                accumulation, `objective.accumulated_gradients`).
   new policy   only when max_kl is set: one forward pass with the updated parameters, for the
@@ -61,18 +64,19 @@ from rl_curriculum.rl import losses
 from rl_curriculum.rl import stability
 from rl_curriculum.train import forward
 from rl_curriculum.train.objective import minibatch_updates
-from rl_curriculum.train.rl_types import (ADVANTAGES, CURRICULUM_FEEDBACK, KL_LOSS_ESTIMATORS,
-                                          Batch, GroupScores, LearnConfig, TrainState, TrainView,
-                                          check_config)
+from rl_curriculum.train.rl_types import (ADVANTAGES, CURRICULUM_FEEDBACK, DR_GRPO_AGGREGATION,
+                                          GRPO_STDS, KL_LOSS_ESTIMATORS, Batch, GroupScores,
+                                          LearnConfig, TrainState, TrainView, check_config)
 from rl_curriculum.types import Feedback
 
 # The step's types and constants live in rl_types; they are part of this module's interface.
 __all__ = [
-    "ADVANTAGES", "CURRICULUM_FEEDBACK", "KL_LOSS_ESTIMATORS", "Batch", "GroupScores",
-    "LearnConfig", "TrainState", "TrainView", "check_config",
+    "ADVANTAGES", "CURRICULUM_FEEDBACK", "DR_GRPO_AGGREGATION", "GRPO_STDS", "KL_LOSS_ESTIMATORS",
+    "Batch", "GroupScores", "LearnConfig", "TrainState", "TrainView", "check_config",
     "row_blocks", "constant_logprobs", "init_value_head", "init_train_state",
-    "outcome_token_rewards", "group_advantages", "score_groups", "on_policy", "train_view",
-    "update_kl", "roll_back_if", "batch_metrics", "learn", "make_learn",
+    "outcome_token_rewards", "group_advantages", "score_groups", "on_policy", "kl_penalty",
+    "train_view", "advantage_curriculum", "update_kl", "roll_back_if", "batch_metrics", "learn",
+    "make_learn",
 ]
 
 def row_blocks(config: LearnConfig) -> int:
@@ -126,18 +130,22 @@ def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(on_last & (mask > 0), rewards[:, None], 0.0)
 
 
-def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str) -> jax.Array:
+def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str, *,
+                     grpo_std: str) -> jax.Array:
   """f32[S, G] advantages of the configured estimator; zero on invalid slots.
 
   PPO's own advantages are per token (GAE on a value head); for the curriculum's feedback PPO
   uses the group-relative RLOO advantage of the outcome rewards, which does not depend on how
-  well the critic has learned yet.
+  well the critic has learned yet. `grpo_std` ("population" | "sample") is the group standard
+  deviation GRPO divides by (divide the variance by n or by n - 1); other estimators ignore it.
   """
   if algorithm == "ppo":
     algorithm = "rloo"
   if algorithm not in ADVANTAGES:
     raise ValueError(f"unknown RL algorithm {algorithm!r}; choose from "
                      f"{sorted(ADVANTAGES) + ['ppo']}")
+  if algorithm == "grpo":
+    return adv_lib.grpo(rewards, valid=valid, unbiased_std=grpo_std == "sample") * valid
   return ADVANTAGES[algorithm](rewards, valid=valid) * valid
 
 
@@ -160,9 +168,10 @@ def score_groups(batch: Batch, whitening: stability.WhiteningState,
   if config.whiten_rewards:
     whitening = stability.whitening_update(whitening, rewards, valid)
     rewards = stability.whiten(whitening, rewards)
-  advantages = group_advantages(rewards, valid, config.algorithm)
+  advantages = group_advantages(rewards, valid, config.algorithm, grpo_std=config.grpo_std)
   if config.curriculum_feedback == "correct":
-    cur_advantages = group_advantages(batch.correct.astype(jnp.float32), valid, config.algorithm)
+    cur_advantages = group_advantages(batch.correct.astype(jnp.float32), valid, config.algorithm,
+                                      grpo_std=config.grpo_std)
   else:
     cur_advantages = advantages
   feedback = Feedback(prompt_ids=batch.prompt_ids, arms=batch.arms, rewards=batch.rewards,
@@ -175,9 +184,21 @@ def score_groups(batch: Batch, whitening: stability.WhiteningState,
 
 
 def on_policy(config: LearnConfig) -> bool:
-  """True when one optimizer step uses the batch and there is no critic: the old policy is the
-  policy being differentiated, and its forward pass is skipped."""
-  return config.epochs * config.minibatches == 1 and config.algorithm != "ppo"
+  """True when one optimizer step uses the batch, there is no critic and no KL in the reward (which
+  needs the old log-probs before the loss): the old policy is the policy being differentiated,
+  and its forward pass is skipped."""
+  return (config.epochs * config.minibatches == 1 and config.algorithm != "ppo"
+          and config.kl_reward_coef == 0)
+
+
+def kl_penalty(logp_old: jax.Array, logp_ref: jax.Array, mask: jax.Array, *,
+               per_token: bool = False) -> jax.Array:
+  """The k1 estimate of KL(pi_old || ref) on the sampled tokens, k1 = logp_old - logp_ref (nats;
+  unbiased, the tokens come from pi_old): f32[B, T] per counted token (0 elsewhere) with
+  `per_token`, else its sum over each completion f32[B]. As a reward (`kl_reward_coef`) rather
+  than a loss term, k1 is the usual choice: its gradient is not taken."""
+  k1 = jnp.where(mask > 0, logp_old - logp_ref, 0.0)
+  return k1 if per_token else jnp.sum(k1, axis=1)
 
 
 def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
@@ -191,6 +212,12 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   untrained critic (V = 0) the advantage of token t is lambda^(L - 1 - t) r for a completion of L
   tokens, so lambda < 1 shrinks the early tokens' advantages of long completions towards 0;
   lambda = 1 gives every token r - V(t).
+
+  With `kl_reward_coef` = beta != 0 the KL to the reference enters the reward, as in RLHF's PPO
+  (Ouyang et al. (2022), "Training language models to follow instructions with human feedback",
+  arXiv:2203.02155): PPO's token rewards lose beta * k1 on every token (`kl_penalty`); the group
+  estimators' completion rewards lose beta * sum_t k1 before the trained groups' advantages are
+  recomputed from them.
   """
   _, g = batch.rewards.shape
   rows = forward.trained_rows(batch.train_groups, g)
@@ -205,24 +232,59 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   logprobs = functools.partial(constant_logprobs, graphdef, rows=(prompt_tokens, prompt_mask,
                                                                    tokens), group=g, config=config,
                                mesh=mesh)
+  ppo = config.algorithm == "ppo"
   logp_old = values_old = returns = logp_ref = None
   if not on_policy(config):
-    ppo = config.algorithm == "ppo"
     logp_old, values_old = logprobs(params, value=value if ppo else None)
-    if ppo:
-      values_old = values_old * mask
-      rewards = (scores.rewards[batch.train_groups] * valid).reshape(-1)
-      adv_tokens, returns = adv_lib.gae(outcome_token_rewards(rewards, mask), values_old, mask,
-                                        gamma=config.gamma, lam=config.lam)
-      mean = losses.masked_mean(adv_tokens, mask)
-      std = jnp.sqrt(losses.masked_mean(jnp.square(adv_tokens - mean), mask))
-      adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
-  if config.kl_coef != 0:
+  if config.kl_coef != 0 or config.kl_reward_coef != 0:
     ref = lora_lib.disable(params) if use_lora else ref_params
     logp_ref, _ = logprobs(ref)
+  if config.kl_reward_coef != 0 and not ppo:
+    # The KL penalty lowers each completion's reward before the group-relative advantages.
+    penalty = config.kl_reward_coef * kl_penalty(logp_old, logp_ref, mask)
+    rewards = scores.rewards[batch.train_groups] - penalty.reshape(-1, g)
+    advantages = group_advantages(rewards, valid, config.algorithm, grpo_std=config.grpo_std)
+    adv_tokens = adv_lib.broadcast_to_tokens(advantages.reshape(-1), mask)
+  if ppo:
+    values_old = values_old * mask
+    rewards = (scores.rewards[batch.train_groups] * valid).reshape(-1)
+    token_rewards = outcome_token_rewards(rewards, mask)
+    if config.kl_reward_coef != 0:
+      token_rewards = token_rewards - config.kl_reward_coef * kl_penalty(
+          logp_old, logp_ref, mask, per_token=True)
+    adv_tokens, returns = adv_lib.gae(token_rewards, values_old, mask, gamma=config.gamma,
+                                      lam=config.lam)
+    mean = losses.masked_mean(adv_tokens, mask)
+    std = jnp.sqrt(losses.masked_mean(jnp.square(adv_tokens - mean), mask))
+    adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
   return TrainView(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
                    advantages=adv_tokens, sampler_logprobs=batch.sampler_logprobs[rows],
                    logp_old=logp_old, logp_ref=logp_ref, values_old=values_old, returns=returns)
+
+
+def advantage_curriculum(view: TrainView, step: jax.Array,
+                         config: LearnConfig) -> tuple[TrainView, dict]:
+  """CAPO's advantage-sign curriculum on the trained rows: the view with its negative per-token
+  advantages weighted by w_neg(step) (`losses.advantage_sign_mask`; 0 for the first
+  `capo_positive_steps` updates, then ramped to 1 over `capo_ramp_steps`), and the metric
+  "capo_negative_weight" = w_neg(step). Both counts 0 leave the view as it is, with no metric.
+
+  Reference: Yang et al. (2025), "From Imitation to Discrimination: Toward A Generalized
+  Curriculum Advantage Mechanism Enhancing Cross-Domain Reasoning Tasks", arXiv:2512.02580.
+
+  Args:
+    view: the trained rows (`train_view`).
+    step: i32[] the train state's update counter (updates attempted before this one).
+    config: static hyperparameters.
+  """
+  if config.capo_positive_steps == 0 and config.capo_ramp_steps == 0:
+    return view, {}
+  weigh = functools.partial(losses.advantage_sign_mask, step=step,
+                            positive_only_steps=config.capo_positive_steps,
+                            ramp_steps=config.capo_ramp_steps)
+  advantages = view.advantages * weigh(view.advantages)
+  w_neg = weigh(-jnp.ones((), jnp.float32))
+  return view._replace(advantages=advantages), {"capo_negative_weight": w_neg}
 
 
 # --- 5. Rollback --------------------------------------------------------------------------------
@@ -327,6 +389,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   params = forward.model_params(train_state.params, frozen)
   view = train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
                     config=config, use_lora=use_lora, value=train_state.value, mesh=mesh)
+  view, capo_metrics = advantage_curriculum(view, train_state.step, config)
 
   # 3-4. Optimizer steps.
   trained = (train_state.params, train_state.value) if ppo else train_state.params
@@ -353,6 +416,11 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
 
   # 6. Batch statistics.
   metrics.update(batch_metrics(batch, scores, view))
+  metrics.update(capo_metrics)
+  if config.kl_reward_coef != 0:
+    penalty = config.kl_reward_coef * kl_penalty(view.logp_old, view.logp_ref, view.mask)
+    counted = (jnp.sum(view.mask, axis=1) > 0).astype(jnp.float32)
+    metrics["kl_reward"] = jnp.sum(penalty * counted) / jnp.maximum(jnp.sum(counted), 1.0)
   metrics.update({"update_skipped": skip.astype(jnp.float32), "skipped_total": skipped})
   return train_state, cur_state, {**metrics, "curriculum": cur_metrics}
 

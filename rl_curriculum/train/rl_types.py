@@ -23,6 +23,10 @@ ADVANTAGES = {
     "reinforce_pp": adv_lib.reinforce_pp,
 }
 CURRICULUM_FEEDBACK = ("correct", "reward")
+GRPO_STDS = ("population", "sample")
+# Dr. GRPO divides every completion's token sum by one constant, not by its length: Liu et al.
+# (2025), "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783.
+DR_GRPO_AGGREGATION = "seq_mean_token_sum_norm"
 # KL estimators that may serve as a loss term: k1's gradient has zero mean (see `check_config`).
 KL_LOSS_ESTIMATORS = ("k2", "k3")
 
@@ -84,6 +88,13 @@ class LearnConfig:
   vf_coef: float              # PPO: value-loss weight
   vf_clip: float              # PPO: value clipping range
   value_detach: bool          # PPO: the value loss trains the head only, not the policy trunk
+  dual_clip: float            # dual-clip PPO bound c > 1 on negative-advantage tokens (0: off)
+  entropy_coef: float         # weight of the entropy bonus subtracted from the loss (0: off)
+  tis_cap: float              # truncated importance weights vs the sampler, capped here (0: off)
+  capo_positive_steps: int    # CAPO: updates that learn from positive advantages only
+  capo_ramp_steps: int        # CAPO: updates that then phase the negative ones in (both 0: off)
+  grpo_std: str               # grpo: population | sample standard deviation of the group
+  kl_reward_coef: float       # weight of the k1 KL-to-reference penalty in the reward (0: off)
 
 
 def check_config(config: LearnConfig) -> None:
@@ -106,6 +117,19 @@ def check_config(config: LearnConfig) -> None:
                      f"({config.microbatches}) must be >= 1")
   if config.logits_chunk < 0:
     raise ValueError(f"logits_chunk must be >= 0 (0: no chunking), got {config.logits_chunk}")
+  if config.algorithm == "dr_grpo" and config.aggregation != DR_GRPO_AGGREGATION:
+    raise ValueError(f"dr_grpo needs aggregation {DR_GRPO_AGGREGATION!r} (no per-completion "
+                     f"length normalisation), got {config.aggregation!r}")
+  if config.dual_clip != 0 and not config.dual_clip > 1:
+    raise ValueError(f"dual_clip must be 0 (off) or > 1, got {config.dual_clip}")
+  for name in ("entropy_coef", "tis_cap", "kl_reward_coef"):
+    if getattr(config, name) < 0:
+      raise ValueError(f"{name} must be >= 0 (0: off), got {getattr(config, name)}")
+  if config.capo_positive_steps < 0 or config.capo_ramp_steps < 0:
+    raise ValueError(f"capo_positive_steps ({config.capo_positive_steps}) and capo_ramp_steps "
+                     f"({config.capo_ramp_steps}) must be >= 0")
+  if config.grpo_std not in GRPO_STDS:
+    raise ValueError(f"grpo_std must be one of {GRPO_STDS}, got {config.grpo_std!r}")
 
 
 class GroupScores(NamedTuple):

@@ -38,10 +38,38 @@ def test_the_shipped_config_is_valid():
     (dict(checkpoint__keep=0), "config.checkpoint.keep"),
     (dict(model__source="/no/such/checkpoint", sft__steps=0), "config.model.source: nothing at"),
     (dict(model__lora_rank=4, model__lora_alpha=0.0), "config.model.lora_alpha"),
+    (dict(rl__dual_clip=1.0), "config.rl.dual_clip: must be 0 (off) or > 1"),
+    (dict(rl__entropy_coef=-0.01), "config.rl.entropy_coef: must be >= 0"),
+    (dict(rl__tis_cap=-2.0), "config.rl.tis_cap: must be >= 0"),
+    (dict(rl__capo_positive_steps=-1), "config.rl.capo_positive_steps: must be a whole number"),
+    (dict(rl__capo_ramp_steps=-2), "config.rl.capo_ramp_steps: must be a whole number"),
+    (dict(rl__grpo_std="unbiased"), "config.rl.grpo_std: must be one of ('population', 'sample')"),
+    (dict(rl__kl_reward_coef=-0.1), "config.rl.kl_reward_coef: must be >= 0"),
+    # Dr. GRPO's point is the constant normaliser; the message names both fields.
+    (dict(rl__algorithm="dr_grpo"), "config.rl.aggregation: rl.algorithm='dr_grpo' needs "
+     "rl.aggregation='seq_mean_token_sum_norm', got 'token_mean'"),
 ])
 def test_bad_fields_are_named(fields, message):
   with pytest.raises(builders.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
     builders.validate(_config(**fields))
+
+
+def test_loss_side_methods_reach_the_learn_config():
+  c = _config(rl__algorithm="dr_grpo", rl__aggregation="seq_mean_token_sum_norm",
+              rl__dual_clip=3.0, rl__entropy_coef=0.01, rl__tis_cap=2.0,
+              rl__capo_positive_steps=5, rl__capo_ramp_steps=10, rl__grpo_std="sample",
+              rl__kl_reward_coef=0.05)
+  builders.validate(c)
+  learn = builders.learn_config(c)
+  assert (learn.algorithm, learn.aggregation, learn.dual_clip, learn.entropy_coef, learn.tis_cap,
+          learn.capo_positive_steps, learn.capo_ramp_steps, learn.grpo_std,
+          learn.kl_reward_coef) == ("dr_grpo", "seq_mean_token_sum_norm", 3.0, 0.01, 2.0, 5, 10,
+                                    "sample", 0.05)
+  # Every method is off in the shipped config.
+  default = builders.learn_config(quickstart.get_config())
+  assert (default.dual_clip, default.entropy_coef, default.tis_cap, default.capo_positive_steps,
+          default.capo_ramp_steps, default.kl_reward_coef) == (0.0, 0.0, 0.0, 0, 0, 0.0)
+  assert default.grpo_std == "population"
 
 
 def test_a_whole_number_of_oversampled_prompts_is_accepted():

@@ -627,3 +627,196 @@ def test_microbatches_must_split_the_minibatch_into_whole_groups():
   params, state, cur_state, learn = _setup(minibatches=2, microbatches=4)  # 2 prompts, 4 parts
   with pytest.raises(ValueError, match="microbatches"):
     learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(0), None, params)
+
+
+# --- Loss-side methods: dual clip, entropy bonus, TIS, CAPO, GRPO's std, Dr. GRPO, KL reward ----
+
+
+def _view(config, batch, params, graphdef, ref_params=None):
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  value = rl_step.init_value_head(32) if config.algorithm == "ppo" else None
+  return rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
+                            config=config, use_lora=False, value=value)
+
+
+def _objective(config, view, params, graphdef):
+  return objective.policy_objective(params, view, graphdef=graphdef, frozen=None, group=G,
+                                    config=config)
+
+
+def _token_advantages(mask):
+  return np.repeat(_rloo(_rewards()).reshape(P * G, 1), T, axis=1) * mask
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+  """Old log-probs 3 nats below the policy's: ratio e^3 on every token. Positive advantages are
+  clipped at 1 + eps_high; negative ones would cost -e^3 A, and the dual clip caps them at -3 A."""
+  graphdef, params = _model()
+  mask = _ragged_mask()
+  batch = _batch(_rewards(), mask=mask)
+  config = _learn_config(dual_clip=3.0)  # two minibatches: the view has old log-probs
+  view = _view(config, batch, params, graphdef)
+  view = view._replace(logp_old=view.logp_old - 3.0)
+  loss, metrics = _objective(config, view, params, graphdef)
+  adv = _token_advantages(mask)
+  per_token = np.where(adv < 0, -3.0 * adv, -1.2 * adv)
+  np.testing.assert_allclose(float(loss), (per_token * mask).sum() / mask.sum(), rtol=1e-4)
+  negative = (adv < 0) & (mask > 0)
+  np.testing.assert_allclose(float(metrics["dual_clipfrac"]), negative.sum() / mask.sum(),
+                             rtol=1e-6)
+  off, off_metrics = _objective(_learn_config(), view, params, graphdef)
+  assert float(off_metrics["dual_clipfrac"]) == 0.0 and float(off) > float(loss)
+
+
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy(aggregation):
+  graphdef, params = _model()
+  mask = _ragged_mask()
+  batch = _batch(_rewards(), mask=mask)
+  config = _learn_config(minibatches=1, entropy_coef=0.1, aggregation=aggregation)
+  view = _view(config, batch, params, graphdef)
+  loss, metrics = _objective(config, view, params, graphdef)
+  logits = forward.completion_logits(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                                     batch.tokens)
+  logits = np.asarray(logits, np.float64)
+  logz = logits.max(-1, keepdims=True)
+  logz = logz + np.log(np.exp(logits - logz).sum(-1, keepdims=True))
+  entropy = -(np.exp(logits - logz) * (logits - logz)).sum(-1)
+  if aggregation == "token_mean":
+    expected = (entropy * mask).sum() / mask.sum()
+  elif aggregation == "seq_mean_token_mean":
+    expected = np.mean((entropy * mask).sum(1) / mask.sum(1))
+  else:
+    expected = (entropy * mask).sum() / (P * G * T)
+  np.testing.assert_allclose(float(metrics["entropy_bonus"]), expected, rtol=1e-4)
+  np.testing.assert_allclose(float(loss), float(metrics["pg_loss"]) - 0.1 * expected, rtol=1e-4)
+  # The bonus has a gradient: the policy's gradient moves.
+  def grad(c):
+    return jax.grad(lambda prm: _objective(c, view, prm, graphdef)[0])(params)
+
+  with_bonus, without = grad(config), grad(_learn_config(minibatches=1, aggregation=aggregation))
+  assert float(optax.tree.norm(jax.tree.map(jnp.subtract, with_bonus, without))) > 1e-4
+
+
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_entropy_bonus_accumulates_over_microbatches_and_chunks(aggregation):
+  """Two microbatches and a chunked head (2 of T = 3 positions): the update of one pass."""
+  sgd = optax.sgd(0.5)
+  one, m_one = _step_with(sgd, minibatches=1, aggregation=aggregation, entropy_coef=0.5)
+  acc, m_acc = _step_with(sgd, minibatches=1, microbatches=2, logits_chunk=2,
+                          aggregation=aggregation, entropy_coef=0.5)
+  for name in ("loss", "entropy_bonus", "grad_norm"):
+    np.testing.assert_allclose(float(m_acc[name]), float(m_one[name]), rtol=1e-5, atol=1e-7,
+                               err_msg=name)
+  for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(one.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cap,weight", [(2.0, 1.5), (1.2, 1.2)])
+def test_truncated_importance_weights_scale_the_loss(cap, weight):
+  """The sampler put every token at 1/1.5 of the trainer's probability: w = min(1.5, cap)."""
+  graphdef, params = _model()
+  mask = _ragged_mask()
+  batch = _batch(_rewards(), mask=mask)
+  logp = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                                     batch.tokens)
+  batch = batch._replace(sampler_logprobs=logp - np.log(1.5))
+  config = _learn_config(minibatches=1, tis_cap=cap)
+  view = _view(config, batch, params, graphdef)
+  loss, metrics = _objective(config, view, params, graphdef)
+  base, _ = _objective(_learn_config(minibatches=1), view, params, graphdef)
+  assert abs(float(base)) > 1e-3
+  np.testing.assert_allclose(float(loss), weight * float(base), rtol=1e-4)
+  np.testing.assert_allclose(float(metrics["tis_weight_mean"]), weight, rtol=1e-4)
+  assert float(metrics["tis_truncated_frac"]) == (1.0 if cap < 1.5 else 0.0)
+
+
+def test_capo_trains_on_positive_advantages_first_then_phases_negatives_in():
+  # On-policy (ratio 1): the loss is -token_mean(w A), with w = 0 on A < 0 in the first phase.
+  mask = _ragged_mask()
+  adv = _token_advantages(mask)
+  weights = {}
+  params, state, cur_state, learn = _setup(minibatches=1, capo_positive_steps=2,
+                                           capo_ramp_steps=2)
+  for step in range(4):
+    batch = _batch(_rewards(), mask=mask)
+    state, cur_state, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(step), None,
+                                      params)
+    weights[step] = float(metrics["capo_negative_weight"])
+    if step == 0:
+      expected = -(np.maximum(adv, 0) * mask).sum() / mask.sum()
+      np.testing.assert_allclose(float(metrics["loss"]), expected, rtol=1e-4)
+  assert weights == {0: 0.0, 1: 0.0, 2: 0.5, 3: 1.0}
+  # Off (both 0): no weighting and no metric.
+  view = _view(_learn_config(), _batch(_rewards()), params, _model()[0])
+  same, extra = rl_step.advantage_curriculum(view, jnp.zeros((), jnp.int32), _learn_config())
+  assert same is view and not extra
+
+
+def test_grpo_sample_std_shrinks_the_advantages_by_sqrt_of_n_minus_1_over_n():
+  batch = _batch(_rewards())
+  scores = {std: rl_step.score_groups(batch, stability.whitening_init(),
+                                      _learn_config(algorithm="grpo", grpo_std=std))
+            for std in rl_step.GRPO_STDS}
+  pop, sample = (np.asarray(scores[s].advantages) for s in ("population", "sample"))
+  assert np.abs(pop).max() > 0.5
+  np.testing.assert_allclose(sample, pop * np.sqrt((G - 1) / G), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(scores["sample"].feedback.advantages),
+                             np.asarray(scores["population"].feedback.advantages)
+                             * np.sqrt((G - 1) / G), rtol=1e-5, atol=1e-6)
+  # Other estimators ignore it.
+  rloo = [rl_step.score_groups(batch, stability.whitening_init(), _learn_config(grpo_std=s))
+          for s in rl_step.GRPO_STDS]
+  np.testing.assert_array_equal(np.asarray(rloo[0].advantages), np.asarray(rloo[1].advantages))
+
+
+def test_dr_grpo_needs_its_constant_normaliser():
+  with pytest.raises(ValueError, match="dr_grpo needs aggregation 'seq_mean_token_sum_norm'"):
+    _setup(algorithm="dr_grpo", aggregation="token_mean")
+  _setup(algorithm="dr_grpo", aggregation="seq_mean_token_sum_norm")
+
+
+@pytest.mark.parametrize("field,value", [("dual_clip", 0.5), ("entropy_coef", -1.0),
+                                         ("tis_cap", -1.0), ("capo_ramp_steps", -1),
+                                         ("grpo_std", "unbiased"), ("kl_reward_coef", -0.1)])
+def test_method_settings_are_checked_before_compiling(field, value):
+  with pytest.raises(ValueError, match=field):
+    _setup(**{field: value})
+
+
+def test_kl_in_the_reward_lowers_each_completions_reward_before_the_advantages():
+  """RLOO of r - beta * sum_t k1, k1 = logp_old - logp_ref: on-policy the old policy's pass runs
+  (the penalty needs it), and the reference's pass without a KL loss term."""
+  graphdef, params = _model()
+  mask = _ragged_mask()
+  batch = _batch(_rewards(), mask=mask)
+  ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
+  config = _learn_config(minibatches=1, kl_reward_coef=0.5)
+  view = _view(config, batch, params, graphdef, ref_params=ref)
+  def logp_of(prm):
+    return np.asarray(forward.completion_logprobs(graphdef, prm, batch.prompt_tokens,
+                                                  batch.prompt_mask, batch.tokens), np.float64)
+
+  kl_sum = ((logp_of(params) - logp_of(ref)) * mask).sum(1).reshape(P, G)
+  assert np.abs(kl_sum).max() > 1e-2
+  expected = np.repeat(_rloo(_rewards() - 0.5 * kl_sum).reshape(P * G, 1), T, axis=1) * mask
+  np.testing.assert_allclose(np.asarray(view.advantages), expected, rtol=1e-4, atol=1e-5)
+  _, metrics = _objective(config, view, params, graphdef)
+  assert "kl" not in metrics  # kl_coef = 0: no KL loss term
+  # The learn step reports the mean penalty per trained completion.
+  _, state, cur_state, learn = _setup(minibatches=1, kl_reward_coef=0.5)
+  _, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, ref)
+  np.testing.assert_allclose(float(metrics["kl_reward"]), 0.5 * kl_sum.mean(), rtol=1e-4)
+
+
+def test_kl_in_the_reward_of_ppo_is_a_per_token_penalty_before_gae():
+  graphdef, params = _model()
+  batch = _batch(_rewards())
+  ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
+  views = {beta: _view(_learn_config(algorithm="ppo", kl_reward_coef=beta, lam=1.0), batch,
+                       params, graphdef, ref_params=ref) for beta in (0.0, 0.5)}
+  # gamma = lam = 1 and V = 0: the return of token t is r - beta * sum_{s >= t} k1(s).
+  k1 = np.asarray(views[0.5].logp_old, np.float64) - np.asarray(views[0.5].logp_ref, np.float64)
+  to_go = np.cumsum(k1[:, ::-1], axis=1)[:, ::-1]
+  np.testing.assert_allclose(np.asarray(views[0.5].returns),
+                             np.asarray(views[0.0].returns) - 0.5 * to_go, rtol=1e-4, atol=1e-5)
