@@ -1,7 +1,8 @@
 """Train and evaluate: `python -m experiments.train --config configs/quickstart.py --workdir DIR`.
 
 Overrides follow the config's field names, e.g. `--config.rl.steps=50
---config.curriculum.name=uniform`. Running the same command again resumes from the workdir.
+--config.curriculum.name=uniform --config.curriculum.options={}` (a curriculum other than SEC takes
+other options). Running the same command again resumes from the workdir.
 `--plan_only` compiles the run's sampler and learn step for the devices this process sees,
 without weights, prints their memory per device against `--hbm_gib` (default: the device's own
 limit) and exits (rl_curriculum/train/plan.py; `python -m experiments.plan` does the same on fake

@@ -231,7 +231,7 @@ def get_config(arg=None):
 # ------------------------------------------------------------------------------------------------
 
 OWNED_PAGES = ("concepts.md", "architecture.md", "howto.md", "running.md", "results.md",
-               "config_reference.md")
+               "config_reference.md", "methods.md")
 ELSEWHERE = {"scaling.md"}  # pages other parts of the project write
 
 

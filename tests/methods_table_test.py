@@ -1,0 +1,187 @@
+"""docs/methods.md stays true: every row's flags make a valid config, every curriculum, filter and
+algorithm has a row, every test a row names exists, and every row trains as written (slow)."""
+
+import ast
+import os
+import re
+from typing import NamedTuple
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
+import pytest
+
+from rl_curriculum.train import builders, loop, warm_start
+from rl_curriculum.train.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE = os.path.join(ROOT, "docs", "methods.md")
+TOY = os.path.join(ROOT, "configs", "toy.py")
+HEADER = "| method | paper | flags | what it changes in the step | test |"
+
+
+class Row(NamedTuple):
+  """One row of the table."""
+  method: str               # the method cell, as written
+  flags: tuple[str, ...]    # the `--config.<field>=<value>` overrides, in order
+  tests: tuple[str, ...]    # "path" or "path::function", relative to the repository root
+
+
+def parse_table(text: str) -> list[Row]:
+  """The rows of the one table whose header is HEADER; cells hold no "|" of their own."""
+  lines = text.splitlines()
+  assert lines.count(HEADER) == 1, f"docs/methods.md must hold one table headed {HEADER!r}"
+  start = lines.index(HEADER) + 2  # the header, then the --- separator
+  rows = []
+  for line in lines[start:]:
+    if not line.startswith("|"):
+      break
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    assert len(cells) == 5, f"a row needs 5 cells, got {len(cells)}: {line}"
+    method, _, flag_cell, _, test_cell = cells
+    rows.append(Row(method=method, flags=tuple(re.findall(r"`(--config\.[^`]+)`", flag_cell)),
+                    tests=tuple(re.findall(r"`(tests/[^`]+)`", test_cell))))
+  return rows
+
+
+def _read_rows() -> list[Row]:
+  with open(TABLE) as f:
+    return parse_table(f.read())
+
+
+ROWS = _read_rows()
+
+
+def _row_id(row: Row) -> str:
+  return re.sub(r"[^a-z0-9]+", "_", row.method.lower()).strip("_")
+
+
+def _params(rows):
+  return [pytest.param(row, id=_row_id(row)) for row in rows]
+
+
+def field_of(flag: str) -> str:
+  """"rl.kl_coef" of "--config.rl.kl_coef=0.01"."""
+  return flag[len("--config."):].partition("=")[0]
+
+
+def has_field(config: ml_collections.ConfigDict, path: str) -> bool:
+  node = config
+  for part in path.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def config_with(overrides) -> ml_collections.ConfigDict:
+  """configs/toy.py's config with `overrides` applied as the command line applies them
+  (`experiments/train.py`: absl's config_flags, lock_config=True)."""
+  argv = ["methods_table_test", f"--config={TOY}", *overrides]
+  values = flags.FlagValues()
+  # sys_argv: config_flags defines one flag per override it finds in the arguments.
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.", flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+def test_table_has_rows_with_flags_and_tests():
+  assert len(ROWS) >= len(builders.CURRICULA) + len(builders.ALGORITHMS)
+  for row in ROWS:
+    assert row.flags, f"{row.method}: no `--config.<field>=<value>` flag"
+    assert row.tests, f"{row.method}: no test named"
+  names = [_row_id(r) for r in ROWS]
+  assert len(set(names)) == len(names), "two rows name the same method"
+
+
+@pytest.mark.parametrize("row", _params(ROWS))
+def test_row_flags_make_a_valid_toy_config(row):
+  config = config_with(row.flags)
+  builders.validate(config)
+  for flag in row.flags:  # the flag took effect (a typo in a value would fail to parse anyway)
+    assert has_field(config, field_of(flag)), flag
+
+
+def _rows_setting(flag_prefix: str) -> set[str]:
+  """The values the rows give one field ("sec" of --config.curriculum.name=sec)."""
+  return {f[len(flag_prefix):] for r in ROWS for f in r.flags if f.startswith(flag_prefix)}
+
+
+def test_every_curriculum_filter_and_algorithm_has_a_row():
+  curricula = _rows_setting("--config.curriculum.name=")
+  filters = _rows_setting("--config.curriculum.filter=")
+  algorithms = _rows_setting("--config.rl.algorithm=")
+  assert not set(builders.CURRICULA) - curricula, "curricula without a row in docs/methods.md"
+  # "none" is the absence of a filter, not a method.
+  assert not set(builders.FILTERS) - {"none"} - filters, "filters without a row"
+  assert not set(builders.ALGORITHMS) - algorithms, "algorithms without a row"
+
+
+def _functions(path: str) -> set[str]:
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("row", _params(ROWS))
+def test_named_tests_exist(row):
+  for ref in row.tests:
+    path, _, name = ref.partition("::")
+    assert os.path.isfile(os.path.join(ROOT, path)), f"{row.method}: no file {path}"
+    if name:
+      assert name in _functions(os.path.join(ROOT, path)), f"{row.method}: no {name} in {path}"
+
+
+def test_parse_table_reads_cells():
+  text = "\n".join([
+      "intro", HEADER, "| --- | --- | --- | --- | --- |",
+      "| A (`a`) | P | `--config.curriculum.name=a` `--config.curriculum.options={}` | x. | "
+      "`tests/a_test.py::test_a`, `tests/b_test.py` |",
+      "| B | — | `--config.rl.new_field=2.0` | y. | `tests/c_test.py` |",
+      "", "| other | table |"])
+  assert parse_table(text) == [
+      Row("A (`a`)", ("--config.curriculum.name=a", "--config.curriculum.options={}"),
+          ("tests/a_test.py::test_a", "tests/b_test.py")),
+      Row("B", ("--config.rl.new_field=2.0",), ("tests/c_test.py",))]
+
+
+def test_config_with_parses_values_as_the_command_line_does():
+  c = config_with(["--config.curriculum.name=uniform", "--config.curriculum.options={}",
+                   "--config.curriculum.oversample=2", "--config.curriculum.band=(0.1,0.9)",
+                   "--config.rl.whiten_rewards=True"])
+  assert c.curriculum.name == "uniform" and not dict(c.curriculum.options)
+  assert c.curriculum.oversample == 2.0 and tuple(c.curriculum.band) == (0.1, 0.9)
+  assert c.rl.whiten_rewards is True
+  with pytest.raises((AttributeError, KeyError, flags.Error), match="no_such_field"):
+    config_with(["--config.rl.no_such_field=1"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Every row trains for one RL step with its flags as written (about 20 s a row on a 2-core CPU).
+# ------------------------------------------------------------------------------------------------
+
+_SHARED = ("tokenizer.model", "sft", "warm_start.json")  # what loop.prepare caches in a workdir
+
+
+@pytest.fixture(scope="module")
+def warm_start_dir(tmp_path_factory):
+  """One toy tokenizer and SFT warm start for the rows that leave the fields behind it
+  (`warm_start.fingerprint`: seed, task, model, tokenizer, sft) unchanged."""
+  base = str(tmp_path_factory.mktemp("warm_start"))
+  loop.prepare(config_with(["--config.rl.steps=1"]), base, log=lambda _: None)
+  return base
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", _params(ROWS))
+def test_row_trains_one_rl_step(row, warm_start_dir, tmp_path):
+  config = config_with([*row.flags, "--config.rl.steps=1"])
+  if warm_start.fingerprint(config) == warm_start.fingerprint(config_with(["--config.rl.steps=1"])):
+    for name in _SHARED:  # a row that changes the model (LoRA) builds its own warm start
+      os.symlink(os.path.join(warm_start_dir, name), os.path.join(tmp_path, name))
+  loop.train_and_evaluate(config, str(tmp_path))
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [0, 1]
+  assert np.isfinite(rows[-1]["loss"]) and rows[-1]["skipped_total"] == 0
