@@ -45,7 +45,8 @@ from rl_curriculum.train import builders
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "The setting, configs/compare.py:NAME: the config every run starts from; "
     "NAME names the run folders and summary files.", lock_config=True)
-_METHODS = flags.DEFINE_list("methods", None, "Methods to run (default: all of METHODS).")
+_METHODS = flags.DEFINE_list("methods", None, "Methods to run (default: METHODS; any curriculum "
+                             "or post-rollout filter by name, see ALL_METHODS).")
 _SEEDS = flags.DEFINE_integer("seeds", 5, "RL seeds per method (config.rl.seed = 1..seeds).")
 _BUDGET = flags.DEFINE_integer("budget", 0, "Rollouts per run (0 = the setting's default).")
 _LR_SWEEP = flags.DEFINE_list("lr_sweep", ["1e-5", "2e-5", "4e-5"],
@@ -76,30 +77,38 @@ def setting_name(config_flag: str) -> str:
   return name
 
 
+# Names of the recorded comparisons for two methods: the all-equal filter over uniform selection,
+# and the absolute-learning-progress teacher.
+_ALIASES = {"dynamic_filtering": "all_equal", "lp_teacher": "alp_teacher"}
+# A post-rollout filter runs over uniform selection, rolling out twice the prompts it trains on.
+_FILTER_OVERSAMPLE = 2.0
+
+
 def _curriculum_fields(method: str, config) -> dict:
   """The `config.curriculum` fields one method sets: name, options, filter and oversample.
 
-  SEC keeps the setting's options; the other curricula run with their constructors' defaults
-  (easy_to_hard's schedule is sized in run_config, once the step count is known).
+  A method is a curriculum of `builders.CURRICULA` (SEC keeps the setting's options, every other
+  curriculum runs with its constructor's defaults; easy_to_hard's schedule is sized in run_config,
+  once the step count is known), a post-rollout filter of `builders.FILTERS` over uniform
+  selection, or an alias of either (`_ALIASES`).
   """
+  method = _ALIASES.get(method, method)
   plain = dict(options={}, filter="none", oversample=1.0)
-  table = {
-      "uniform": dict(plain, name="uniform"),
-      "easy_to_hard": dict(plain, name="easy_to_hard"),
-      "sec": dict(plain, name="sec", options=dict(config.curriculum.options)),
-      "dump": dict(plain, name="dump"),
-      "dynamic_filtering": dict(plain, name="uniform", filter="all_equal", oversample=2.0),
-      "vcrl": dict(plain, name="vcrl"),
-      "vade": dict(plain, name="vade"),
-      "greso": dict(plain, name="greso"),
-      "adarft": dict(plain, name="adarft"),
-      "lp_teacher": dict(plain, name="alp_teacher"),
-  }
-  return table[method]
+  if method == "sec":
+    return dict(plain, name="sec", options=dict(config.curriculum.options))
+  if method in builders.CURRICULA:
+    return dict(plain, name=method)
+  if method in builders.FILTERS and method != "none":
+    return dict(plain, name="uniform", filter=method, oversample=_FILTER_OVERSAMPLE)
+  raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
 
 
+# The default comparison (the recorded results' methods and order).
 METHODS = ("uniform", "easy_to_hard", "sec", "dump", "dynamic_filtering", "vcrl", "vade", "greso",
            "adarft", "lp_teacher")
+# Every name --methods accepts.
+ALL_METHODS = tuple(dict.fromkeys(
+    METHODS + tuple(builders.CURRICULA) + tuple(f for f in builders.FILTERS if f != "none")))
 TUNED = ("uniform", "sec")  # methods run at every learning rate of the sweep
 
 
@@ -490,9 +499,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   methods = _METHODS.value or list(METHODS)
-  unknown = [m for m in methods if m not in METHODS]
+  unknown = [m for m in methods if m not in ALL_METHODS]
   if unknown:
-    raise app.UsageError(f"unknown methods {unknown}; choose from {METHODS}")
+    raise app.UsageError(f"unknown methods {unknown}; choose from {ALL_METHODS}")
   if "uniform" not in methods:
     raise app.UsageError("the comparison needs the uniform baseline (--methods must include it)")
   try:

@@ -55,7 +55,7 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     raise ExportError(f"{workdir} has no config.json: it is not a workdir written by "
-                      "experiments/train.py (train_and_evaluate writes config.json first).")
+                      "python -m experiments.train (train_and_evaluate writes config.json first).")
   try:
     with open(path) as f:
       config = ml_collections.ConfigDict(json.load(f))
@@ -169,7 +169,7 @@ def export(workdir: str, out: str, fmt: str = "hf",
 
 def define_flags() -> None:
   """The command's flags; defined when it runs, so that importing this module defines none."""
-  flags.DEFINE_string("workdir", None, "Run folder written by experiments/train.py.")
+  flags.DEFINE_string("workdir", None, "Run folder written by python -m experiments.train.")
   flags.DEFINE_string("out", None, "Folder to write (created; must be empty if it exists).")
   flags.DEFINE_enum("format", "hf", FORMATS,
                     "hf: model folder, adapters merged; peft: LoRA adapters only.")

@@ -207,3 +207,20 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
   assert "[1/4]" not in second.stdout  # every run was already finished: nothing re-ran
   assert [(runs / f"uniform_lr2e-05_s{s}" / "metrics.jsonl").read_text()
           for s in (1, 2)] == logs
+
+
+def test_every_curriculum_and_filter_is_a_method_by_name():
+  config = compare.get_config("toy")
+  budget = 4 * config.rl.prompts_per_step * config.rl.group_size
+  filters = [f for f in builders.FILTERS if f != "none"]
+  assert set(builders.CURRICULA) | set(filters) <= set(cc.ALL_METHODS)
+  for method in cc.ALL_METHODS:
+    c = cc.run_config(config, method, seed=1, budget=budget)
+    builders.validate(c)
+    if method in builders.CURRICULA:
+      assert (c.curriculum.name, c.curriculum.filter) == (method, "none")
+    elif method in filters:
+      assert (c.curriculum.name, c.curriculum.filter) == ("uniform", method)
+      assert c.rl.steps * 2 == 4  # twice the prompts rolled out per step: half the steps
+  with pytest.raises(ValueError, match="unknown method 'sudoku'"):
+    cc.run_config(config, "sudoku", seed=1, budget=budget)
