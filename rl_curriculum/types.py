@@ -18,6 +18,8 @@ class Selection(NamedTuple):
   """What a curriculum chose for one step."""
   prompt_ids: jax.Array  # i32[P] indices into the prompt pool
   arms: jax.Array        # i32[P] arm (category) of each chosen prompt
+  active: Optional[jax.Array] = None  # bool[P] prompts to roll out; None = all (a pre-rollout
+                                      # skip leaves its slot without completions)
 
 
 class Feedback(NamedTuple):

@@ -6,9 +6,12 @@ group was zero-variance of the same kind (easy: all correct; hard: all wrong), a
 select: draw C = ceil(oversample * P) distinct candidates uniformly; candidate i is kept with
   probability  q_i = max(p_i ** k_i, min_keep)  (p_i = p_easy or p_hard by its kind; q_i = 1 when
   k_i = 0), i.e. skipped with probability 1 - q_i. The P slots take the kept candidates in draw
-  order; if fewer than P survive, the remaining slots take skipped candidates in draw order (the
+  order; if fewer than P survive, the remaining slots hold skipped candidates in draw order (the
   batch never repeats a prompt; `state.last_kept` records how many candidates were kept, so
-  min(last_kept, P) slots hold kept candidates; 1 - last_kept / C is the skip rate).
+  min(last_kept, P) slots hold kept candidates; 1 - last_kept / C is the skip rate). Those slots
+  are marked inactive (`Selection.active`): the trainer rolls none of them out, so the step trains
+  on fewer groups and saves their rollouts, which is GRESO's point. With `refill=True` they are
+  rolled out like the others (the batch always has P groups; nothing is saved).
 
 update: besides the store, adapt the two base probabilities so that the zero-variance share of the
   batch tracks its target. With z_easy (z_hard) the fraction of observed groups of the batch that
@@ -70,7 +73,7 @@ def adapt_probability(p: jax.Array, observed_fraction: jax.Array, target: float,
 def greso(pool: checks.PoolOrNumArms, *, batch_size: int, oversample: float = 2.0,
           target_zero_variance: float = 0.25, easy_share: float = 1.0 / 3.0,
           step_size: float = 0.01, p_min: float = 0.05, p_max: float = 0.95, p_init: float = 0.5,
-          min_keep: float = 0.01) -> Curriculum:
+          min_keep: float = 0.01, refill: bool = False) -> Curriculum:
   """GRESO curriculum (module docstring).
 
   Args:
@@ -84,6 +87,8 @@ def greso(pool: checks.PoolOrNumArms, *, batch_size: int, oversample: float = 2.
     p_min, p_max: range of p_easy / p_hard (default [0.05, 0.95]).
     p_init: initial p_easy and p_hard (default 0.5).
     min_keep: floor of the keep probability (default 0.01).
+    refill: roll out skipped candidates when fewer than P are kept (default False: their slots
+      are inactive and not rolled out).
   Returns:
     Curriculum with state `GRESOState`. `update` metrics: `zero_variance_easy`,
     `zero_variance_hard` (fractions of the batch), `p_easy`, `p_hard` (after the update).
@@ -108,6 +113,8 @@ def greso(pool: checks.PoolOrNumArms, *, batch_size: int, oversample: float = 2.
     raise ValueError(f"p_init must lie in [p_min, p_max] = [{p_min}, {p_max}], got {p_init}")
   if not 0.0 <= min_keep <= 1.0:
     raise ValueError(f"min_keep must lie in [0, 1], got {min_keep}")
+  if not isinstance(refill, bool):
+    raise ValueError(f"refill must be True or False, got {refill!r}")
   num_candidates = int(math.ceil(oversample * p - 1e-9))
   target_easy = target_zero_variance * easy_share
   target_hard = target_zero_variance - target_easy
@@ -129,7 +136,9 @@ def greso(pool: checks.PoolOrNumArms, *, batch_size: int, oversample: float = 2.
     order = jnp.argsort(skip, stable=True)[:p]
     ids = cand[order]
     kept = (~skip).sum(dtype=jnp.int32)
-    return Selection(prompt_ids=ids, arms=state.arms[ids]), state._replace(last_kept=kept)
+    active = None if refill else jnp.arange(p) < kept
+    selection = Selection(prompt_ids=ids, arms=state.arms[ids], active=active)
+    return selection, state._replace(last_kept=kept)
 
   def update(state: GRESOState, feedback: Feedback) -> tuple[GRESOState, dict]:
     n_row, s_row = prompt_stats.group_counts(feedback)

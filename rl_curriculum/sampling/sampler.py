@@ -60,15 +60,16 @@ class SamplingState(NamedTuple):
 
 @functools.partial(jax.jit, static_argnums=(0,),
                    static_argnames=("max_new_tokens", "pad_id", "group", "mesh"))
-def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, pad_id=0,
-            group=1, mesh=None):
+def prefill(graphdef, params, prompt_tokens, prompt_mask, key, active=None, *, max_new_tokens,
+            pad_id=0, group=1, mesh=None):
   """The first device program: prompts i32[B, Tp] (left-padded, mask bool[B, Tp]) into a fresh
   SamplingState with S = Tp + max_new_tokens cache slots. With `group` > 1 the rows come in runs
   of `group` equal prompts: each run's first prompt is prefilled and its cache and logits copied
   to the run (along the cache's row axis, 1 for a scanned model's stacked cache). With a `mesh`,
   the prefilled prompts and the repeated cache keep their rows over its batch axes
   (`mesh_lib.constrain_rows`; without it GSPMD may prefill every prompt on every device). Jitted;
-  graphdef, max_new_tokens, pad_id, group and mesh are static."""
+  graphdef, max_new_tokens, pad_id, group and mesh are static. Rows where `active` (bool[B], or
+  None for all) is False start stopped: they record nothing and end the loop like finished rows."""
   b, tp = prompt_tokens.shape
   cache_length = tp + max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
@@ -90,7 +91,7 @@ def prefill(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens
       cache=cache,
       key_mask=kv_cache.cache_key_mask(prompt_mask, cache_length),
       positions=jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32),
-      done=jnp.zeros((b,), bool),
+      done=jnp.zeros((b,), bool) if active is None else ~jnp.asarray(active, bool),
       step=jnp.zeros((), jnp.int32),
       key=key)
 
@@ -148,7 +149,7 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
            prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int, eos_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
            stop_ids: Sequence[int] = (), pad_id: int = 0, group: int = 1,
-           mesh=None) -> Rollout:
+           mesh=None, active=None) -> Rollout:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt.
 
   Args:
@@ -167,6 +168,8 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
       run are not read.
     mesh: static; the run's mesh when the prompts are sharded over its batch axes (see
       `prefill`), else None.
+    active: optional bool[B] (sharded like the prompts): rows to sample; the others get no
+      tokens (pad_id, log-prob 0, mask 0), as rows that stopped at once. None samples every row.
 
   Returns:
     Rollout(prompt_tokens i32[B, Tp], tokens i32[B, N], logprobs f32[B, N] under logits /
@@ -192,7 +195,7 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
                      f"got {group!r}.")
   stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  state = prefill(graphdef, params, prompt_tokens, prompt_mask, key,
+  state = prefill(graphdef, params, prompt_tokens, prompt_mask, key, active,
                    max_new_tokens=max_new_tokens, pad_id=int(pad_id), group=group, mesh=mesh)
   state = decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
                   top_k=top_k, top_p=float(top_p), greedy=bool(greedy), stop_ids=stop,
