@@ -6,7 +6,10 @@
 
   1. feedback   `score_groups`: rewards -> (whitening) -> advantages f32[S, G] of every sampled
                 group, and the curriculum's `Feedback` (whose advantages come from correctness by
-                default, see `LearnConfig.curriculum_feedback`); then `Curriculum.update`.
+                default, see `LearnConfig.curriculum_feedback`); then `Curriculum.update` (with
+                `high_variance_only`, VCRL's update also decides which groups are trained on).
+                Completion slots that were not sampled (`Batch.valid` False: an allocation's
+                unused slots, a prompt skipped before rollout) count nowhere.
   2. view       `train_view`: the P trained groups as B = P * G rows (`TrainView`): per-token
                 advantages, mask, the old policy's and the reference's log-probs, values and
                 returns (PPO); the KL penalty in the reward (`kl_reward_coef`), and CAPO's
@@ -130,14 +133,16 @@ def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(on_last & (mask > 0), rewards[:, None], 0.0)
 
 
-def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str, *,
-                     grpo_std: str) -> jax.Array:
+def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str, *, grpo_std: str,
+                     baseline: Optional[jax.Array] = None) -> jax.Array:
   """f32[S, G] advantages of the configured estimator; zero on invalid slots.
 
   PPO's own advantages are per token (GAE on a value head); for the curriculum's feedback PPO
   uses the group-relative RLOO advantage of the outcome rewards, which does not depend on how
   well the critic has learned yet. `grpo_std` ("population" | "sample") is the group standard
   deviation GRPO divides by (divide the variance by n or by n - 1); other estimators ignore it.
+  The counterfactual estimator subtracts `baseline` f32[S] (one value per prompt, from outside
+  the group) instead of a statistic of the group.
   """
   if algorithm == "ppo":
     algorithm = "rloo"
@@ -146,6 +151,11 @@ def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str, *,
                      f"{sorted(ADVANTAGES) + ['ppo']}")
   if algorithm == "grpo":
     return adv_lib.grpo(rewards, valid=valid, unbiased_std=grpo_std == "sample") * valid
+  if algorithm == "counterfactual":
+    if baseline is None:
+      raise ValueError("the counterfactual estimator needs a per-prompt baseline "
+                       "(Batch.baseline f32[S])")
+    return adv_lib.counterfactual(rewards, baseline, valid=valid) * valid
   return ADVANTAGES[algorithm](rewards, valid=valid) * valid
 
 
@@ -168,10 +178,11 @@ def score_groups(batch: Batch, whitening: stability.WhiteningState,
   if config.whiten_rewards:
     whitening = stability.whitening_update(whitening, rewards, valid)
     rewards = stability.whiten(whitening, rewards)
-  advantages = group_advantages(rewards, valid, config.algorithm, grpo_std=config.grpo_std)
+  estimator = functools.partial(group_advantages, algorithm=config.algorithm,
+                                grpo_std=config.grpo_std, baseline=batch.baseline)
+  advantages = estimator(rewards, valid)
   if config.curriculum_feedback == "correct":
-    cur_advantages = group_advantages(batch.correct.astype(jnp.float32), valid, config.algorithm,
-                                      grpo_std=config.grpo_std)
+    cur_advantages = estimator(batch.correct.astype(jnp.float32), valid)
   else:
     cur_advantages = advantages
   feedback = Feedback(prompt_ids=batch.prompt_ids, arms=batch.arms, rewards=batch.rewards,
@@ -243,7 +254,9 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
     # The KL penalty lowers each completion's reward before the group-relative advantages.
     penalty = config.kl_reward_coef * kl_penalty(logp_old, logp_ref, mask)
     rewards = scores.rewards[batch.train_groups] - penalty.reshape(-1, g)
-    advantages = group_advantages(rewards, valid, config.algorithm, grpo_std=config.grpo_std)
+    baseline = None if batch.baseline is None else batch.baseline[batch.train_groups]
+    advantages = group_advantages(rewards, valid, config.algorithm, grpo_std=config.grpo_std,
+                                  baseline=baseline)
     adv_tokens = adv_lib.broadcast_to_tokens(advantages.reshape(-1), mask)
   if ppo:
     values_old = values_old * mask
@@ -320,6 +333,7 @@ def batch_metrics(batch: Batch, scores: GroupScores, view: TrainView) -> dict:
                                correctness signal; below nonzero_adv_frac when a format bonus
                                separates all-wrong completions)
     completion_len             counted tokens per trained completion
+    groups_trained             trained groups with at least one counted token
   """
   valid = batch.valid.astype(bool)
   count = jnp.maximum(valid.sum(), 1)
@@ -336,6 +350,7 @@ def batch_metrics(batch: Batch, scores: GroupScores, view: TrainView) -> dict:
                                   & jnp.any(valid, axis=1)) / groups,
       "mixed_correct_frac": jnp.sum(right & wrong) / groups,
       "completion_len": jnp.sum(view.mask) / jnp.maximum(jnp.sum(trained), 1),
+      "groups_trained": jnp.sum(jnp.any(trained, axis=1)).astype(jnp.float32),
   }
 
 
@@ -384,6 +399,9 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   # 1. Feedback: advantages of every sampled group; the curriculum learns from them.
   scores = score_groups(batch, train_state.whitening, config)
   new_cur_state, cur_metrics = curriculum_update(cur_state, scores.feedback)
+  if config.high_variance_only:  # VCRL's training mask: low-variance groups leave the loss
+    batch = batch._replace(train_valid=batch.train_valid
+                           & cur_metrics["high_variance"][batch.train_groups])
 
   # 2. View: the trained rows and the constant forward passes.
   params = forward.model_params(train_state.params, frozen)

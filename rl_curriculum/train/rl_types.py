@@ -21,6 +21,7 @@ ADVANTAGES = {
     "grpo": adv_lib.grpo,
     "dr_grpo": adv_lib.dr_grpo,
     "reinforce_pp": adv_lib.reinforce_pp,
+    "counterfactual": adv_lib.counterfactual,  # A = r - b[p]: needs `Batch.baseline`
 }
 CURRICULUM_FEEDBACK = ("correct", "reward")
 GRPO_STDS = ("population", "sample")
@@ -54,9 +55,12 @@ class Batch(NamedTuple):
   arms: jax.Array              # i32[S] curriculum arms
   rewards: jax.Array           # f32[S, G] shaped rewards
   correct: jax.Array           # bool[S, G] raw correctness
-  valid: jax.Array             # bool[S, G] completions that exist (all True unless allocated)
+  valid: jax.Array             # bool[S, G] completions sampled (`budget.slot_mask`: all True
+                               # unless allocated or skipped before rollout)
   train_groups: jax.Array      # i32[P] groups (indices into S) the policy trains on
   train_valid: jax.Array       # bool[P] False on padding slots a filter could not fill
+  baseline: Optional[jax.Array] = None  # f32[S] per-prompt baseline of the counterfactual
+                                        # estimator (else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +70,7 @@ class LearnConfig:
   No field has a default: `builders.learn_config` fills every one from `config.rl` and
   `config.curriculum`, the one place the defaults live (configs/quickstart.py documents each).
   """
-  algorithm: str              # rloo | grpo | dr_grpo | reinforce_pp | ppo
+  algorithm: str              # rloo | grpo | dr_grpo | reinforce_pp | counterfactual | ppo
   epochs: int                 # passes over the batch
   minibatches: int            # optimizer steps per pass (whole groups each)
   microbatches: int           # gradient accumulation: forward/backward passes per optimizer step
@@ -95,6 +99,7 @@ class LearnConfig:
   capo_ramp_steps: int        # CAPO: updates that then phase the negative ones in (both 0: off)
   grpo_std: str               # grpo: population | sample standard deviation of the group
   kl_reward_coef: float       # weight of the k1 KL-to-reference penalty in the reward (0: off)
+  high_variance_only: bool    # VCRL: train only on the groups its update marks high_variance
 
 
 def check_config(config: LearnConfig) -> None:
