@@ -67,11 +67,18 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.rl = ml_collections.ConfigDict()
   c.rl.algorithm = "rloo"           # rloo | grpo | dr_grpo | reinforce_pp | ppo (critic + GAE)
+                                    # | counterfactual (A = r - the prompt's past success rate)
   c.rl.steps = 150                  # RL updates (one rollout batch each)
   c.rl.seed = 0                     # RL randomness (rollouts, curriculum): 0 = `seed` alone, else
                                     # folded into it; data and SFT warm start do not depend on it
   c.rl.prompts_per_step = 32        # P
   c.rl.group_size = 8               # G completions per prompt
+  c.rl.allocation = "none"          # none | uniform | variance | difficulty: spread the step's
+                                    # S x G completions over its prompts (variance: more where
+                                    # the Beta posterior of success is widest; difficulty: more
+                                    # where success is rare); none = G each
+  c.rl.allocation_max = 16          # with an allocation: completion slots per prompt (>= G)
+  c.rl.allocation_min = 2           # with an allocation: fewest completions a prompt gets
   c.rl.max_new_tokens = 6           # completion length cap (answer + EOS)
   c.rl.temperature = 1.0            # sampling temperature; the losses' log-probs are those of
                                     # logits / temperature, the distribution that sampled
@@ -128,6 +135,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.curriculum.oversample = 1.0     # > 1 with a filter: roll out P * oversample prompts (whole)
   c.curriculum.filter = "none"      # none | all_equal | accuracy_band (post-rollout filter)
   c.curriculum.band = (0.0, 1.0)    # accuracy band [lo, hi] kept by the accuracy_band filter
+  c.curriculum.high_variance_only = False  # vcrl: only the groups its update marks high-variance
+                                    # enter the loss (the others still teach the curriculum)
   c.curriculum.features_every = 25  # pcl: recompute prompt features with the current policy
                                     # every this many steps (0 = only at the start)
   c.curriculum.features_batch_size = 512  # pcl: prompts per feature forward pass

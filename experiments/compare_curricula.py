@@ -90,12 +90,16 @@ def _curriculum_fields(method: str, config) -> dict:
   A method is a curriculum of `builders.CURRICULA` (SEC keeps the setting's options, every other
   curriculum runs with its constructor's defaults; easy_to_hard's schedule is sized in run_config,
   once the step count is known), a post-rollout filter of `builders.FILTERS` over uniform
-  selection, or an alias of either (`_ALIASES`).
+  selection, or an alias of either (`_ALIASES`). GRESO rolls its skipped candidates out to fill the
+  batch (`refill=True`): every method then spends exactly P x G rollouts a step, the comparison's
+  unit; its saving (slots left unrolled) shows as `rollouts_saved` in a run of its own.
   """
   method = _ALIASES.get(method, method)
   plain = dict(options={}, filter="none", oversample=1.0)
   if method == "sec":
     return dict(plain, name="sec", options=dict(config.curriculum.options))
+  if method == "greso":
+    return dict(plain, name="greso", options=dict(refill=True))
   if method in builders.CURRICULA:
     return dict(plain, name=method)
   if method in builders.FILTERS and method != "none":

@@ -16,6 +16,7 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
 from rl_curriculum.model.config import PRESETS, REMAT_POLICIES, ModelConfig
+from rl_curriculum.train import budget
 from rl_curriculum.train import rl_step
 
 
@@ -167,6 +168,26 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
       _fail(f"rl.{field}", f"must be a whole number >= 0, got {value!r}")
   if rl.grpo_std not in rl_step.GRPO_STDS:
     _fail("rl.grpo_std", f"must be one of {rl_step.GRPO_STDS}, got {rl.grpo_std!r}")
+  if rl.algorithm == "counterfactual" and rl.whiten_rewards:
+    _fail("rl.whiten_rewards", "must be False with rl.algorithm='counterfactual': its baseline "
+          "is a success rate, in the units of the raw rewards")
+  _validate_allocation(rl)
+
+
+def _validate_allocation(rl: ml_collections.ConfigDict) -> None:
+  """config.rl.allocation and its per-prompt bounds."""
+  if rl.allocation not in budget.ALLOCATIONS:
+    _fail("rl.allocation", f"must be one of {budget.ALLOCATIONS}, got {rl.allocation!r}")
+  if rl.allocation == "none":
+    return
+  if not isinstance(rl.allocation_max, int) or rl.allocation_max < rl.group_size:
+    _fail("rl.allocation_max", f"must be a whole number >= rl.group_size={rl.group_size} (the "
+          f"completion slots of a prompt), got {rl.allocation_max!r}")
+  least = 2 if rl.algorithm in ("rloo", "grpo", "dr_grpo") else 1
+  if not isinstance(rl.allocation_min, int) or not least <= rl.allocation_min <= rl.group_size:
+    _fail("rl.allocation_min", f"must be a whole number in [{least}, rl.group_size="
+          f"{rl.group_size}] ({rl.algorithm} needs {least} completions per prompt), got "
+          f"{rl.allocation_min!r}")
 
 
 def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> None:
@@ -257,6 +278,12 @@ def _validate_curriculum(c: ml_collections.ConfigDict) -> None:
   band = tuple(cur_config.band)
   if len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0:
     _fail("curriculum.band", f"must be (lo, hi) with 0 <= lo <= hi <= 1, got {band}")
+  if not isinstance(cur_config.high_variance_only, bool):
+    _fail("curriculum.high_variance_only", f"must be True or False, got "
+          f"{cur_config.high_variance_only!r}")
+  if cur_config.high_variance_only and name != "vcrl":
+    _fail("curriculum.high_variance_only", f"needs curriculum.name='vcrl' (whose update marks "
+          f"the high-variance groups), got {name!r}")
   if cur_config.features_every < 0:
     _fail("curriculum.features_every", f"must be >= 0, got {cur_config.features_every}")
   if cur_config.features_batch_size < 1:
@@ -328,4 +355,5 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
       value_detach=rl.value_detach, dual_clip=float(rl.dual_clip),
       entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap),
       capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
-      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef))
+      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef),
+      high_variance_only=bool(config.curriculum.high_variance_only))

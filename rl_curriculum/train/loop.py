@@ -34,7 +34,7 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool
-from rl_curriculum.train import builders, checkpointing, data, evaluation, forward, report
+from rl_curriculum.train import budget, builders, checkpointing, data, evaluation, forward, report
 from rl_curriculum.train import rl_step, warm_start
 from rl_curriculum.train.metrics import MetricsWriter, read_jsonl
 from rl_curriculum.types import Feedback, Selection
@@ -188,7 +188,9 @@ def _value_head(config: ml_collections.ConfigDict, run: Prepared):
 
 
 def init_states(config: ml_collections.ConfigDict, run: Prepared):
-  """Phase 4's fresh state: (optimizer, curriculum, train_state, curriculum_state)."""
+  """Phase 4's fresh state: (optimizer, curriculum, train_state, curriculum_state, prompt_stats);
+  prompt_stats is the run's per-prompt statistics when a method reads them, else None
+  (`budget.needs_prompt_stats`)."""
   optimizer = builders.build_optimizer(config.rl.learning_rate,
                                        max_grad_norm=config.rl.max_grad_norm)
   pool = run.pool.prompt_pool()
@@ -198,14 +200,23 @@ def init_states(config: ml_collections.ConfigDict, run: Prepared):
   train_state = rl_step.init_train_state(run.trainable, optimizer, _value_head(config, run))
   # Steps count from 1, so key 0 of the root is free for the curriculum's initial shuffle.
   cur_state = curriculum.init(pool, jax.random.fold_in(rl_root_key(config), 0))
-  return optimizer, curriculum, train_state, cur_state
+  prompts = budget.init_prompt_stats(config, pool.size)
+  return optimizer, curriculum, train_state, cur_state, prompts
+
+
+def saved_state(train_state, cur_state, prompts) -> dict:
+  """The pytree a checkpoint holds (the per-prompt statistics only when the run keeps them)."""
+  state = {"train": train_state, "curriculum": cur_state}
+  if prompts is not None:
+    state["prompts"] = prompts
+  return state
 
 
 def restore_params(config: ml_collections.ConfigDict, run: Prepared, workdir: str):
   """(step, model params) of the newest RL checkpoint in workdir, or (0, the warm start)."""
-  _, _, train_state, cur_state = init_states(config, run)
+  _, _, train_state, cur_state, prompts = init_states(config, run)
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
-  restored = checkpointing.restore_latest(manager, {"train": train_state, "curriculum": cur_state})
+  restored = checkpointing.restore_latest(manager, saved_state(train_state, cur_state, prompts))
   manager.close()
   step = 0
   if restored is not None:
@@ -224,11 +235,11 @@ class RowLayout(NamedTuple):
 
 def row_layout(config: ml_collections.ConfigDict, mesh) -> RowLayout:
   """The run's RowLayout; a ConfigError when the rows do not split over the batch axes."""
-  num_rows = builders.sampled_prompts(config) * config.rl.group_size
+  num_rows = builders.sampled_prompts(config) * budget.group_slots(config)
   if num_rows % mesh_lib.batch_size_of(mesh):
     raise builders.ConfigError(
         f"config.parallel.mesh_shape: {num_rows} rollout rows (prompts_per_step x oversample x "
-        f"group_size) do not split over data x fsdp = {mesh_lib.batch_size_of(mesh)} devices")
+        f"group_size, or allocation_max with an allocation) do not split over data x fsdp = {mesh_lib.batch_size_of(mesh)} devices")
   sharding = mesh_lib.batch_sharding(mesh, 2)
   return RowLayout(mesh=mesh, sharding=sharding, num_rows=num_rows,
                    mine=distributed.local_row_indices(sharding, num_rows))
@@ -261,30 +272,39 @@ def build_stepper(config: ml_collections.ConfigDict, run: Prepared, mesh, optimi
 # Phase 5: one step's data, from a selection to a scored batch.
 # ------------------------------------------------------------------------------------------------
 
-def score_completions(task, pool: TaskPool, prompt_rows, tokens, decode):
+def score_completions(task, pool: TaskPool, prompt_rows, tokens, decode, sampled=None):
   """Host side: decode and score completions tokens i32[b, T] of the pool prompts prompt_rows
-  i32[b] (this process's rows of the batch); returns rewards f32[b], correct bool[b].
+  i32[b] (this process's rows of the batch); returns rewards f32[b], correct bool[b]. Rows where
+  `sampled` (bool[b], None for all) is False hold no completion: reward 0, not correct, and the
+  verifier never sees them.
 
   Raises:
     ValueError: a reward is not finite (a verifier bug; one NaN would reach every statistic that
       averages rewards), naming the task, the prompt and the completion.
   """
-  texts = [decode(row) for row in np.asarray(tokens)]
-  problems = [pool.problems[i] for i in prompt_rows]
-  rewards, correct, _ = task.score_batch(problems, texts)
-  rewards = np.asarray(rewards, np.float32)
-  bad = np.flatnonzero(~np.isfinite(rewards))
+  keep = np.ones(len(prompt_rows), bool) if sampled is None else np.asarray(sampled, bool)
+  texts = [decode(row) for row in np.asarray(tokens)[keep]]
+  problems = [pool.problems[i] for i in np.asarray(prompt_rows)[keep]]
+  rewards, correct = np.zeros(len(keep), np.float32), np.zeros(len(keep), bool)
+  if not texts:
+    return rewards, correct
+  scored, right, _ = task.score_batch(problems, texts)
+  scored = np.asarray(scored, np.float32)
+  bad = np.flatnonzero(~np.isfinite(scored))
   if bad.size:
     i = int(bad[0])
-    raise ValueError(f"task {problems[i].task!r} scored {rewards[i]} (not finite) for prompt "
+    raise ValueError(f"task {problems[i].task!r} scored {scored[i]} (not finite) for prompt "
                      f"{problems[i].prompt!r} and completion {texts[i]!r} ({bad.size} of "
-                     f"{rewards.size} rewards of this batch are not finite); rewards must be "
+                     f"{scored.size} rewards of this batch are not finite); rewards must be "
                      "finite numbers")
-  return rewards, np.asarray(correct, bool)
+  rewards[keep], correct[keep] = scored, np.asarray(right, bool)
+  return rewards, correct
 
 
-def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, p: int, key):
-  """Post-rollout filter on raw correctness bool[S, G]: indices of the P groups to train on (a
+def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, valid: np.ndarray,
+                 p: int, key):
+  """Post-rollout filter on raw correctness bool[S, G] of the sampled completions (valid
+  bool[S, G]): indices of the P groups to train on (a
   uniformly random subset of the survivors when more than P survive) and whether each slot holds
   a real group (short batches are padded with masked slots, never duplicates)."""
   if config.curriculum.filter == "none":
@@ -292,7 +312,7 @@ def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, p: int,
   s, g = correct.shape
   fb = Feedback(prompt_ids=jnp.zeros(s, jnp.int32), arms=jnp.zeros(s, jnp.int32),
                 rewards=jnp.zeros((s, g)), correct=jnp.asarray(correct),
-                advantages=jnp.zeros((s, g)))
+                advantages=jnp.zeros((s, g)), valid=jnp.asarray(valid))
   kwargs = {}
   if config.curriculum.filter == "accuracy_band":
     kwargs = dict(lo=config.curriculum.band[0], hi=config.curriculum.band[1])
@@ -302,41 +322,57 @@ def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, p: int,
 
 
 def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout, params,
-            selection: Selection, key_sample: jax.Array, key_filter: jax.Array):
-  """Rolls out G completions of every selected prompt, scores them on the host (each process
-  its own rows) and picks the groups to train on; returns (the `rl_step.Batch` for the learn
-  step, host statistics of the rollout for the log)."""
-  g, tok = config.rl.group_size, run.tokenizer
+            selection: Selection, key_sample: jax.Array, key_filter: jax.Array, prompts=None):
+  """Rolls out the selected prompts' completion slots (`budget.slot_mask`: G each, or the
+  allocation's counts, none for a prompt skipped before rollout), scores the sampled ones on the
+  host (each process its own rows) and picks the groups to train on; returns (the `rl_step.Batch`
+  for the learn step, host statistics of the rollout for the log). `prompts`: the run's
+  per-prompt statistics before this rollout (`budget`), or None when it keeps none."""
+  g, tok = budget.group_slots(config), run.tokenizer
   t0 = time.time()
+  valid = budget.slot_mask(config, selection, prompts)  # bool[S, G]
   rows = np.repeat(np.asarray(selection.prompt_ids), g)[layout.mine]
-  prompts = distributed.rows_to_global(run.pool.tokens[rows], layout.sharding, layout.num_rows)
-  prompt_mask = distributed.rows_to_global(run.pool.mask[rows], layout.sharding, layout.num_rows)
-  rollout = sampler.sample(run.graphdef, params, prompts, prompt_mask, key_sample,
-                           max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
+  sampled = valid.reshape(-1)[layout.mine]
+  to_global = lambda x: distributed.rows_to_global(x, layout.sharding, layout.num_rows)
+  prompt_mask = to_global(run.pool.mask[rows])
+  rollout = sampler.sample(run.graphdef, params, to_global(run.pool.tokens[rows]), prompt_mask,
+                           key_sample, max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
                            stop_ids=run.stop_ids, pad_id=tok.pad_id,
-                           temperature=config.rl.temperature, group=g, mesh=layout.mesh)
+                           temperature=config.rl.temperature, group=g, mesh=layout.mesh,
+                           active=None if valid.all() else distributed.rows_to_global(
+                               sampled, mesh_lib.batch_sharding(layout.mesh, 1), layout.num_rows))
   rollout = distributed.place(rollout, jax.tree.map(lambda _: layout.sharding, rollout))
   jax.block_until_ready(rollout.tokens)
   t1 = time.time()
   # The scores (B floats) are shared with every process.
   my_rewards, my_correct = score_completions(run.task, run.pool, rows,
-                                             distributed.local_rows(rollout.tokens), tok.decode)
+                                             distributed.local_rows(rollout.tokens), tok.decode,
+                                             sampled)
   rewards = distributed.gather_rows(my_rewards, layout.mine, layout.num_rows).reshape(-1, g)
   correct = distributed.gather_rows(my_correct, layout.mine, layout.num_rows).reshape(-1, g)
   t2 = time.time()
-  groups, group_valid = train_groups(config, correct, config.rl.prompts_per_step, key_filter)
+  groups, group_valid = train_groups(config, correct, valid, config.rl.prompts_per_step,
+                                     key_filter)
+  baseline = None
+  if config.rl.algorithm == "counterfactual":
+    baseline = jnp.asarray(budget.success_mean(prompts, selection.prompt_ids))
   batch = rl_step.Batch(
       prompt_tokens=rollout.prompt_tokens, prompt_mask=prompt_mask,
       tokens=rollout.tokens, mask=rollout.mask, sampler_logprobs=rollout.logprobs,
       prompt_ids=selection.prompt_ids, arms=selection.arms, rewards=jnp.asarray(rewards),
-      correct=jnp.asarray(correct), valid=jnp.ones(rewards.shape, bool),
-      train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid))
+      correct=jnp.asarray(correct), valid=jnp.asarray(valid),
+      train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid), baseline=baseline)
   arm_counts = np.bincount(np.asarray(selection.arms), minlength=len(config.task.train_bins))
+  budgeted = builders.sampled_prompts(config) * config.rl.group_size
   stats = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1,
            "tokens_per_s": float(jnp.sum(rollout.mask)) / max(t1 - t0, 1e-9),
-           "sampled_reward_mean": float(rewards.mean()),
+           "sampled_reward_mean": float(rewards[valid].mean()) if valid.any() else 0.0,
            "curriculum/arm_frac": arm_counts / arm_counts.sum(),
-           "groups_kept": float(group_valid.sum())}
+           "groups_kept": float(group_valid.sum()),
+           "rollouts": float(valid.sum()), "rollouts_saved": float(budgeted - valid.sum())}
+  if config.rl.allocation != "none":
+    counts = valid.sum(axis=1)
+    stats.update({"allocation/min": float(counts.min()), "allocation/max": float(counts.max())})
   return batch, stats
 
 
@@ -421,12 +457,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       f.write(config.to_json(indent=1))
 
   # ---------------------------------------------------------------------------- 4. RL state
-  optimizer, curriculum, train_state, cur_state = init_states(config, run)
+  optimizer, curriculum, train_state, cur_state, prompts = init_states(config, run)
   log(mesh_lib.describe(mesh))
   stepper = build_stepper(config, run, mesh, optimizer, curriculum, train_state)
   rep = stepper.replicated
   train_state = distributed.place(train_state, stepper.state_shardings)
   cur_state = distributed.place(cur_state, jax.tree.map(lambda _: rep, cur_state))
+  prompts = distributed.place(prompts, jax.tree.map(lambda _: rep, prompts))
   frozen = distributed.place(run.frozen, mesh_lib.param_shardings(run.frozen, mesh))
   ref_params = distributed.place(run.ref_params, mesh_lib.param_shardings(run.ref_params, mesh))
 
@@ -436,10 +473,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                        max_to_keep=config.checkpoint.keep)
   start, before = 0, None
-  restored = checkpointing.restore_latest(manager, {"train": train_state, "curriculum": cur_state})
+  restored = checkpointing.restore_latest(manager, saved_state(train_state, cur_state, prompts))
   if restored is not None:
     start, state, meta = restored
     train_state, cur_state, before = state["train"], state["curriculum"], meta.get("before")
+    prompts = state.get("prompts")
     log(f"resumed from step {start}")
   if before is None:
     before = evaluate(config, run, policy(train_state))
@@ -456,7 +494,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       k_select, k_sample, k_learn, k_filter = jax.random.split(jax.random.fold_in(root, step), 4)
       selection, cur_state = stepper.select(cur_state, k_select)  # the same on every process
       batch, stats = collect(config, run, layout, policy(train_state), selection, k_sample,
-                             k_filter)
+                             k_filter, prompts)
+      prompts = distributed.place(budget.observe(prompts, batch, step),
+                                  jax.tree.map(lambda _: rep, prompts))
       t = time.time()
       train_state, cur_state, metrics = stepper.learn(train_state, cur_state, batch, k_learn,
                                                       frozen, ref_params)
@@ -470,7 +510,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if jax.process_count() > 1:  # a SIGTERM that reached one host stops them all
         preemption.requested = distributed.any_process(preemption.requested)
       if step % config.checkpoint.every == 0 or step == config.rl.steps or preemption.requested:
-        checkpointing.save(manager, step, {"train": train_state, "curriculum": cur_state},
+        checkpointing.save(manager, step, saved_state(train_state, cur_state, prompts),
                            {"before": before, "step": step}, wait=preemption.requested)
       if preemption.requested:
         writer.print(f"SIGTERM: saved step {step}; run the same command to resume")

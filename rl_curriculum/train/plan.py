@@ -44,7 +44,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import builders, rl_step
+from rl_curriculum.train import budget, builders, rl_step
 
 GIB = 1024 ** 3
 
@@ -161,7 +161,7 @@ class _Abstract(NamedTuple):
 def _plan_sampler(config: ml_collections.ConfigDict, a: _Abstract, *, prompt_len: int,
                   other_bytes: int) -> tuple[dict, dict]:
   """(the larger-peak of prefill and decode, both) of the run's sampler."""
-  n_new, g = config.rl.max_new_tokens, config.rl.group_size
+  n_new, g = config.rl.max_new_tokens, budget.group_slots(config)
   prompts = a.row(prompt_len, dtype=jnp.int32)
   prompt_mask = a.row(prompt_len, dtype=jnp.bool_)
   pre, pre_compiled = _measure(lambda: sampler.prefill.lower(
@@ -183,7 +183,8 @@ def _plan_sampler(config: ml_collections.ConfigDict, a: _Abstract, *, prompt_len
 def _plan_learn(config: ml_collections.ConfigDict, a: _Abstract, optimizer, *, use_lora: bool,
                 prompt_len: int) -> dict:
   """The memory of the run's learn step."""
-  s, g, n_new = builders.sampled_prompts(config), config.rl.group_size, config.rl.max_new_tokens
+  s, g = builders.sampled_prompts(config), budget.group_slots(config)
+  n_new = config.rl.max_new_tokens
   rep = mesh_lib.replicated(a.mesh)
   pool = _pool(config)  # with stand-in features for PCL (other curricula ignore them)
   pool = pool.with_features(np.zeros((len(pool.arms), 1), np.float32))
@@ -239,7 +240,7 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
   shape = model_shape(config, vocab_size)
   if num_layers:
     shape = dataclasses.replace(shape, num_layers=num_layers)
-  s, g = builders.sampled_prompts(config), config.rl.group_size
+  s, g = builders.sampled_prompts(config), budget.group_slots(config)
   rows, n_new = s * g, config.rl.max_new_tokens
   shards = mesh_lib.batch_size_of(mesh)
   if rows % shards:
