@@ -12,7 +12,7 @@ from ml_collections import config_flags
 import numpy as np
 import pytest
 
-from rl_curriculum.train import builders, loop, warm_start
+from rl_curriculum.train import budget, builders, loop, warm_start
 from rl_curriculum.train.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,6 +117,8 @@ def test_every_curriculum_filter_and_algorithm_has_a_row():
   # "none" is the absence of a filter, not a method.
   assert not set(builders.FILTERS) - {"none"} - filters, "filters without a row"
   assert not set(builders.ALGORITHMS) - algorithms, "algorithms without a row"
+  allocations = _rows_setting("--config.rl.allocation=")
+  assert not set(budget.ALLOCATIONS) - {"none"} - allocations, "allocations without a row"
 
 
 def _functions(path: str) -> set[str]:

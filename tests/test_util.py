@@ -5,7 +5,9 @@ sys.path).
 """
 
 import functools
-from typing import Callable
+import os
+import shutil
+from typing import Callable, Optional
 
 import hypothesis
 import jax
@@ -52,3 +54,25 @@ def feedback(correct=None, *, rewards=None, ids=None, arms=None, advantages=None
       advantages=(jnp.zeros(rewards.shape, jnp.float32) if advantages is None
                   else jnp.asarray(advantages, jnp.float32)),
       valid=None if valid is None else jnp.asarray(valid, bool))
+
+
+# The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
+WARM_START = ("warm_start.json", "tokenizer.model", "sft")
+
+
+def run_rl(config, workdir: str, warm_from: Optional[str] = None) -> list[dict]:
+  """Rows of metrics.jsonl of the RL steps (step >= 1) of `loop.train_and_evaluate(config,
+  workdir)`; with `warm_from`, the run starts from that workdir's tokenizer and SFT caches (made
+  with the same task, model and SFT settings)."""
+  from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
+  if warm_from is not None:
+    os.makedirs(workdir)
+    for name in WARM_START:
+      source = os.path.join(warm_from, name)
+      copy = shutil.copytree if os.path.isdir(source) else shutil.copy
+      copy(source, os.path.join(workdir, name))
+  loop.train_and_evaluate(config, workdir)
+  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
+  assert [r["step"] for r in rows] == list(range(1, config.rl.steps + 1))
+  return rows

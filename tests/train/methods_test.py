@@ -2,19 +2,13 @@
 metrics.jsonl shows the method acting (CAPO, truncated importance sampling, dual clip, KL in the
 reward, entropy bonus). The runs share one tokenizer and SFT warm start."""
 
-import os
-import shutil
-
 import numpy as np
 import pytest
+import test_util
 
 from configs import toy
-from rl_curriculum.train import loop
-from rl_curriculum.train.metrics import read_jsonl
 
 STEPS = 3
-# The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
-_WARM_START = ("warm_start.json", "tokenizer.model", "sft")
 
 
 def _config(**rl):
@@ -28,24 +22,10 @@ def _config(**rl):
   return c
 
 
-def _run(config, workdir, warm_from=None):
-  """Rows of metrics.jsonl of the RL steps (step >= 1) of a toy run in `workdir`."""
-  if warm_from is not None:
-    os.makedirs(workdir)
-    for name in _WARM_START:
-      source = os.path.join(warm_from, name)
-      (shutil.copytree if os.path.isdir(source) else shutil.copy)(source,
-                                                                  os.path.join(workdir, name))
-  loop.train_and_evaluate(config, workdir)
-  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
-  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-  return rows
-
-
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("methods") / "baseline")
-  return workdir, _run(_config(), workdir)
+  return workdir, test_util.run_rl(_config(), workdir)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +34,7 @@ def combined(baseline, tmp_path_factory):
   each writes its own metric."""
   workdir = str(tmp_path_factory.mktemp("methods") / "combined")
   config = _config(capo_positive_steps=2, tis_cap=2.0, dual_clip=3.0, kl_reward_coef=0.1)
-  return _run(config, workdir, warm_from=baseline[0])
+  return test_util.run_rl(config, workdir, warm_from=baseline[0])
 
 
 def test_methods_are_off_by_default(baseline):
@@ -96,7 +76,8 @@ def test_entropy_bonus_keeps_the_policy_more_random(baseline, tmp_path):
   """The same seed with a large entropy bonus: the first rollout is the same, and the policy's
   entropy after the updates is higher than without the bonus."""
   _, plain = baseline
-  bonus = _run(_config(entropy_coef=1.0), str(tmp_path / "entropy"), warm_from=baseline[0])
+  bonus = test_util.run_rl(_config(entropy_coef=1.0), str(tmp_path / "entropy"),
+                           warm_from=baseline[0])
   assert bonus[0]["reward_mean"] == plain[0]["reward_mean"]  # the same first rollout
   # Token-mean aggregation: the bonus is the mean entropy of the trained tokens.
   np.testing.assert_allclose(bonus[0]["entropy_bonus"], bonus[0]["entropy"], rtol=1e-4)
