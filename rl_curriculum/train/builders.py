@@ -150,7 +150,8 @@ def _validate_rl(rl: ml_collections.ConfigDict) -> None:
 
 def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
   """config.rl's optional loss-side methods: dual clip, entropy bonus, truncated importance
-  sampling, CAPO, GRPO's std, Dr. GRPO's aggregation and the KL in the reward."""
+  sampling, CAPO, GRPO's std, Dr. GRPO's aggregation, the KL in the reward and the handling of
+  completions cut at rl.max_new_tokens."""
   if rl.algorithm == "dr_grpo" and rl.aggregation != rl_step.DR_GRPO_AGGREGATION:
     _fail("rl.aggregation", f"rl.algorithm='dr_grpo' needs rl.aggregation="
           f"{rl_step.DR_GRPO_AGGREGATION!r}, got {rl.aggregation!r}: Dr. GRPO removes the "
@@ -167,6 +168,15 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
       _fail(f"rl.{field}", f"must be a whole number >= 0, got {value!r}")
   if rl.grpo_std not in rl_step.GRPO_STDS:
     _fail("rl.grpo_std", f"must be one of {rl_step.GRPO_STDS}, got {rl.grpo_std!r}")
+  if rl.overlong not in rl_step.OVERLONG:
+    _fail("rl.overlong", f"must be one of {rl_step.OVERLONG}, got {rl.overlong!r}")
+  if not isinstance(rl.overlong_cache, int) or rl.overlong_cache < 0:
+    _fail("rl.overlong_cache", f"must be a whole number of tokens >= 0, got "
+          f"{rl.overlong_cache!r}")
+  if rl.overlong == "penalty" and not 1 <= rl.overlong_cache < rl.max_new_tokens:
+    _fail("rl.overlong_cache", f"rl.overlong='penalty' needs 1 <= rl.overlong_cache < "
+          f"rl.max_new_tokens={rl.max_new_tokens} (the lengths that are penalised), got "
+          f"{rl.overlong_cache}")
 
 
 def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> None:
@@ -328,4 +338,5 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
       value_detach=rl.value_detach, dual_clip=float(rl.dual_clip),
       entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap),
       capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
-      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef))
+      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef), overlong=rl.overlong,
+      overlong_cache=rl.overlong_cache)

@@ -325,12 +325,14 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout,
   correct = distributed.gather_rows(my_correct, layout.mine, layout.num_rows).reshape(-1, g)
   t2 = time.time()
   groups, group_valid = train_groups(config, correct, config.rl.prompts_per_step, key_filter)
+  truncated = rl_step.truncated_completions(rollout.tokens, rollout.mask,
+                                            (tok.eos_id, *run.stop_ids)).reshape(-1, g)
   batch = rl_step.Batch(
       prompt_tokens=rollout.prompt_tokens, prompt_mask=prompt_mask,
       tokens=rollout.tokens, mask=rollout.mask, sampler_logprobs=rollout.logprobs,
       prompt_ids=selection.prompt_ids, arms=selection.arms, rewards=jnp.asarray(rewards),
       correct=jnp.asarray(correct), valid=jnp.ones(rewards.shape, bool),
-      train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid))
+      train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid), truncated=truncated)
   arm_counts = np.bincount(np.asarray(selection.arms), minlength=len(config.task.train_bins))
   stats = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1,
            "tokens_per_s": float(jnp.sum(rollout.mask)) / max(t1 - t0, 1e-9),
