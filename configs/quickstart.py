@@ -124,6 +124,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.kl_reward_coef = 0.0         # KL to the reference in the reward (beta): PPO's token
                                     # rewards lose beta * k1 each, a group estimator's completion
                                     # rewards beta * sum k1 (0 = off; on costs a reference pass)
+  c.rl.overlong = "none"            # completions cut at max_new_tokens: none | exclude (out of the
+                                    # loss, DAPO) | penalty (DAPO's soft length penalty)
+  c.rl.overlong_cache = 0           # penalty: lengths past max_new_tokens - this lose up to 1
+                                    # reward, linearly (in [1, max_new_tokens) with penalty)
 
   c.curriculum = ml_collections.ConfigDict()
   c.curriculum.name = "sec"         # see rl_curriculum.train.builders.CURRICULA

@@ -151,7 +151,8 @@ def _validate_rl(rl: ml_collections.ConfigDict) -> None:
 
 def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
   """config.rl's optional loss-side methods: dual clip, entropy bonus, truncated importance
-  sampling, CAPO, GRPO's std, Dr. GRPO's aggregation and the KL in the reward."""
+  sampling, CAPO, GRPO's std, Dr. GRPO's aggregation, the KL in the reward and the handling of
+  completions cut at rl.max_new_tokens."""
   if rl.algorithm == "dr_grpo" and rl.aggregation != rl_step.DR_GRPO_AGGREGATION:
     _fail("rl.aggregation", f"rl.algorithm='dr_grpo' needs rl.aggregation="
           f"{rl_step.DR_GRPO_AGGREGATION!r}, got {rl.aggregation!r}: Dr. GRPO removes the "
@@ -171,6 +172,15 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
   if rl.algorithm == "counterfactual" and rl.whiten_rewards:
     _fail("rl.whiten_rewards", "must be False with rl.algorithm='counterfactual': its baseline "
           "is a success rate, in the units of the raw rewards")
+  if rl.overlong not in rl_step.OVERLONG:
+    _fail("rl.overlong", f"must be one of {rl_step.OVERLONG}, got {rl.overlong!r}")
+  if not isinstance(rl.overlong_cache, int) or rl.overlong_cache < 0:
+    _fail("rl.overlong_cache", f"must be a whole number of tokens >= 0, got "
+          f"{rl.overlong_cache!r}")
+  if rl.overlong == "penalty" and not 1 <= rl.overlong_cache < rl.max_new_tokens:
+    _fail("rl.overlong_cache", f"rl.overlong='penalty' needs 1 <= rl.overlong_cache < "
+          f"rl.max_new_tokens={rl.max_new_tokens} (the lengths that are penalised), got "
+          f"{rl.overlong_cache}")
   _validate_allocation(rl)
 
 
@@ -355,5 +365,6 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
       value_detach=rl.value_detach, dual_clip=float(rl.dual_clip),
       entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap),
       capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
-      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef),
+      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef), overlong=rl.overlong,
+      overlong_cache=rl.overlong_cache,
       high_variance_only=bool(config.curriculum.high_variance_only))

@@ -1,7 +1,8 @@
 """Example scored rollouts: `rl_step.Batch`es of given shapes, for benchmarks and tests.
 
 `make_batch` assembles a batch from the arrays a caller cares about and fills the rest the way a
-plain rollout would (every token counts, every completion exists, every group is trained on).
+plain rollout would (every token counts, every completion exists, every group is trained on, a
+completion that fills its row without a stop token was cut).
 `example_batch` draws the arrays from a seed: random prompts, completions and 0/1 rewards of
 P prompts x G completions, the same on every call with the same arguments.
 
@@ -9,7 +10,7 @@ P prompts x G completions, the same on every call with the same arguments.
                                  vocab_size=49152)
 """
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,8 @@ def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0,
 def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
                sampler_logprob: float = 0.0, correct=None, num_arms: int = 1,
                train_groups: Optional[jax.Array] = None,
-               train_valid: Optional[jax.Array] = None) -> rl_step.Batch:
+               train_valid: Optional[jax.Array] = None,
+               stop_ids: Sequence[int] = ()) -> rl_step.Batch:
   """A `Batch` of S groups x G completions from its token arrays and rewards.
 
   Args:
@@ -45,6 +47,8 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
     num_arms: group s belongs to arm s % num_arms; prompt ids are 0..S-1.
     train_groups: i32[P] groups the policy trains on; None: all S in order.
     train_valid: bool[P]; None: every slot is a real group.
+    stop_ids: the tokens that end a completion: one whose last slot counts and holds none of
+      them was cut at the length cap (`Batch.truncated`, `rl_step.truncated_completions`).
 
   Returns:
     An `rl_step.Batch` of JAX arrays, every completion valid.
@@ -53,6 +57,7 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
   s = rewards.shape[0]
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
   tokens = jnp.asarray(tokens, jnp.int32)
+  mask = jnp.ones(tokens.shape, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
   train_groups = (jnp.arange(s, dtype=jnp.int32) if train_groups is None
                   else jnp.asarray(train_groups, jnp.int32))
   return rl_step.Batch(
@@ -60,7 +65,7 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
       prompt_mask=(jnp.ones(prompt_tokens.shape, bool) if prompt_mask is None
                    else jnp.asarray(prompt_mask, bool)),
       tokens=tokens,
-      mask=jnp.ones(tokens.shape, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32),
+      mask=mask,
       sampler_logprobs=jnp.full(tokens.shape, sampler_logprob, jnp.float32),
       prompt_ids=jnp.arange(s, dtype=jnp.int32),
       arms=jnp.arange(s, dtype=jnp.int32) % num_arms,
@@ -69,7 +74,8 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
       valid=jnp.ones(rewards.shape, bool),
       train_groups=train_groups,
       train_valid=(jnp.ones(train_groups.shape, bool) if train_valid is None
-                   else jnp.asarray(train_valid, bool)))
+                   else jnp.asarray(train_valid, bool)),
+      truncated=rl_step.truncated_completions(tokens, mask, stop_ids).reshape(rewards.shape))
 
 
 def example_batch(prompts: int, group: int, prompt_len: int, completion_len: int,

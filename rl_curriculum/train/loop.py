@@ -356,12 +356,15 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout,
   baseline = None
   if config.rl.algorithm == "counterfactual":
     baseline = jnp.asarray(budget.success_mean(prompts, selection.prompt_ids))
+  truncated = rl_step.truncated_completions(rollout.tokens, rollout.mask,
+                                            (tok.eos_id, *run.stop_ids)).reshape(-1, g)
   batch = rl_step.Batch(
       prompt_tokens=rollout.prompt_tokens, prompt_mask=prompt_mask,
       tokens=rollout.tokens, mask=rollout.mask, sampler_logprobs=rollout.logprobs,
       prompt_ids=selection.prompt_ids, arms=selection.arms, rewards=jnp.asarray(rewards),
       correct=jnp.asarray(correct), valid=jnp.asarray(valid),
-      train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid), baseline=baseline)
+      train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid), baseline=baseline,
+      truncated=truncated)
   arm_counts = np.bincount(np.asarray(selection.arms), minlength=len(config.task.train_bins))
   budgeted = builders.sampled_prompts(config) * config.rl.group_size
   stats = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1,

@@ -201,7 +201,8 @@ def _plan_learn(config: ml_collections.ConfigDict, a: _Abstract, optimizer, *, u
       prompt_ids=small((s,), jnp.int32), arms=small((s,), jnp.int32),
       rewards=small((s, g), jnp.float32), correct=small((s, g), jnp.bool_),
       valid=small((s, g), jnp.bool_), train_groups=small((p,), jnp.int32),
-      train_valid=small((p,), jnp.bool_))
+      train_valid=small((p,), jnp.bool_), truncated=small((s, g), jnp.bool_),
+      baseline=(small((s,), jnp.float32) if config.rl.algorithm == "counterfactual" else None))
   state_shardings = jax.tree.map(lambda x: x.sharding, a.state)
   learn = rl_step.make_learn(graphdef=a.graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update,

@@ -4,16 +4,18 @@
 
 `learn` runs six phases, each a module-level function that can be tested alone:
 
-  1. feedback   `score_groups`: rewards -> (whitening) -> advantages f32[S, G] of every sampled
-                group, and the curriculum's `Feedback` (whose advantages come from correctness by
-                default, see `LearnConfig.curriculum_feedback`); then `Curriculum.update` (with
+  1. feedback   `score_groups`: rewards -> (overlong penalty) -> (whitening) -> advantages
+                f32[S, G] of every sampled group, and the curriculum's `Feedback` (whose
+                advantages come from correctness by default, see
+                `LearnConfig.curriculum_feedback`); then `Curriculum.update` (with
                 `high_variance_only`, VCRL's update also decides which groups are trained on).
                 Completion slots that were not sampled (`Batch.valid` False: an allocation's
                 unused slots, a prompt skipped before rollout) count nowhere.
   2. view       `train_view`: the P trained groups as B = P * G rows (`TrainView`): per-token
                 advantages, mask, the old policy's and the reference's log-probs, values and
-                returns (PPO); the KL penalty in the reward (`kl_reward_coef`), and CAPO's
-                weights on negative advantages (`advantage_curriculum`).
+                returns (PPO); the KL penalty in the reward (`kl_reward_coef`), truncated
+                completions out of the loss (`overlong="exclude"`), and CAPO's weights on
+                negative advantages (`advantage_curriculum`).
   3. objective  `objective.policy_objective`: loss and metrics of one minibatch of rows (the only
                 function that differentiates the policy).
   4. updates    `objective.minibatch_updates`: `epochs` passes of `minibatches` optimizer steps
@@ -68,18 +70,20 @@ from rl_curriculum.rl import stability
 from rl_curriculum.train import forward
 from rl_curriculum.train.objective import minibatch_updates
 from rl_curriculum.train.rl_types import (ADVANTAGES, CURRICULUM_FEEDBACK, DR_GRPO_AGGREGATION,
-                                          GRPO_STDS, KL_LOSS_ESTIMATORS, Batch, GroupScores,
-                                          LearnConfig, TrainState, TrainView, check_config)
+                                          GRPO_STDS, KL_LOSS_ESTIMATORS, OVERLONG, Batch,
+                                          GroupScores, LearnConfig, TrainState, TrainView,
+                                          check_config)
 from rl_curriculum.types import Feedback
 
 # The step's types and constants live in rl_types; they are part of this module's interface.
 __all__ = [
     "ADVANTAGES", "CURRICULUM_FEEDBACK", "DR_GRPO_AGGREGATION", "GRPO_STDS", "KL_LOSS_ESTIMATORS",
-    "Batch", "GroupScores", "LearnConfig", "TrainState", "TrainView", "check_config",
+    "OVERLONG", "Batch", "GroupScores", "LearnConfig", "TrainState", "TrainView", "check_config",
     "row_blocks", "constant_logprobs", "init_value_head", "init_train_state",
-    "outcome_token_rewards", "group_advantages", "score_groups", "on_policy", "kl_penalty",
-    "train_view", "advantage_curriculum", "update_kl", "roll_back_if", "batch_metrics", "learn",
-    "make_learn",
+    "outcome_token_rewards", "group_advantages", "truncated_completions", "overlong_penalty",
+    "batch_overlong_penalty", "score_groups", "overlong_mask", "on_policy", "kl_penalty",
+    "train_view", "advantage_curriculum", "update_kl", "roll_back_if", "batch_metrics",
+    "overlong_metrics", "learn", "make_learn",
 ]
 
 def row_blocks(config: LearnConfig) -> int:
@@ -159,12 +163,58 @@ def group_advantages(rewards: jax.Array, valid: jax.Array, algorithm: str, *, gr
   return ADVANTAGES[algorithm](rewards, valid=valid) * valid
 
 
+def truncated_completions(tokens: jax.Array, mask: jax.Array, stop_ids) -> jax.Array:
+  """bool[R]: which completions i32[R, T] (counted tokens f32[R, T]) the length cap T cut off,
+  those whose last position counts and holds none of `stop_ids` (the sampler keeps and counts a
+  stop token, so a completion that ends with one at position T - 1 finished)."""
+  stop = jnp.asarray(tuple(stop_ids), jnp.int32)
+  ended = jnp.any(tokens[:, -1:] == stop[None, :], axis=1)
+  return (mask[:, -1] > 0) & ~ended
+
+
+def overlong_penalty(lengths: jax.Array, max_tokens: int, cache: int) -> jax.Array:
+  """DAPO's soft overlong punishment R_len of completions of `lengths` tokens (any shape, f32 of
+  the same shape) under a length cap L_max = `max_tokens` and a cache of L_cache = `cache` tokens:
+
+    R_len(y) = 0                                     if |y| <= L_max - L_cache
+               ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
+               -1                                    if L_max < |y|
+
+  so a completion that reaches the cap loses 1. The penalty depends on the length alone: a
+  completion that ends with a stop token inside the cache is punished too.
+
+  Reference: Yu et al. (2025), "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+  arXiv:2503.14476.
+  """
+  start = max_tokens - cache
+  lengths = jnp.asarray(lengths, jnp.float32)
+  return jnp.where(lengths <= start, 0.0, jnp.maximum((start - lengths) / cache, -1.0))
+
+
+def batch_overlong_penalty(batch: Batch, config: LearnConfig) -> jax.Array:
+  """f32[S, G] `overlong_penalty` of every sampled completion (L_max = T, the completions'
+  width; L_cache = `config.overlong_cache`), 0 on invalid slots.
+
+  Raises:
+    ValueError (at trace time): overlong_cache outside [1, T).
+  """
+  s, g = batch.rewards.shape
+  t = batch.mask.shape[1]
+  if not 1 <= config.overlong_cache < t:
+    raise ValueError(f"overlong_cache must lie in [1, {t}) (the completions' length cap), got "
+                     f"{config.overlong_cache}")
+  lengths = jnp.sum(batch.mask > 0, axis=1).reshape(s, g)
+  return jnp.where(batch.valid.astype(bool),
+                   overlong_penalty(lengths, t, config.overlong_cache), 0.0)
+
+
 # --- 1. Rewards, advantages and the curriculum's feedback ---------------------------------------
 
 
 def score_groups(batch: Batch, whitening: stability.WhiteningState,
                  config: LearnConfig) -> GroupScores:
-  """Phase 1: rewards -> (whitening) -> group advantages, and the curriculum's feedback.
+  """Phase 1: rewards -> (overlong penalty) -> (whitening) -> group advantages, and the
+  curriculum's feedback.
 
   The curriculum's `Feedback.advantages` are the estimator's advantages of the raw correctness
   (`curriculum_feedback="correct"`) or of the trained rewards ("reward"). With a format bonus the
@@ -172,9 +222,15 @@ def score_groups(batch: Batch, whitening: stability.WhiteningState,
   advantages (under GRPO exactly as large as a group with one right answer) but zero correctness
   advantages, so a curriculum fed rewards chases formatting. `Feedback.rewards` are always the
   shaped rewards, `Feedback.correct` the raw correctness.
+
+  With `overlong="penalty"` DAPO's soft overlong punishment (`batch_overlong_penalty`) joins the
+  rewards the policy trains on, before whitening and the advantages; `Feedback.rewards` remain
+  the task's.
   """
   valid = batch.valid.astype(bool)
   rewards = batch.rewards
+  if config.overlong == "penalty":
+    rewards = rewards + batch_overlong_penalty(batch, config)
   if config.whiten_rewards:
     whitening = stability.whitening_update(whitening, rewards, valid)
     rewards = stability.whiten(whitening, rewards)
@@ -212,6 +268,25 @@ def kl_penalty(logp_old: jax.Array, logp_ref: jax.Array, mask: jax.Array, *,
   return k1 if per_token else jnp.sum(k1, axis=1)
 
 
+def overlong_mask(batch: Batch, rows: jax.Array, config: LearnConfig) -> jax.Array:
+  """f32[B] of the rows i32[B]: 0 on the truncated completions `overlong="exclude"` leaves out of
+  the loss (DAPO's overlong filtering), 1 elsewhere (everywhere under other settings).
+
+  Reference: Yu et al. (2025), "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+  arXiv:2503.14476.
+
+  Raises:
+    ValueError (at trace time): "exclude" with a batch that does not say which completions were
+      truncated (`Batch.truncated` is None).
+  """
+  if config.overlong != "exclude":
+    return jnp.ones(rows.shape, jnp.float32)
+  if batch.truncated is None:
+    raise ValueError("overlong='exclude' needs Batch.truncated (which completions the length cap "
+                     "cut off; `truncated_completions`), got None")
+  return 1.0 - batch.truncated.reshape(-1)[rows].astype(jnp.float32)
+
+
 def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
                config: LearnConfig, use_lora: bool, value: Any = None,
                mesh: Any = None) -> TrainView:
@@ -229,12 +304,19 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   arXiv:2203.02155): PPO's token rewards lose beta * k1 on every token (`kl_penalty`); the group
   estimators' completion rewards lose beta * sum_t k1 before the trained groups' advantages are
   recomputed from them.
+
+  With `overlong="exclude"` the truncated completions get mask 0 (`overlong_mask`): no token of
+  theirs enters the loss (nor PPO's GAE, value loss and advantage whitening). They keep their
+  place in the group advantages: the others' baselines are computed from every sampled
+  completion, as phase 1 computed them for the curriculum, so a group's truncations still lower
+  its mean reward.
   """
   _, g = batch.rewards.shape
   rows = forward.trained_rows(batch.train_groups, g)
   valid = batch.valid.astype(bool)[batch.train_groups] & batch.train_valid[:, None]
   row_valid = valid.reshape(-1).astype(jnp.float32)
-  mask = batch.mask[rows] * row_valid[:, None]
+  sampled = batch.mask[rows] * row_valid[:, None]
+  mask = sampled * overlong_mask(batch, rows, config)[:, None]
   prompt_tokens, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
   tokens = batch.tokens[rows]
   advantages = scores.advantages[batch.train_groups] * valid
@@ -252,7 +334,7 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
     logp_ref, _ = logprobs(ref)
   if config.kl_reward_coef != 0 and not ppo:
     # The KL penalty lowers each completion's reward before the group-relative advantages.
-    penalty = config.kl_reward_coef * kl_penalty(logp_old, logp_ref, mask)
+    penalty = config.kl_reward_coef * kl_penalty(logp_old, logp_ref, sampled)
     rewards = scores.rewards[batch.train_groups] - penalty.reshape(-1, g)
     baseline = None if batch.baseline is None else batch.baseline[batch.train_groups]
     advantages = group_advantages(rewards, valid, config.algorithm, grpo_std=config.grpo_std,
@@ -354,6 +436,33 @@ def batch_metrics(batch: Batch, scores: GroupScores, view: TrainView) -> dict:
   }
 
 
+def overlong_metrics(batch: Batch, config: LearnConfig) -> dict:
+  """Statistics of the length cap (phase 6), over every sampled group:
+
+    truncated_frac          valid completions cut at T without a stop token (whenever the batch
+                            says which: `Batch.truncated`)
+    overlong_penalty_mean   overlong="penalty": mean `batch_overlong_penalty` of the valid
+                            completions (before whitening, the trained rewards' mean is
+                            reward_mean plus this)
+    overlong_excluded_frac  overlong="exclude": trained completions left out of the loss, of the
+                            trained completions
+  """
+  valid = batch.valid.astype(bool)
+  count = jnp.maximum(valid.sum(), 1)
+  metrics = {}
+  if batch.truncated is not None:
+    metrics["truncated_frac"] = jnp.sum(batch.truncated & valid) / count
+  if config.overlong == "penalty":
+    metrics["overlong_penalty_mean"] = jnp.sum(batch_overlong_penalty(batch, config)) / count
+  if config.overlong == "exclude":
+    g = batch.rewards.shape[1]
+    rows = forward.trained_rows(batch.train_groups, g)
+    trained = (valid[batch.train_groups] & batch.train_valid[:, None]).reshape(-1)
+    excluded = trained & (overlong_mask(batch, rows, config) == 0)
+    metrics["overlong_excluded_frac"] = jnp.sum(excluded) / jnp.maximum(jnp.sum(trained), 1)
+  return metrics
+
+
 # --- The learn step -----------------------------------------------------------------------------
 
 
@@ -435,6 +544,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   # 6. Batch statistics.
   metrics.update(batch_metrics(batch, scores, view))
   metrics.update(capo_metrics)
+  metrics.update(overlong_metrics(batch, config))
   if config.kl_reward_coef != 0:
     penalty = config.kl_reward_coef * kl_penalty(view.logp_old, view.logp_ref, view.mask)
     counted = (jnp.sum(view.mask, axis=1) > 0).astype(jnp.float32)

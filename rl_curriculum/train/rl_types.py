@@ -30,6 +30,9 @@ GRPO_STDS = ("population", "sample")
 DR_GRPO_AGGREGATION = "seq_mean_token_sum_norm"
 # KL estimators that may serve as a loss term: k1's gradient has zero mean (see `check_config`).
 KL_LOSS_ESTIMATORS = ("k2", "k3")
+# What the step does with completions cut at the length cap (`rl_step.overlong_penalty`,
+# `rl_step.train_view`).
+OVERLONG = ("none", "exclude", "penalty")
 
 
 class TrainState(NamedTuple):
@@ -61,6 +64,8 @@ class Batch(NamedTuple):
   train_valid: jax.Array       # bool[P] False on padding slots a filter could not fill
   baseline: Optional[jax.Array] = None  # f32[S] per-prompt baseline of the counterfactual
                                         # estimator (else None)
+  truncated: Optional[jax.Array] = None  # bool[S, G] cut at T tokens without a stop token
+                                         # (`rl_step.truncated_completions`); None: unknown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +105,9 @@ class LearnConfig:
   grpo_std: str               # grpo: population | sample standard deviation of the group
   kl_reward_coef: float       # weight of the k1 KL-to-reference penalty in the reward (0: off)
   high_variance_only: bool    # VCRL: train only on the groups its update marks high_variance
+  overlong: str               # none | exclude (truncated completions leave the loss) | penalty
+  overlong_cache: int         # penalty: lengths in the last this many tokens up to T lose
+                              # up to 1 reward (DAPO's L_cache)
 
 
 def check_config(config: LearnConfig) -> None:
@@ -135,12 +143,18 @@ def check_config(config: LearnConfig) -> None:
                      f"({config.capo_ramp_steps}) must be >= 0")
   if config.grpo_std not in GRPO_STDS:
     raise ValueError(f"grpo_std must be one of {GRPO_STDS}, got {config.grpo_std!r}")
+  if config.overlong not in OVERLONG:
+    raise ValueError(f"overlong must be one of {OVERLONG}, got {config.overlong!r}")
+  if config.overlong == "penalty" and config.overlong_cache < 1:
+    raise ValueError(f"overlong='penalty' needs overlong_cache >= 1 tokens, got "
+                     f"{config.overlong_cache}")
 
 
 class GroupScores(NamedTuple):
   """Phase 1's output: what every sampled group's rewards mean for training and the curriculum."""
   whitening: stability.WhiteningState  # running reward statistics after this batch
-  rewards: jax.Array                   # f32[S, G] rewards the policy trains on (whitened if on)
+  rewards: jax.Array                   # f32[S, G] rewards the policy trains on (with the overlong
+                                       # penalty, whitened if either is on)
   advantages: jax.Array                # f32[S, G] the estimator's advantages of `rewards`
   feedback: Feedback                   # what `Curriculum.update` reads (every sampled group)
 

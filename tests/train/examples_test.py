@@ -19,13 +19,13 @@ def test_example_batch_has_the_batch_contract():
   shapes = {"prompt_tokens": (P * G, TP), "prompt_mask": (P * G, TP), "tokens": (P * G, T),
             "mask": (P * G, T), "sampler_logprobs": (P * G, T), "prompt_ids": (P,), "arms": (P,),
             "rewards": (P, G), "correct": (P, G), "valid": (P, G), "train_groups": (P,),
-            "train_valid": (P,)}
+            "train_valid": (P,), "truncated": (P, G)}
   assert {k: getattr(batch, k).shape for k in shapes} == shapes
   dtypes = {k: str(v.dtype) for k, v in batch._asdict().items()}
   assert dtypes == {"prompt_tokens": "int32", "prompt_mask": "bool", "tokens": "int32",
                     "mask": "float32", "sampler_logprobs": "float32", "prompt_ids": "int32",
                     "arms": "int32", "rewards": "float32", "correct": "bool", "valid": "bool",
-                    "train_groups": "int32", "train_valid": "bool"}
+                    "train_groups": "int32", "train_valid": "bool", "truncated": "bool"}
   prompts = np.asarray(batch.prompt_tokens)
   # A group's rows repeat the prompt the sampler benchmark draws at batch P.
   np.testing.assert_array_equal(prompts, np.repeat(examples.random_prompts(P, TP, V), G, axis=0))
@@ -36,6 +36,8 @@ def test_example_batch_has_the_batch_contract():
   np.testing.assert_array_equal(np.asarray(batch.arms), [0, 1, 0])
   assert np.all(np.asarray(batch.mask) == 1) and np.all(np.asarray(batch.valid))
   np.testing.assert_array_equal(np.asarray(batch.train_groups), np.arange(P))
+  # Every completion fills its T slots and holds no stop token: the cap cut them all.
+  assert np.all(np.asarray(batch.truncated))
 
 
 def test_example_batch_is_deterministic_in_the_seed():
@@ -67,3 +69,8 @@ def test_make_batch_fills_what_is_left_out():
                              correct=np.zeros((2, 2), bool), mask=np.zeros((4, T)))
   assert kept.train_groups.dtype == np.int32 and kept.train_valid.shape == (3,)
   assert not np.any(np.asarray(kept.correct)) and not np.any(np.asarray(kept.mask))
+  # A completion that fills its row was cut, unless it ends with a stop token (row 1 ends with 7).
+  np.testing.assert_array_equal(np.asarray(batch.truncated), [[True, True], [True, True]])
+  stopped = examples.make_batch(prompts, tokens, rewards, stop_ids=(7,))
+  np.testing.assert_array_equal(np.asarray(stopped.truncated), [[True, False], [True, True]])
+  assert not np.any(np.asarray(kept.truncated))
