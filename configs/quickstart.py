@@ -117,6 +117,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.kl_reward_coef = 0.0         # KL to the reference in the reward (beta): PPO's token
                                     # rewards lose beta * k1 each, a group estimator's completion
                                     # rewards beta * sum k1 (0 = off; on costs a reference pass)
+  c.rl.temperature_target = 0.0     # adaptive temperature: entropy per token (nats) to hold; each
+                                    # step tau *= exp(rate * (target - entropy)) (0 = off, else
+                                    # rl.temperature is where tau starts)
+  c.rl.temperature_rate = 0.1       # adaptive temperature: gain (1/nats)
+  c.rl.temperature_min = 0.5        # adaptive temperature: lowest tau (<= rl.temperature)
+  c.rl.temperature_max = 1.5        # adaptive temperature: highest tau (>= rl.temperature)
 
   c.curriculum = ml_collections.ConfigDict()
   c.curriculum.name = "sec"         # see rl_curriculum.train.builders.CURRICULA

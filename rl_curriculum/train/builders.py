@@ -149,8 +149,8 @@ def _validate_rl(rl: ml_collections.ConfigDict) -> None:
 
 
 def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
-  """config.rl's optional loss-side methods: dual clip, entropy bonus, truncated importance
-  sampling, CAPO, GRPO's std, Dr. GRPO's aggregation and the KL in the reward."""
+  """config.rl's optional methods: dual clip, entropy bonus, truncated importance sampling, CAPO,
+  GRPO's std, Dr. GRPO's aggregation, the KL in the reward and the adaptive temperature."""
   if rl.algorithm == "dr_grpo" and rl.aggregation != rl_step.DR_GRPO_AGGREGATION:
     _fail("rl.aggregation", f"rl.algorithm='dr_grpo' needs rl.aggregation="
           f"{rl_step.DR_GRPO_AGGREGATION!r}, got {rl.aggregation!r}: Dr. GRPO removes the "
@@ -167,6 +167,26 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
       _fail(f"rl.{field}", f"must be a whole number >= 0, got {value!r}")
   if rl.grpo_std not in rl_step.GRPO_STDS:
     _fail("rl.grpo_std", f"must be one of {rl_step.GRPO_STDS}, got {rl.grpo_std!r}")
+  _validate_adaptive_temperature(rl)
+
+
+def _validate_adaptive_temperature(rl: ml_collections.ConfigDict) -> None:
+  """config.rl's adaptive sampling temperature: off at temperature_target = 0; on, a positive
+  gain and 0 < temperature_min <= temperature <= temperature_max."""
+  if rl.temperature_target < 0:
+    _fail("rl.temperature_target", f"must be >= 0 (0 = off; nats per token), got "
+          f"{rl.temperature_target}")
+  if rl.temperature_target == 0:
+    return
+  if not rl.temperature_rate > 0:
+    _fail("rl.temperature_rate", f"must be > 0 with rl.temperature_target > 0, got "
+          f"{rl.temperature_rate}")
+  if not 0 < rl.temperature_min <= rl.temperature:
+    _fail("rl.temperature_min", f"must lie in (0, rl.temperature={rl.temperature}], got "
+          f"{rl.temperature_min}")
+  if not rl.temperature <= rl.temperature_max:
+    _fail("rl.temperature_max", f"must be >= rl.temperature={rl.temperature}, got "
+          f"{rl.temperature_max}")
 
 
 def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> None:
@@ -328,4 +348,7 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
       value_detach=rl.value_detach, dual_clip=float(rl.dual_clip),
       entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap),
       capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
-      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef))
+      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef),
+      temperature_target=float(rl.temperature_target),
+      temperature_rate=float(rl.temperature_rate), temperature_min=float(rl.temperature_min),
+      temperature_max=float(rl.temperature_max))

@@ -195,7 +195,8 @@ def init_states(config: ml_collections.ConfigDict, run: Prepared):
   if config.curriculum.name == "pcl":  # PCL's value model reads the policy's prompt features
     pool = pool.with_features(pool_features(config, run, run.trainable))
   curriculum = builders.build_curriculum(config, pool, builders.sampled_prompts(config))
-  train_state = rl_step.init_train_state(run.trainable, optimizer, _value_head(config, run))
+  train_state = rl_step.init_train_state(run.trainable, optimizer, _value_head(config, run),
+                                         temperature=config.rl.temperature)
   # Steps count from 1, so key 0 of the root is free for the curriculum's initial shuffle.
   cur_state = curriculum.init(pool, jax.random.fold_in(rl_root_key(config), 0))
   return optimizer, curriculum, train_state, cur_state
@@ -302,10 +303,13 @@ def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, p: int,
 
 
 def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout, params,
-            selection: Selection, key_sample: jax.Array, key_filter: jax.Array):
+            selection: Selection, key_sample: jax.Array, key_filter: jax.Array,
+            temperature=None):
   """Rolls out G completions of every selected prompt, scores them on the host (each process
   its own rows) and picks the groups to train on; returns (the `rl_step.Batch` for the learn
-  step, host statistics of the rollout for the log)."""
+  step, host statistics of the rollout for the log). `temperature`: the sampling temperature,
+  f32[] from the train state under the adaptive controller (traced by the sampler: a new value
+  compiles nothing), or None for `config.rl.temperature`."""
   g, tok = config.rl.group_size, run.tokenizer
   t0 = time.time()
   rows = np.repeat(np.asarray(selection.prompt_ids), g)[layout.mine]
@@ -314,7 +318,8 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout,
   rollout = sampler.sample(run.graphdef, params, prompts, prompt_mask, key_sample,
                            max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
                            stop_ids=run.stop_ids, pad_id=tok.pad_id,
-                           temperature=config.rl.temperature, group=g, mesh=layout.mesh)
+                           temperature=(config.rl.temperature if temperature is None
+                                        else temperature), group=g, mesh=layout.mesh)
   rollout = distributed.place(rollout, jax.tree.map(lambda _: layout.sharding, rollout))
   jax.block_until_ready(rollout.tokens)
   t1 = time.time()
@@ -456,7 +461,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       k_select, k_sample, k_learn, k_filter = jax.random.split(jax.random.fold_in(root, step), 4)
       selection, cur_state = stepper.select(cur_state, k_select)  # the same on every process
       batch, stats = collect(config, run, layout, policy(train_state), selection, k_sample,
-                             k_filter)
+                             k_filter, temperature=(train_state.temperature
+                                                    if config.rl.temperature_target else None))
       t = time.time()
       train_state, cur_state, metrics = stepper.learn(train_state, cur_state, batch, k_learn,
                                                       frozen, ref_params)

@@ -39,6 +39,9 @@ class TrainState(NamedTuple):
   whitening: stability.WhiteningState    # running reward statistics
   skipped: jax.Array                     # i32[] updates discarded by the stability checks
   value: Any = None                      # PPO value head {"w": f32[D], "b": f32[]}, else None
+  temperature: Any = None                # f32[] the next rollout's sampling temperature
+                                         # (`init_train_state` sets rl.temperature; it moves
+                                         # only under the adaptive controller), or None
 
 
 class Batch(NamedTuple):
@@ -77,6 +80,7 @@ class LearnConfig:
   aggregation: str            # losses.AGGREGATIONS, for the policy loss and the KL term
   max_tokens: int             # constant normaliser of seq_mean_token_sum_norm (tokens)
   temperature: float          # sampling temperature; log-probs are those of logits / temperature
+                              # (the controller's start, with temperature_target > 0)
   kl_coef: float              # weight of the KL-to-reference loss term (0: no reference pass)
   kl_estimator: str           # k2 | k3 as a loss (k1 is rejected, see `check_config`)
   ratio_guard: float          # drop tokens with |logp_old - logp_sampler| above this (0: off)
@@ -95,6 +99,10 @@ class LearnConfig:
   capo_ramp_steps: int        # CAPO: updates that then phase the negative ones in (both 0: off)
   grpo_std: str               # grpo: population | sample standard deviation of the group
   kl_reward_coef: float       # weight of the k1 KL-to-reference penalty in the reward (0: off)
+  temperature_target: float   # adaptive temperature: entropy per token to hold (nats; 0: off)
+  temperature_rate: float     # adaptive temperature: gain of the controller (1/nats)
+  temperature_min: float      # adaptive temperature: lowest temperature
+  temperature_max: float      # adaptive temperature: highest temperature
 
 
 def check_config(config: LearnConfig) -> None:
@@ -130,6 +138,21 @@ def check_config(config: LearnConfig) -> None:
                      f"({config.capo_ramp_steps}) must be >= 0")
   if config.grpo_std not in GRPO_STDS:
     raise ValueError(f"grpo_std must be one of {GRPO_STDS}, got {config.grpo_std!r}")
+  if config.temperature_target < 0:
+    raise ValueError(f"temperature_target must be >= 0 (0: off), got {config.temperature_target}")
+  if adaptive_temperature(config):
+    if not config.temperature_rate > 0:
+      raise ValueError(f"temperature_rate must be > 0, got {config.temperature_rate}")
+    if not 0 < config.temperature_min <= config.temperature <= config.temperature_max:
+      raise ValueError(f"need 0 < temperature_min <= temperature <= temperature_max, got "
+                       f"{config.temperature_min}, {config.temperature}, "
+                       f"{config.temperature_max}")
+
+
+def adaptive_temperature(config: LearnConfig) -> bool:
+  """True when the sampling temperature follows the entropy controller (`temperature_target` >
+  0): the rollouts and the learn step then read it from `TrainState.temperature`."""
+  return config.temperature_target > 0
 
 
 class GroupScores(NamedTuple):
