@@ -128,6 +128,12 @@ def get_config() -> ml_collections.ConfigDict:
                                     # loss, DAPO) | penalty (DAPO's soft length penalty)
   c.rl.overlong_cache = 0           # penalty: lengths past max_new_tokens - this lose up to 1
                                     # reward, linearly (in [1, max_new_tokens) with penalty)
+  c.rl.temperature_target = 0.0     # adaptive temperature: entropy per token (nats) to hold; each
+                                    # step tau *= exp(rate * (target - entropy)) (0 = off, else
+                                    # rl.temperature is where tau starts)
+  c.rl.temperature_rate = 0.1       # adaptive temperature: gain (1/nats)
+  c.rl.temperature_min = 0.5        # adaptive temperature: lowest tau (<= rl.temperature)
+  c.rl.temperature_max = 1.5        # adaptive temperature: highest tau (>= rl.temperature)
 
   c.curriculum = ml_collections.ConfigDict()
   c.curriculum.name = "sec"         # see rl_curriculum.train.builders.CURRICULA

@@ -55,7 +55,8 @@ def _learn_config(T):
       curriculum_feedback="correct", gamma=1.0, lam=1.0, vf_coef=0.5, vf_clip=0.2,
       value_detach=True, dual_clip=0.0, entropy_coef=0.0, tis_cap=0.0, capo_positive_steps=0,
       capo_ramp_steps=0, grpo_std="population", kl_reward_coef=0.0, overlong="none",
-      overlong_cache=0, high_variance_only=False)
+      overlong_cache=0, high_variance_only=False, temperature_target=0.0, temperature_rate=0.1,
+      temperature_min=0.5, temperature_max=1.5)
 
 
 def _memory(compiled):

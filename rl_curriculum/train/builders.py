@@ -150,9 +150,10 @@ def _validate_rl(rl: ml_collections.ConfigDict) -> None:
 
 
 def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
-  """config.rl's optional loss-side methods: dual clip, entropy bonus, truncated importance
-  sampling, CAPO, GRPO's std, Dr. GRPO's aggregation, the KL in the reward and the handling of
-  completions cut at rl.max_new_tokens."""
+  """config.rl's optional methods: dual clip, entropy bonus, truncated importance sampling, CAPO,
+  GRPO's std, Dr. GRPO's aggregation, the KL in the reward, the counterfactual baseline, the
+  handling of completions cut at rl.max_new_tokens, the adaptive temperature and the rollout
+  allocation."""
   if rl.algorithm == "dr_grpo" and rl.aggregation != rl_step.DR_GRPO_AGGREGATION:
     _fail("rl.aggregation", f"rl.algorithm='dr_grpo' needs rl.aggregation="
           f"{rl_step.DR_GRPO_AGGREGATION!r}, got {rl.aggregation!r}: Dr. GRPO removes the "
@@ -182,6 +183,7 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
           f"rl.max_new_tokens={rl.max_new_tokens} (the lengths that are penalised), got "
           f"{rl.overlong_cache}")
   _validate_allocation(rl)
+  _validate_adaptive_temperature(rl)
 
 
 def _validate_allocation(rl: ml_collections.ConfigDict) -> None:
@@ -198,6 +200,25 @@ def _validate_allocation(rl: ml_collections.ConfigDict) -> None:
     _fail("rl.allocation_min", f"must be a whole number in [{least}, rl.group_size="
           f"{rl.group_size}] ({rl.algorithm} needs {least} completions per prompt), got "
           f"{rl.allocation_min!r}")
+
+
+def _validate_adaptive_temperature(rl: ml_collections.ConfigDict) -> None:
+  """config.rl's adaptive sampling temperature: off at temperature_target = 0; on, a positive
+  gain and 0 < temperature_min <= temperature <= temperature_max."""
+  if rl.temperature_target < 0:
+    _fail("rl.temperature_target", f"must be >= 0 (0 = off; nats per token), got "
+          f"{rl.temperature_target}")
+  if rl.temperature_target == 0:
+    return
+  if not rl.temperature_rate > 0:
+    _fail("rl.temperature_rate", f"must be > 0 with rl.temperature_target > 0, got "
+          f"{rl.temperature_rate}")
+  if not 0 < rl.temperature_min <= rl.temperature:
+    _fail("rl.temperature_min", f"must lie in (0, rl.temperature={rl.temperature}], got "
+          f"{rl.temperature_min}")
+  if not rl.temperature <= rl.temperature_max:
+    _fail("rl.temperature_max", f"must be >= rl.temperature={rl.temperature}, got "
+          f"{rl.temperature_max}")
 
 
 def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> None:
@@ -367,4 +388,7 @@ def learn_config(config: ml_collections.ConfigDict) -> rl_step.LearnConfig:
       capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
       grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef), overlong=rl.overlong,
       overlong_cache=rl.overlong_cache,
-      high_variance_only=bool(config.curriculum.high_variance_only))
+      high_variance_only=bool(config.curriculum.high_variance_only),
+      temperature_target=float(rl.temperature_target),
+      temperature_rate=float(rl.temperature_rate), temperature_min=float(rl.temperature_min),
+      temperature_max=float(rl.temperature_max))

@@ -8,7 +8,8 @@ its prompt (run once per group).
 Sampling temperature. The rollouts draw tokens from softmax(logits / tau); the log-probs that the
 losses compare (old policy, policy being trained, reference) are those of that same distribution,
 so every log-prob helper takes the temperature and divides the logits by it before normalising
-(as TRL and verl do). tau = 1 leaves the logits unchanged.
+(as TRL and verl do). tau = 1 leaves the logits unchanged. tau is a static Python float, or a
+traced f32[] when the learn step's adaptive controller sets it (`rl_step.adapt_temperature`).
 
 Memory. The output head's logits are the largest activation of a step (B T V values; 2048 rows x
 1024 tokens x a 152k vocabulary is 1.2 TB in float32). `head_logprobs` never builds them for all
@@ -21,7 +22,7 @@ Shape legend: B rows, Tp prompt tokens, T completion tokens, V vocabulary, D mod
 c positions per chunk.
 """
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -89,11 +90,12 @@ def completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
   return hidden[:, tp - 1:tp - 1 + t]
 
 
-def scaled_logits(graphdef, params, hidden: jax.Array, temperature: float = 1.0) -> jax.Array:
-  """Logits [B, T, V] of hidden states [B, T, D], divided by the sampling temperature (static
-  Python float > 0; 1 leaves them unchanged)."""
+def scaled_logits(graphdef, params, hidden: jax.Array,
+                  temperature: Union[float, jax.Array] = 1.0) -> jax.Array:
+  """Logits [B, T, V] of hidden states [B, T, D], divided by the sampling temperature: a static
+  Python float > 0 (1 leaves them unchanged) or a traced f32[] (the adaptive controller's)."""
   logits = transformer.logits_from_hidden(graphdef, params, hidden)
-  if temperature != 1.0:
+  if not isinstance(temperature, (int, float)) or temperature != 1.0:
     logits = logits / jnp.asarray(temperature, logits.dtype)
   return logits
 
@@ -124,7 +126,7 @@ def _head_block(graphdef, params, hidden, tokens, temperature, entropy_grad):
 
 
 def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
-                  temperature: float = 1.0, chunk_size: Optional[int] = None,
+                  temperature: Union[float, jax.Array] = 1.0, chunk_size: Optional[int] = None,
                   constrain: Optional[Callable[[Any], Any]] = None, entropy_grad: bool = False
                   ) -> Tuple[jax.Array, jax.Array]:
   """Log-probs and entropies of the tokens under softmax(head(hidden) / temperature), without the
@@ -140,7 +142,7 @@ def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
     graphdef, params: the policy (`params` as `model_params` builds it).
     hidden: [B, T, D] final hidden states (`completion_hidden`).
     tokens: i32[B, T] the tokens whose log-probs are wanted (position t predicts tokens[:, t]).
-    temperature: static Python float > 0.
+    temperature: a static Python float > 0, or a traced f32[] (`scaled_logits`).
     chunk_size: static positions per chunk; None (or >= T) computes all positions at once.
     constrain: applied to each chunk's (hidden [B, c, D], tokens [B, c]) inside the scan, e.g. a
       sharding constraint that keeps the rows over the batch axes (the scan's layout change can

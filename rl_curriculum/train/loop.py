@@ -197,7 +197,8 @@ def init_states(config: ml_collections.ConfigDict, run: Prepared):
   if config.curriculum.name == "pcl":  # PCL's value model reads the policy's prompt features
     pool = pool.with_features(pool_features(config, run, run.trainable))
   curriculum = builders.build_curriculum(config, pool, builders.sampled_prompts(config))
-  train_state = rl_step.init_train_state(run.trainable, optimizer, _value_head(config, run))
+  train_state = rl_step.init_train_state(run.trainable, optimizer, _value_head(config, run),
+                                         temperature=config.rl.temperature)
   # Steps count from 1, so key 0 of the root is free for the curriculum's initial shuffle.
   cur_state = curriculum.init(pool, jax.random.fold_in(rl_root_key(config), 0))
   prompts = budget.init_prompt_stats(config, pool.size)
@@ -322,12 +323,16 @@ def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, valid: 
 
 
 def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout, params,
-            selection: Selection, key_sample: jax.Array, key_filter: jax.Array, prompts=None):
+            selection: Selection, key_sample: jax.Array, key_filter: jax.Array, prompts=None,
+            temperature=None):
   """Rolls out the selected prompts' completion slots (`budget.slot_mask`: G each, or the
   allocation's counts, none for a prompt skipped before rollout), scores the sampled ones on the
   host (each process its own rows) and picks the groups to train on; returns (the `rl_step.Batch`
   for the learn step, host statistics of the rollout for the log). `prompts`: the run's
-  per-prompt statistics before this rollout (`budget`), or None when it keeps none."""
+  per-prompt statistics before this rollout (`budget`), or None when it keeps none.
+  `temperature`: the sampling temperature, f32[] from the train state under the adaptive
+  controller (traced by the sampler: a new value compiles nothing), or None for
+  `config.rl.temperature`."""
   g, tok = budget.group_slots(config), run.tokenizer
   t0 = time.time()
   valid = budget.slot_mask(config, selection, prompts)  # bool[S, G]
@@ -338,7 +343,8 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout,
   rollout = sampler.sample(run.graphdef, params, to_global(run.pool.tokens[rows]), prompt_mask,
                            key_sample, max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
                            stop_ids=run.stop_ids, pad_id=tok.pad_id,
-                           temperature=config.rl.temperature, group=g, mesh=layout.mesh,
+                           temperature=(config.rl.temperature if temperature is None
+                                        else temperature), group=g, mesh=layout.mesh,
                            active=None if valid.all() else distributed.rows_to_global(
                                sampled, mesh_lib.batch_sharding(layout.mesh, 1), layout.num_rows))
   rollout = distributed.place(rollout, jax.tree.map(lambda _: layout.sharding, rollout))
@@ -497,7 +503,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       k_select, k_sample, k_learn, k_filter = jax.random.split(jax.random.fold_in(root, step), 4)
       selection, cur_state = stepper.select(cur_state, k_select)  # the same on every process
       batch, stats = collect(config, run, layout, policy(train_state), selection, k_sample,
-                             k_filter, prompts)
+                             k_filter, prompts, temperature=(train_state.temperature
+                                                     if config.rl.temperature_target else None))
       prompts = distributed.place(budget.observe(prompts, batch, step),
                                   jax.tree.map(lambda _: rep, prompts))
       t = time.time()

@@ -22,7 +22,8 @@ from rl_curriculum.train.rl_types import LearnConfig, TrainView
 
 def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, group: int,
                      config: LearnConfig, normaliser: Optional[dict] = None,
-                     mesh: Any = None) -> tuple[jax.Array, dict]:
+                     mesh: Any = None, temperature: Optional[jax.Array] = None
+                     ) -> tuple[jax.Array, dict]:
   """Phase 3: loss f32[] and metrics of one minibatch `view` (whole groups of `group` rows).
 
   loss = policy_loss + kl_coef * KL - entropy_coef * entropy + vf_coef * value_loss (each term
@@ -45,6 +46,8 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
     graphdef, frozen: the model's graph and its untrained parameters (None: full fine-tuning).
     group: rows per prompt (G).
     config: static hyperparameters.
+    temperature: f32[] the rollout's sampling temperature (the adaptive controller's), or None
+      for the static `config.temperature`.
 
   Returns:
     (loss, metrics): metrics are scalars; "logp_old" f32[b, T] (the old log-probs the loss used)
@@ -55,7 +58,8 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   hidden = forward.completion_hidden(graphdef, params, view.prompt_tokens, view.prompt_mask,
                                      view.tokens, group, constrain=forward.row_constraint(mesh))
   logp, entropy = forward.head_logprobs(graphdef, params, hidden, view.tokens,
-                                        temperature=config.temperature,
+                                        temperature=(config.temperature if temperature is None
+                                                     else temperature),
                                         chunk_size=config.logits_chunk or None,
                                         constrain=forward.row_constraint(mesh),
                                         entropy_grad=config.entropy_coef > 0)
@@ -191,13 +195,16 @@ def accumulated_gradients(objective: Callable, trained: Any, minibatch: TrainVie
 
 def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Array, *,
                       graphdef, frozen: Any, group: int, optimizer: optax.GradientTransformation,
-                      config: LearnConfig, mesh: Any = None) -> tuple[Any, Any, dict, jax.Array]:
+                      config: LearnConfig, mesh: Any = None,
+                      temperature: Optional[jax.Array] = None) -> tuple[Any, Any, dict, jax.Array]:
   """Phase 4: `epochs` x `minibatches` optimizer steps over the view, under `lax.scan`.
 
   Each epoch shuffles the groups (`fold_in(key, epoch)`). A minibatch whose mask is all zero
   (padding groups only, e.g. a filter that could not fill the batch) takes no step: Adam's
   momentum would otherwise move the parameters on a zero gradient. With `config.microbatches` > 1
   each step's gradient is accumulated over that many microbatches (`accumulated_gradients`).
+
+  `temperature` (f32[] or None) is `policy_objective`'s.
 
   Returns:
     (trained, opt_state, metrics, logp_old): metrics f32[] are means over the minibatches that
@@ -210,7 +217,7 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
   rows = jnp.concatenate([minibatch_rows(jax.random.fold_in(key, e), p, group, config.minibatches)
                           for e in range(config.epochs)])
   objective = functools.partial(policy_objective, graphdef=graphdef, frozen=frozen, group=group,
-                                config=config, mesh=mesh)
+                                config=config, mesh=mesh, temperature=temperature)
 
   def step(carry, mb_rows):
     trained, opt_state = carry

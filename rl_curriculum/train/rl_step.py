@@ -23,8 +23,11 @@
                 groups leaves the parameters and the optimizer state as they were.
   5. rollback   `roll_back_if`: an update with a non-finite loss, parameter, curriculum state or
                 whitening, or whose KL(pi_old || pi_new) exceeds `max_kl`, is discarded: the
-                parameters, optimizer state, curriculum state and reward whitening all return to
-                their values before the step (`skipped` counts it).
+                parameters, optimizer state, curriculum state, reward whitening and sampling
+                temperature all return to their values before the step (`skipped` counts it).
+                Before it, the adaptive controller (`temperature_target` > 0) moves the next
+                rollout's temperature from the entropy this batch measured
+                (`adapt_temperature`).
   6. metrics    `batch_metrics`: statistics of every sampled group and of the trained rows.
 
 Forward passes per step (the configuration is static, so the choice is made at trace time); each
@@ -43,7 +46,9 @@ runs a group's prompt once and its G completions on the prompt's shared keys and
                rollback's KL(pi_old || pi_new) (`update_kl`).
 
 Every log-prob is that of the sampling distribution softmax(logits / temperature), the
-distribution the rollout drew its tokens from (`forward`).
+distribution the rollout drew its tokens from (`forward`): temperature is the static
+`config.temperature`, or with the adaptive controller the train state's traced f32[]
+(`rollout_temperature`), the one the rollout read from the same state.
 
 Memory: the output head runs `logits_chunk` positions at a time (`forward.head_logprobs`), and
 the passes without gradient (old policy, reference, new policy) run one microbatch of rows at a
@@ -72,18 +77,19 @@ from rl_curriculum.train.objective import minibatch_updates
 from rl_curriculum.train.rl_types import (ADVANTAGES, CURRICULUM_FEEDBACK, DR_GRPO_AGGREGATION,
                                           GRPO_STDS, KL_LOSS_ESTIMATORS, OVERLONG, Batch,
                                           GroupScores, LearnConfig, TrainState, TrainView,
-                                          check_config)
+                                          adaptive_temperature, check_config)
 from rl_curriculum.types import Feedback
 
 # The step's types and constants live in rl_types; they are part of this module's interface.
 __all__ = [
     "ADVANTAGES", "CURRICULUM_FEEDBACK", "DR_GRPO_AGGREGATION", "GRPO_STDS", "KL_LOSS_ESTIMATORS",
-    "OVERLONG", "Batch", "GroupScores", "LearnConfig", "TrainState", "TrainView", "check_config",
-    "row_blocks", "constant_logprobs", "init_value_head", "init_train_state",
-    "outcome_token_rewards", "group_advantages", "truncated_completions", "overlong_penalty",
-    "batch_overlong_penalty", "score_groups", "overlong_mask", "on_policy", "kl_penalty",
-    "train_view", "advantage_curriculum", "update_kl", "roll_back_if", "batch_metrics",
-    "overlong_metrics", "learn", "make_learn",
+    "OVERLONG", "Batch", "GroupScores", "LearnConfig", "TrainState", "TrainView",
+    "adaptive_temperature", "check_config", "row_blocks", "constant_logprobs", "init_value_head",
+    "init_train_state", "outcome_token_rewards", "group_advantages", "truncated_completions",
+    "overlong_penalty", "batch_overlong_penalty", "score_groups", "overlong_mask", "on_policy",
+    "kl_penalty", "train_view", "advantage_curriculum", "update_kl", "roll_back_if",
+    "rollout_temperature", "adapt_temperature", "batch_metrics", "overlong_metrics", "learn",
+    "make_learn",
 ]
 
 def row_blocks(config: LearnConfig) -> int:
@@ -93,18 +99,21 @@ def row_blocks(config: LearnConfig) -> int:
 
 
 def constant_logprobs(graphdef, params: Any, rows: tuple, *, group: int, config: LearnConfig,
-                      value: Any = None, mesh: Any = None) -> tuple[jax.Array, Optional[jax.Array]]:
+                      value: Any = None, mesh: Any = None, temperature: Optional[jax.Array] = None
+                      ) -> tuple[jax.Array, Optional[jax.Array]]:
   """Log-probs f32[B, T] (and with a value head its estimates f32[B, T]) of the completions in
   `rows` = (prompt_tokens, prompt_mask, tokens), without gradient, `row_blocks(config)` blocks
   of whole groups at a time (each block's rows over `mesh`'s batch axes) and the head chunked
-  (`forward.head_logprobs`)."""
+  (`forward.head_logprobs`), at the sampling temperature: `temperature` f32[] (the adaptive
+  controller's), or the static `config.temperature` when None."""
 
   def one_block(block):
     prompt_tokens, prompt_mask, tokens = mesh_lib.constrain_rows(block, mesh)
     hidden = forward.completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
                                        group, constrain=forward.row_constraint(mesh))
     logp, _ = forward.head_logprobs(graphdef, params, hidden, tokens,
-                                    temperature=config.temperature,
+                                    temperature=(config.temperature if temperature is None
+                                                 else temperature),
                                     chunk_size=config.logits_chunk or None,
                                     constrain=forward.row_constraint(mesh))
     values = None if value is None else forward.values_from_hidden(value, hidden)
@@ -119,14 +128,16 @@ def init_value_head(width: int) -> dict:
 
 
 def init_train_state(params: Any, optimizer: optax.GradientTransformation,
-                     value: Any = None) -> TrainState:
-  """A fresh train state (`value`: a value head for PPO). Every leaf is a private copy: the learn
-  step donates the whole state, so it must share no buffer with anything else (the KL reference
-  is often the same weights)."""
+                     value: Any = None, temperature: float = 1.0) -> TrainState:
+  """A fresh train state (`value`: a value head for PPO; `temperature`: the first rollout's
+  sampling temperature, rl.temperature). Every leaf is a private copy: the learn step donates the
+  whole state, so it must share no buffer with anything else (the KL reference is often the same
+  weights)."""
   trained = params if value is None else (params, value)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                      opt_state=optimizer.init(trained), whitening=stability.whitening_init(),
-                     skipped=jnp.zeros((), jnp.int32), value=value)
+                     skipped=jnp.zeros((), jnp.int32), value=value,
+                     temperature=stability.temperature_init(temperature).temperature)
   return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
 
@@ -289,7 +300,7 @@ def overlong_mask(batch: Batch, rows: jax.Array, config: LearnConfig) -> jax.Arr
 
 def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
                config: LearnConfig, use_lora: bool, value: Any = None,
-               mesh: Any = None) -> TrainView:
+               mesh: Any = None, temperature: Optional[jax.Array] = None) -> TrainView:
   """Phase 2: the trained groups' rows, their per-token advantages and the constant forward
   passes (old policy, reference, values), all without gradient.
 
@@ -310,6 +321,9 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   place in the group advantages: the others' baselines are computed from every sampled
   completion, as phase 1 computed them for the curriculum, so a group's truncations still lower
   its mean reward.
+
+  The log-probs are those of the sampling temperature: `temperature` f32[] (the adaptive
+  controller's), or the static `config.temperature` when None.
   """
   _, g = batch.rewards.shape
   rows = forward.trained_rows(batch.train_groups, g)
@@ -324,7 +338,7 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
 
   logprobs = functools.partial(constant_logprobs, graphdef, rows=(prompt_tokens, prompt_mask,
                                                                    tokens), group=g, config=config,
-                               mesh=mesh)
+                               mesh=mesh, temperature=temperature)
   ppo = config.algorithm == "ppo"
   logp_old = values_old = returns = logp_ref = None
   if not on_policy(config):
@@ -386,19 +400,63 @@ def advantage_curriculum(view: TrainView, step: jax.Array,
 
 
 def update_kl(new_params: Any, view: TrainView, logp_old: jax.Array, *, graphdef,
-              group: int, config: LearnConfig, mesh: Any = None) -> jax.Array:
+              group: int, config: LearnConfig, mesh: Any = None,
+              temperature: Optional[jax.Array] = None) -> jax.Array:
   """f32[] KL(pi_old || pi_new) estimated on the sampled tokens: the masked mean of
   logp_old - logp_new (the k1 estimator; the samples come from pi_old), after the step's last
-  update. One forward pass with the new parameters."""
+  update. One forward pass with the new parameters (at `temperature`, see `constant_logprobs`)."""
   logp_new, _ = constant_logprobs(graphdef, new_params,
                                   (view.prompt_tokens, view.prompt_mask, view.tokens),
-                                  group=group, config=config, mesh=mesh)
+                                  group=group, config=config, mesh=mesh, temperature=temperature)
   return losses.masked_mean(logp_old - logp_new, view.mask)
 
 
 def roll_back_if(skip: jax.Array, before: Any, after: Any) -> Any:
   """`before` where skip is True, else `after` (pytrees of one structure)."""
   return stability.select_tree(skip, before, after)
+
+
+# --- Adaptive sampling temperature --------------------------------------------------------------
+
+
+def rollout_temperature(train_state: TrainState, config: LearnConfig) -> Optional[jax.Array]:
+  """The temperature this batch was sampled at, as the learn step reads it: the train state's
+  f32[] under the adaptive controller (`adaptive_temperature(config)`), else None (the static
+  `config.temperature`, a constant of the compiled program).
+
+  Raises:
+    ValueError: the controller is on and the train state holds no temperature.
+  """
+  if not adaptive_temperature(config):
+    return None
+  if train_state.temperature is None:
+    raise ValueError("temperature_target > 0 needs TrainState.temperature: build the state with "
+                     "init_train_state(..., temperature=rl.temperature)")
+  return train_state.temperature
+
+
+def adapt_temperature(temperature: jax.Array, metrics: dict, config: LearnConfig) -> jax.Array:
+  """f32[] the next rollout's temperature: the controller `stability.temperature_update`,
+    tau <- clip(tau * exp(rate * (target - H)), temperature_min, temperature_max),
+  fed H = metrics["entropy"], the policy's full-vocabulary entropy of softmax(logits / tau) per
+  counted token of this batch's trained completions (nats; computed by the loss, no extra pass;
+  with several optimizer steps it is the mean over the minibatches of each one's entropy before
+  its step). A step in which no minibatch stepped measured nothing: tau stays.
+
+  Reference: the stability pack of Haque, Islam and Karray (2026), "Towards Robust Reinforcement
+  Learning for Small-Scale Language Model Agents", IEEE SMC 2026 (`rl.stability`).
+
+  Args:
+    temperature: f32[] the temperature this batch was sampled at.
+    metrics: the objective's metrics averaged over the minibatches (`minibatch_updates`).
+    config: static hyperparameters (`temperature_target`, `_rate`, `_min`, `_max`).
+  """
+  entropy = jnp.where(metrics["steps_taken"] > 0, metrics["entropy"], jnp.nan)
+  state = stability.temperature_update(
+      stability.TemperatureState(temperature=temperature), entropy,
+      target=config.temperature_target, rate=config.temperature_rate,
+      t_min=config.temperature_min, t_max=config.temperature_max)
+  return state.temperature
 
 
 # --- 6. Batch statistics ------------------------------------------------------------------------
@@ -504,6 +562,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
     raise ValueError(f"{p} prompts do not split into {config.minibatches} minibatches of "
                      f"{config.microbatches} microbatches")
   ppo = config.algorithm == "ppo"
+  tau = rollout_temperature(train_state, config)  # None: the static config.temperature
 
   # 1. Feedback: advantages of every sampled group; the curriculum learns from them.
   scores = score_groups(batch, train_state.whitening, config)
@@ -515,14 +574,15 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   # 2. View: the trained rows and the constant forward passes.
   params = forward.model_params(train_state.params, frozen)
   view = train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
-                    config=config, use_lora=use_lora, value=train_state.value, mesh=mesh)
+                    config=config, use_lora=use_lora, value=train_state.value, mesh=mesh,
+                    temperature=tau)
   view, capo_metrics = advantage_curriculum(view, train_state.step, config)
 
   # 3-4. Optimizer steps.
   trained = (train_state.params, train_state.value) if ppo else train_state.params
   new_trained, new_opt_state, metrics, logp_old = minibatch_updates(
       trained, train_state.opt_state, view, key, graphdef=graphdef, frozen=frozen, group=g,
-      optimizer=optimizer, config=config, mesh=mesh)
+      optimizer=optimizer, config=config, mesh=mesh, temperature=tau)
 
   # 5. Rollback of a non-finite or runaway update: nothing of this step is kept.
   skip = ~jnp.isfinite(metrics["loss"]) | ~stability.all_finite(new_trained)
@@ -530,16 +590,23 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   if config.max_kl is not None:
     new_policy = new_trained[0] if ppo else new_trained
     kl = update_kl(forward.model_params(new_policy, frozen), view, logp_old, graphdef=graphdef,
-                   group=g, config=config, mesh=mesh)
+                   group=g, config=config, mesh=mesh, temperature=tau)
     metrics["update_kl"] = kl
     skip = skip | stability.should_skip(metrics["loss"], kl, max_kl=config.max_kl)
-  before = (trained, train_state.opt_state, cur_state, train_state.whitening)
-  after = (new_trained, new_opt_state, new_cur_state, scores.whitening)
-  new_trained, new_opt_state, cur_state, whitening = roll_back_if(skip, before, after)
+  new_temperature = train_state.temperature
+  if tau is not None:  # the controller moves the next rollout's temperature
+    new_temperature = adapt_temperature(tau, metrics, config)
+    metrics["temperature"] = tau
+  before = (trained, train_state.opt_state, cur_state, train_state.whitening,
+            train_state.temperature)
+  after = (new_trained, new_opt_state, new_cur_state, scores.whitening, new_temperature)
+  new_trained, new_opt_state, cur_state, whitening, temperature = roll_back_if(skip, before,
+                                                                               after)
   new_params, new_value = new_trained if ppo else (new_trained, None)
   skipped = train_state.skipped + skip.astype(jnp.int32)
   train_state = TrainState(step=train_state.step + 1, params=new_params, opt_state=new_opt_state,
-                           whitening=whitening, skipped=skipped, value=new_value)
+                           whitening=whitening, skipped=skipped, value=new_value,
+                           temperature=temperature)
 
   # 6. Batch statistics.
   metrics.update(batch_metrics(batch, scores, view))

@@ -43,6 +43,9 @@ class TrainState(NamedTuple):
   whitening: stability.WhiteningState    # running reward statistics
   skipped: jax.Array                     # i32[] updates discarded by the stability checks
   value: Any = None                      # PPO value head {"w": f32[D], "b": f32[]}, else None
+  temperature: Any = None                # f32[] the next rollout's sampling temperature
+                                         # (`init_train_state` sets rl.temperature; it moves
+                                         # only under the adaptive controller), or None
 
 
 class Batch(NamedTuple):
@@ -86,6 +89,7 @@ class LearnConfig:
   aggregation: str            # losses.AGGREGATIONS, for the policy loss and the KL term
   max_tokens: int             # constant normaliser of seq_mean_token_sum_norm (tokens)
   temperature: float          # sampling temperature; log-probs are those of logits / temperature
+                              # (the controller's start, with temperature_target > 0)
   kl_coef: float              # weight of the KL-to-reference loss term (0: no reference pass)
   kl_estimator: str           # k2 | k3 as a loss (k1 is rejected, see `check_config`)
   ratio_guard: float          # drop tokens with |logp_old - logp_sampler| above this (0: off)
@@ -108,6 +112,10 @@ class LearnConfig:
   overlong: str               # none | exclude (truncated completions leave the loss) | penalty
   overlong_cache: int         # penalty: lengths in the last this many tokens up to T lose
                               # up to 1 reward (DAPO's L_cache)
+  temperature_target: float   # adaptive temperature: entropy per token to hold (nats; 0: off)
+  temperature_rate: float     # adaptive temperature: gain of the controller (1/nats)
+  temperature_min: float      # adaptive temperature: lowest temperature
+  temperature_max: float      # adaptive temperature: highest temperature
 
 
 def check_config(config: LearnConfig) -> None:
@@ -148,6 +156,21 @@ def check_config(config: LearnConfig) -> None:
   if config.overlong == "penalty" and config.overlong_cache < 1:
     raise ValueError(f"overlong='penalty' needs overlong_cache >= 1 tokens, got "
                      f"{config.overlong_cache}")
+  if config.temperature_target < 0:
+    raise ValueError(f"temperature_target must be >= 0 (0: off), got {config.temperature_target}")
+  if adaptive_temperature(config):
+    if not config.temperature_rate > 0:
+      raise ValueError(f"temperature_rate must be > 0, got {config.temperature_rate}")
+    if not 0 < config.temperature_min <= config.temperature <= config.temperature_max:
+      raise ValueError(f"need 0 < temperature_min <= temperature <= temperature_max, got "
+                       f"{config.temperature_min}, {config.temperature}, "
+                       f"{config.temperature_max}")
+
+
+def adaptive_temperature(config: LearnConfig) -> bool:
+  """True when the sampling temperature follows the entropy controller (`temperature_target` >
+  0): the rollouts and the learn step then read it from `TrainState.temperature`."""
+  return config.temperature_target > 0
 
 
 class GroupScores(NamedTuple):

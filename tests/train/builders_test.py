@@ -3,7 +3,7 @@
 import pytest
 
 from configs import quickstart
-from rl_curriculum.train import builders
+from rl_curriculum.train import builders, rl_step
 
 
 def _config(**fields):
@@ -45,6 +45,15 @@ def test_the_shipped_config_is_valid():
     (dict(rl__capo_ramp_steps=-2), "config.rl.capo_ramp_steps: must be a whole number"),
     (dict(rl__grpo_std="unbiased"), "config.rl.grpo_std: must be one of ('population', 'sample')"),
     (dict(rl__kl_reward_coef=-0.1), "config.rl.kl_reward_coef: must be >= 0"),
+    (dict(rl__temperature_target=-1.0), "config.rl.temperature_target: must be >= 0"),
+    (dict(rl__temperature_target=1.0, rl__temperature_rate=0.0),
+     "config.rl.temperature_rate: must be > 0"),
+    (dict(rl__temperature_target=1.0, rl__temperature_min=1.2),
+     "config.rl.temperature_min: must lie in (0, rl.temperature=1.0]"),
+    (dict(rl__temperature_target=1.0, rl__temperature_min=0.0),
+     "config.rl.temperature_min: must lie in (0, rl.temperature=1.0]"),
+    (dict(rl__temperature_target=1.0, rl__temperature_max=0.9),
+     "config.rl.temperature_max: must be >= rl.temperature=1.0"),
     # Dr. GRPO's point is the constant normaliser; the message names both fields.
     (dict(rl__algorithm="dr_grpo"), "config.rl.aggregation: rl.algorithm='dr_grpo' needs "
      "rl.aggregation='seq_mean_token_sum_norm', got 'token_mean'"),
@@ -70,6 +79,19 @@ def test_loss_side_methods_reach_the_learn_config():
   assert (default.dual_clip, default.entropy_coef, default.tis_cap, default.capo_positive_steps,
           default.capo_ramp_steps, default.kl_reward_coef) == (0.0, 0.0, 0.0, 0, 0, 0.0)
   assert default.grpo_std == "population"
+
+
+def test_adaptive_temperature_reaches_the_learn_config():
+  # Off (target 0), the controller's other fields are not checked.
+  builders.validate(_config(rl__temperature_rate=0.0, rl__temperature_min=2.0))
+  c = _config(rl__temperature_target=1.5, rl__temperature_rate=0.05, rl__temperature_min=0.6,
+              rl__temperature_max=1.2)
+  builders.validate(c)
+  learn = builders.learn_config(c)
+  assert (learn.temperature_target, learn.temperature_rate, learn.temperature_min,
+          learn.temperature_max) == (1.5, 0.05, 0.6, 1.2)
+  assert not rl_step.adaptive_temperature(builders.learn_config(quickstart.get_config()))
+  assert rl_step.adaptive_temperature(learn)
 
 
 def test_a_whole_number_of_oversampled_prompts_is_accepted():
