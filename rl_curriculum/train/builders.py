@@ -92,6 +92,13 @@ def _validate_model(model: ml_collections.ConfigDict, check_source: bool) -> Non
     if not os.path.exists(os.path.expanduser(model.source)):
       _fail("model.source", f"nothing at {model.source!r}: give an HF checkpoint folder, a "
             f".gguf file, or one of {sorted(pretrained.NAMED_CHECKPOINTS)}")
+  merge_every = model.lora_merge_every
+  if not isinstance(merge_every, int) or merge_every < 0:
+    _fail("model.lora_merge_every", f"must be a whole number >= 0 (0 = off), got {merge_every!r}")
+  if merge_every > 0 and model.lora_rank <= 0:
+    _fail("model.lora_merge_every", f"merges LoRA adapters every {merge_every} steps, but "
+          "model.lora_rank = 0 (full fine-tuning) trains none: set model.lora_rank > 0 or "
+          "lora_merge_every = 0")
   if model.lora_rank > 0:
     if not model.lora_alpha > 0:
       _fail("model.lora_alpha", f"must be > 0, got {model.lora_alpha}")
