@@ -144,6 +144,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 25           # RL steps between checkpoints (and at the end)
   c.checkpoint.keep = 2             # newest checkpoints kept on disk
+  c.checkpoint.rollback_after = 0   # after this many skipped updates in a row, restore the newest
+                                    # checkpoint saved healthy before them (0 = off)
 
   c.parallel = ml_collections.ConfigDict()  # docs/scaling.md
   c.parallel.mesh_shape = (-1, 1, 1)  # devices on (data, fsdp, tensor); one -1 takes the rest

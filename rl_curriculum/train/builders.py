@@ -205,13 +205,17 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
 
 
 def _validate_eval(c: ml_collections.ConfigDict) -> None:
-  """config.eval and config.checkpoint: sizes and periods."""
+  """config.eval and config.checkpoint: sizes, periods and the rollback."""
   if c.eval.min_held_out < 0:
     _fail("eval.min_held_out", f"must be >= 0, got {c.eval.min_held_out}")
   for group, name in (("eval", "every"), ("eval", "batch_size"), ("checkpoint", "every"),
                       ("checkpoint", "keep")):
     if c[group][name] < 1:
       _fail(f"{group}.{name}", f"must be >= 1, got {c[group][name]}")
+  rollback_after = c.checkpoint.rollback_after
+  if not isinstance(rollback_after, int) or rollback_after < 0:
+    _fail("checkpoint.rollback_after", f"must be a whole number >= 0 (0 = off), got "
+          f"{rollback_after!r}")
 
 
 def _validate_bins(task: ml_collections.ConfigDict, num_task_bins: int, eval_only_bins) -> None:

@@ -3,7 +3,7 @@
 A checkpoint holds one pytree of arrays (train state, curriculum state, data cursors, rng) and a
 small JSON document (config fingerprint, anything host-side). Saving is asynchronous; the manager
 keeps the newest `max_to_keep` steps; `restore_latest` returns None for a fresh workdir, `restore`
-reads a given step.
+reads a given step and `metadata` the JSON documents alone.
 """
 
 import os
@@ -55,3 +55,8 @@ def restore_latest(manager: ocp.CheckpointManager,
     return None
   return restore(manager, step, like)
 
+
+def metadata(manager: ocp.CheckpointManager) -> dict[int, dict]:
+  """{step: meta} of every checkpoint the manager keeps (the JSON documents; no array is read)."""
+  return {step: manager.restore(step, args=ocp.args.Composite(
+      meta=ocp.args.JsonRestore()))["meta"] for step in manager.all_steps()}

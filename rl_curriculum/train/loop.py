@@ -11,8 +11,9 @@
   6. report          before/after table, report.png, report.html, summary.json
 
 Per-step randomness is `fold_in(root_key, step)`, and every piece of state that evolves (train
-state, curriculum state with its data cursors) is in the checkpoint, so a run killed at any point
-and started again with the same command finishes with the same parameters and metrics.
+state, curriculum state with its data cursors, the base weights LoRA merging changes, the skip
+streak and rollbacks of `recovery`) is in the checkpoint, so a run killed at any point and started
+again with the same command finishes with the same parameters and metrics.
 """
 
 import json
@@ -35,7 +36,7 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool
 from rl_curriculum.train import builders, checkpointing, data, evaluation, forward, report
-from rl_curriculum.train import relora, rl_step, warm_start
+from rl_curriculum.train import recovery, relora, rl_step, warm_start
 from rl_curriculum.train.metrics import MetricsWriter, read_jsonl
 from rl_curriculum.types import Feedback, Selection
 
@@ -378,6 +379,17 @@ def refresh_features(config: ml_collections.ConfigDict, run: Prepared, step: int
   return cur_state._replace(features=distributed.place(jnp.asarray(features), replicated))
 
 
+def roll_back_if_due(config: ml_collections.ConfigDict, manager, health: recovery.Health,
+                     train_state, cur_state, frozen, log):
+  """(train_state, cur_state, frozen, health): restored from the newest healthy checkpoint after
+  `checkpoint.rollback_after` skipped updates in a row (`recovery.roll_back`), else as given."""
+  if not recovery.due(health, config.checkpoint.rollback_after):
+    return train_state, cur_state, frozen, health
+  state, health = recovery.roll_back(
+      manager, checkpoint_state(config, train_state, cur_state, frozen), health, log)
+  return state["train"], state["curriculum"], state.get("base", frozen), health
+
+
 # ------------------------------------------------------------------------------------------------
 # Phase 6: report.
 # ------------------------------------------------------------------------------------------------
@@ -450,13 +462,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                        max_to_keep=config.checkpoint.keep)
-  start, before = 0, None
+  start, before, health = 0, None, recovery.Health(streak=0, origin=0, rollbacks=0)
   restored = checkpointing.restore_latest(
       manager, checkpoint_state(config, train_state, cur_state, frozen))
   if restored is not None:
     start, state, meta = restored
     train_state, cur_state, before = state["train"], state["curriculum"], meta.get("before")
     frozen = state.get("base", frozen)  # the merged base under LoRA merging
+    health = recovery.from_meta(meta, start)
     log(f"resumed from step {start}")
   if before is None:
     before = evaluate(config, run, policy(train_state))
@@ -484,18 +497,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if config.parallel.check_replicated:
         distributed.assert_replicated(cur_state, f"curriculum state after step {step}")
       metrics = {**jax.device_get(metrics), **stats, "time/learn_s": time.time() - t}
+      health = recovery.after_update(health, step, bool(metrics["update_skipped"]))
+      train_state, cur_state, frozen, health = roll_back_if_due(
+          config, manager, health, train_state, cur_state, frozen, writer.print)
       train_state, frozen, merged = relora.maybe_merge(config, step, root, train_state, frozen,
                                                        merge)
       metrics.update(merged)
+      if config.checkpoint.rollback_after > 0:
+        metrics.update(recovery.metrics(health))
       if step % config.eval.every == 0 or step == config.rl.steps:
         metrics.update(_eval_metrics(evaluate(config, run, policy(train_state))))
       writer.write(step, metrics)
       if jax.process_count() > 1:  # a SIGTERM that reached one host stops them all
         preemption.requested = distributed.any_process(preemption.requested)
-      if step % config.checkpoint.every == 0 or step == config.rl.steps or preemption.requested:
+      periodic = (step % config.checkpoint.every == 0
+                  and recovery.may_save(health, config.checkpoint.rollback_after))
+      if periodic or step == config.rl.steps or preemption.requested:
         checkpointing.save(manager, step,
                            checkpoint_state(config, train_state, cur_state, frozen),
-                           {"before": before, "step": step}, wait=preemption.requested)
+                           {"before": before, "step": step, **recovery.meta(health)},
+                           wait=preemption.requested)
       if preemption.requested:
         writer.print(f"SIGTERM: saved step {step}; run the same command to resume")
         manager.wait_until_finished()

@@ -1,5 +1,6 @@
 """Methods of the training loop, end to end at toy size: LoRA merged into the base every N steps
-(ReLoRA). The runs share one tokenizer and SFT warm start."""
+(ReLoRA), and the rollback to the last healthy checkpoint after N skipped updates in a row. The
+runs share one tokenizer and SFT warm start."""
 
 import os
 import shutil
@@ -147,3 +148,43 @@ def test_resume_across_a_merge_reproduces_the_uninterrupted_run(merged, tmp_path
   assert set(a) == {"train", "curriculum", "base"}
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint(
+    merged, tmp_path, capsys):
+  """The merged run resumed after step 2 with an infinite learning rate: every update is
+  non-finite and skipped. After two in a row (steps 3, 4) the run returns to the newest healthy
+  checkpoint whose state precedes step 2's accepted update, step 1's (before the merge, so its
+  base is the warm start's); two more (5, 6) find nothing older and carry on."""
+  merged_dir, _ = merged
+  workdir = str(tmp_path / "rollback")
+  shutil.copytree(merged_dir, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))  # as if stopped after step 2
+  config = _lora_config(6, merge_every=100)  # the base in the checkpoints, no merge in steps 3-6
+  config.rl.learning_rate = float("inf")
+  config.checkpoint.rollback_after = 2
+  capsys.readouterr()
+  rows = _run(config, workdir)[2:]
+  out = capsys.readouterr().out
+  assert [r["update_skipped"] for r in rows] == [1.0] * 4
+  assert [r["skip_streak"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
+  assert [r["rollbacks"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+  assert ("2 updates in a row skipped: rolled back to the checkpoint of step 1 (its state from "
+          "step 1); rollback 1") in out
+  assert "no healthy checkpoint from before step 1 to roll back to" in out
+  # The final state is step 1's, the counters excepted; the base is the one before the merge.
+  final, first, second = _saved(workdir, 6), _saved(merged_dir, 1), _saved(merged_dir, 2)
+  for name in ("params", "opt_state", "whitening"):
+    for x, y in zip(jax.tree.leaves(final["train"][name]), jax.tree.leaves(first["train"][name])):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert int(final["train"]["step"]) == 6 and int(final["train"]["skipped"]) == 4
+  for x, y in zip(jax.tree.leaves(final["base"]), jax.tree.leaves(first["base"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
+                 zip(jax.tree.leaves(final["base"]), jax.tree.leaves(second["base"])))
+  # No periodic checkpoint during a streak (3, 5); step 4's holds the restored state.
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
+  metas = checkpointing.metadata(manager)
+  manager.close()
+  assert sorted(metas) == [2, 4, 6]
+  assert metas[4]["health"] == {"streak": 0, "origin": 1, "rollbacks": 1}
