@@ -55,6 +55,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.lora_rank = 0             # 0 = full fine-tuning; > 0 = LoRA adapters only
   c.model.lora_alpha = 16.0         # LoRA scale is lora_alpha / lora_rank
   c.model.lora_targets = ("q", "v")  # projections that get adapters when lora_rank > 0
+  c.model.lora_merge_every = 0      # ReLoRA: merge the adapters into the base and restart them
+                                    # every this many RL steps (0 = off; needs lora_rank > 0)
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.vocab_size = 64       # soft limit; digits are split into single pieces
@@ -161,6 +163,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 25           # RL steps between checkpoints (and at the end)
   c.checkpoint.keep = 2             # newest checkpoints kept on disk
+  c.checkpoint.rollback_after = 0   # after this many skipped updates in a row, restore the newest
+                                    # checkpoint saved healthy before them (0 = off)
 
   c.parallel = ml_collections.ConfigDict()  # docs/scaling.md
   c.parallel.mesh_shape = (-1, 1, 1)  # devices on (data, fsdp, tensor); one -1 takes the rest

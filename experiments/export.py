@@ -8,7 +8,8 @@
 model.safetensors, tokenizer files) with LoRA adapters, if the run trained any, merged into the
 weights: `transformers.AutoModelForCausalLM.from_pretrained(OUT)` loads it. `--format peft`
 writes the adapters alone (adapter_config.json, adapter_model.safetensors) for runs with
-`model.lora_rank > 0` on a pretrained `model.source`, which the adapter folder names as its base;
+`model.lora_rank > 0` on a pretrained `model.source` (and no `model.lora_merge_every`, which
+changes the base), which the adapter folder names as its base;
 `load_pretrained(source, lora=OUT)` or peft's `PeftModel.from_pretrained` attach them.
 
 The run is rebuilt from WORKDIR/config.json (written by `train_and_evaluate`) with the caches the
@@ -80,15 +81,20 @@ def check_exportable(config: ml_collections.ConfigDict, workdir: str, out: str,
   """Refuses, before anything is built, what the export could not do or would do wrongly.
 
   Raises:
-    ExportError: an unknown format; PEFT for a run without adapters or without a pretrained base;
-      no RL checkpoint; a run cache missing (rebuilding it would train a different tokenizer or
-      warm start); an output folder that is not empty.
+    ExportError: an unknown format; PEFT for a run without adapters, with adapters merged into
+      the base, or without a pretrained base; no RL checkpoint; a run cache missing (rebuilding
+      it would train a different tokenizer or warm start); an output folder that is not empty.
   """
   if fmt not in FORMATS:
     raise ExportError(f"unknown format {fmt!r}; choose from {FORMATS}.")
   if fmt == "peft" and config.model.lora_rank <= 0:
     raise ExportError("--format peft needs a LoRA run; this one trained every weight "
                       "(model.lora_rank = 0), so it has no adapters: use --format hf.")
+  if fmt == "peft" and config.model.lora_merge_every > 0:
+    raise ExportError("--format peft writes adapters for the base model.source, but this run "
+                      "merged its adapters into the base every model.lora_merge_every = "
+                      f"{config.model.lora_merge_every} steps, so its base is no longer "
+                      "model.source: use --format hf (base and adapters merged).")
   if fmt == "peft" and not config.model.source:
     raise ExportError("--format peft needs a pretrained base (model.source); this run's base is "
                       f"the {config.model.preset!r} model trained in its workdir, which no "

@@ -93,6 +93,13 @@ def _validate_model(model: ml_collections.ConfigDict, check_source: bool) -> Non
     if not os.path.exists(os.path.expanduser(model.source)):
       _fail("model.source", f"nothing at {model.source!r}: give an HF checkpoint folder, a "
             f".gguf file, or one of {sorted(pretrained.NAMED_CHECKPOINTS)}")
+  merge_every = model.lora_merge_every
+  if not isinstance(merge_every, int) or merge_every < 0:
+    _fail("model.lora_merge_every", f"must be a whole number >= 0 (0 = off), got {merge_every!r}")
+  if merge_every > 0 and model.lora_rank <= 0:
+    _fail("model.lora_merge_every", f"merges LoRA adapters every {merge_every} steps, but "
+          "model.lora_rank = 0 (full fine-tuning) trains none: set model.lora_rank > 0 or "
+          "lora_merge_every = 0")
   if model.lora_rank > 0:
     if not model.lora_alpha > 0:
       _fail("model.lora_alpha", f"must be > 0, got {model.lora_alpha}")
@@ -250,13 +257,17 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
 
 
 def _validate_eval(c: ml_collections.ConfigDict) -> None:
-  """config.eval and config.checkpoint: sizes and periods."""
+  """config.eval and config.checkpoint: sizes, periods and the rollback."""
   if c.eval.min_held_out < 0:
     _fail("eval.min_held_out", f"must be >= 0, got {c.eval.min_held_out}")
   for group, name in (("eval", "every"), ("eval", "batch_size"), ("checkpoint", "every"),
                       ("checkpoint", "keep")):
     if c[group][name] < 1:
       _fail(f"{group}.{name}", f"must be >= 1, got {c[group][name]}")
+  rollback_after = c.checkpoint.rollback_after
+  if not isinstance(rollback_after, int) or rollback_after < 0:
+    _fail("checkpoint.rollback_after", f"must be a whole number >= 0 (0 = off), got "
+          f"{rollback_after!r}")
 
 
 def _validate_bins(task: ml_collections.ConfigDict, num_task_bins: int, eval_only_bins) -> None:

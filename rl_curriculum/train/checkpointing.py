@@ -2,7 +2,8 @@
 
 A checkpoint holds one pytree of arrays (train state, curriculum state, data cursors, rng) and a
 small JSON document (config fingerprint, anything host-side). Saving is asynchronous; the manager
-keeps the newest `max_to_keep` steps; `restore_latest` returns None for a fresh workdir.
+keeps the newest `max_to_keep` steps; `restore_latest` returns None for a fresh workdir, `restore`
+reads a given step and `metadata` the JSON documents alone.
 """
 
 import os
@@ -30,6 +31,18 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict,
     manager.wait_until_finished()
 
 
+def restore(manager: ocp.CheckpointManager, step: int, like: Any) -> tuple[int, Any, dict]:
+  """Restores checkpoint `step` into the structure, shapes and shardings of `like`.
+
+  Returns:
+    (step, state, meta).
+  """
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+  return step, restored["state"], restored["meta"]
+
+
 def restore_latest(manager: ocp.CheckpointManager,
                    like: Any) -> Optional[tuple[int, Any, dict]]:
   """Restores the newest checkpoint into the structure, shapes and shardings of `like`.
@@ -40,7 +53,10 @@ def restore_latest(manager: ocp.CheckpointManager,
   step = manager.latest_step()
   if step is None:
     return None
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-  return step, restored["state"], restored["meta"]
+  return restore(manager, step, like)
+
+
+def metadata(manager: ocp.CheckpointManager) -> dict[int, dict]:
+  """{step: meta} of every checkpoint the manager keeps (the JSON documents; no array is read)."""
+  return {step: manager.restore(step, args=ocp.args.Composite(
+      meta=ocp.args.JsonRestore()))["meta"] for step in manager.all_steps()}

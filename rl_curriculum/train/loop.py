@@ -11,8 +11,9 @@
   6. report          before/after table, report.png, report.html, summary.json
 
 Per-step randomness is `fold_in(root_key, step)`, and every piece of state that evolves (train
-state, curriculum state with its data cursors) is in the checkpoint, so a run killed at any point
-and started again with the same command finishes with the same parameters and metrics.
+state, curriculum state with its data cursors, the base weights LoRA merging changes, the skip
+streak and rollbacks of `recovery`) is in the checkpoint, so a run killed at any point and started
+again with the same command finishes with the same parameters and metrics.
 """
 
 import json
@@ -35,7 +36,7 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool
 from rl_curriculum.train import budget, builders, checkpointing, data, evaluation, forward, report
-from rl_curriculum.train import rl_step, warm_start
+from rl_curriculum.train import recovery, relora, rl_step, warm_start
 from rl_curriculum.train.metrics import MetricsWriter, read_jsonl
 from rl_curriculum.types import Feedback, Selection
 
@@ -205,24 +206,34 @@ def init_states(config: ml_collections.ConfigDict, run: Prepared):
   return optimizer, curriculum, train_state, cur_state, prompts
 
 
-def saved_state(train_state, cur_state, prompts) -> dict:
-  """The pytree a checkpoint holds (the per-prompt statistics only when the run keeps them)."""
+def checkpoint_state(config: ml_collections.ConfigDict, train_state, cur_state, frozen,
+                     prompts=None) -> dict:
+  """The arrays a checkpoint holds: the train and curriculum states; the per-prompt statistics
+  when the run keeps them (`budget`); and the base weights under LoRA merging
+  (`model.lora_merge_every` > 0), which changes them (otherwise the base is the warm start's,
+  which a resumed run rebuilds)."""
   state = {"train": train_state, "curriculum": cur_state}
   if prompts is not None:
     state["prompts"] = prompts
+  if config.model.lora_merge_every > 0:
+    state["base"] = frozen
   return state
 
 
-def restore_params(config: ml_collections.ConfigDict, run: Prepared, workdir: str):
-  """(step, model params) of the newest RL checkpoint in workdir, or (0, the warm start)."""
+def restore_params(config: ml_collections.ConfigDict, run: Prepared, workdir: str, step=None):
+  """(step, model params) of RL checkpoint `step` (None: the newest) in workdir, or (0, the warm
+  start) when there is none."""
   _, _, train_state, cur_state, prompts = init_states(config, run)
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
-  restored = checkpointing.restore_latest(manager, saved_state(train_state, cur_state, prompts))
+  like = checkpoint_state(config, train_state, cur_state, run.frozen, prompts)
+  restored = (checkpointing.restore_latest(manager, like) if step is None
+              else checkpointing.restore(manager, step, like))
   manager.close()
-  step = 0
+  step, frozen = 0, run.frozen
   if restored is not None:
     step, train_state = restored[0], restored[1]["train"]
-  return step, forward.model_params(train_state.params, run.frozen)
+    frozen = restored[1].get("base", frozen)
+  return step, forward.model_params(train_state.params, frozen)
 
 
 class RowLayout(NamedTuple):
@@ -409,6 +420,19 @@ def refresh_features(config: ml_collections.ConfigDict, run: Prepared, step: int
   return cur_state._replace(features=distributed.place(jnp.asarray(features), replicated))
 
 
+def roll_back_if_due(config: ml_collections.ConfigDict, manager, health: recovery.Health,
+                     train_state, cur_state, frozen, prompts, log):
+  """(train_state, cur_state, frozen, prompts, health): restored from the newest healthy
+  checkpoint after `checkpoint.rollback_after` skipped updates in a row (`recovery.roll_back`),
+  else as given."""
+  if not recovery.due(health, config.checkpoint.rollback_after):
+    return train_state, cur_state, frozen, prompts, health
+  state, health = recovery.roll_back(
+      manager, checkpoint_state(config, train_state, cur_state, frozen, prompts), health, log)
+  return (state["train"], state["curriculum"], state.get("base", frozen), state.get("prompts"),
+          health)
+
+
 # ------------------------------------------------------------------------------------------------
 # Phase 6: report.
 # ------------------------------------------------------------------------------------------------
@@ -473,7 +497,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_state = distributed.place(train_state, stepper.state_shardings)
   cur_state = distributed.place(cur_state, jax.tree.map(lambda _: rep, cur_state))
   prompts = distributed.place(prompts, jax.tree.map(lambda _: rep, prompts))
-  frozen = distributed.place(run.frozen, mesh_lib.param_shardings(run.frozen, mesh))
+  frozen_shardings = mesh_lib.param_shardings(run.frozen, mesh)
+  frozen = distributed.place(run.frozen, frozen_shardings)
   ref_params = distributed.place(run.ref_params, mesh_lib.param_shardings(run.ref_params, mesh))
 
   def policy(state):
@@ -481,12 +506,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                        max_to_keep=config.checkpoint.keep)
-  start, before = 0, None
-  restored = checkpointing.restore_latest(manager, saved_state(train_state, cur_state, prompts))
+  start, before, health = 0, None, recovery.Health(streak=0, origin=0, rollbacks=0)
+  restored = checkpointing.restore_latest(
+      manager, checkpoint_state(config, train_state, cur_state, frozen, prompts))
   if restored is not None:
     start, state, meta = restored
     train_state, cur_state, before = state["train"], state["curriculum"], meta.get("before")
     prompts = state.get("prompts")
+    frozen = state.get("base", frozen)  # the merged base under LoRA merging
+    health = recovery.from_meta(meta, start)
     log(f"resumed from step {start}")
   if before is None:
     before = evaluate(config, run, policy(train_state))
@@ -496,6 +524,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if start == 0:
     writer.write(0, _eval_metrics(before))
   root = rl_root_key(config)
+  merge = (relora.make_merge(optimizer, stepper.state_shardings, frozen_shardings)
+           if config.model.lora_merge_every > 0 else None)
 
   # ---------------------------------------------------------------------------- 5. loop
   with _Preemption() as preemption:
@@ -510,18 +540,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       t = time.time()
       train_state, cur_state, metrics = stepper.learn(train_state, cur_state, batch, k_learn,
                                                       frozen, ref_params)
-      cur_state = refresh_features(config, run, step, train_state.params, cur_state, rep)
+      cur_state = refresh_features(config, run._replace(frozen=frozen), step, train_state.params,
+                                   cur_state, rep)
       if config.parallel.check_replicated:
         distributed.assert_replicated(cur_state, f"curriculum state after step {step}")
       metrics = {**jax.device_get(metrics), **stats, "time/learn_s": time.time() - t}
+      health = recovery.after_update(health, step, bool(metrics["update_skipped"]))
+      train_state, cur_state, frozen, prompts, health = roll_back_if_due(
+          config, manager, health, train_state, cur_state, frozen, prompts, writer.print)
+      train_state, frozen, merged = relora.maybe_merge(config, step, root, train_state, frozen,
+                                                       merge)
+      metrics.update(merged)
+      if config.checkpoint.rollback_after > 0:
+        metrics.update(recovery.metrics(health))
       if step % config.eval.every == 0 or step == config.rl.steps:
         metrics.update(_eval_metrics(evaluate(config, run, policy(train_state))))
       writer.write(step, metrics)
       if jax.process_count() > 1:  # a SIGTERM that reached one host stops them all
         preemption.requested = distributed.any_process(preemption.requested)
-      if step % config.checkpoint.every == 0 or step == config.rl.steps or preemption.requested:
-        checkpointing.save(manager, step, saved_state(train_state, cur_state, prompts),
-                           {"before": before, "step": step}, wait=preemption.requested)
+      periodic = (step % config.checkpoint.every == 0
+                  and recovery.may_save(health, config.checkpoint.rollback_after))
+      if periodic or step == config.rl.steps or preemption.requested:
+        checkpointing.save(manager, step,
+                           checkpoint_state(config, train_state, cur_state, frozen, prompts),
+                           {"before": before, "step": step, **recovery.meta(health)},
+                           wait=preemption.requested)
       if preemption.requested:
         writer.print(f"SIGTERM: saved step {step}; run the same command to resume")
         manager.wait_until_finished()

@@ -196,13 +196,20 @@ def accumulated_gradients(objective: Callable, trained: Any, minibatch: TrainVie
 def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Array, *,
                       graphdef, frozen: Any, group: int, optimizer: optax.GradientTransformation,
                       config: LearnConfig, mesh: Any = None,
-                      temperature: Optional[jax.Array] = None) -> tuple[Any, Any, dict, jax.Array]:
+                      temperature: Optional[jax.Array] = None, adapters: bool = False
+                      ) -> tuple[Any, Any, dict, jax.Array]:
   """Phase 4: `epochs` x `minibatches` optimizer steps over the view, under `lax.scan`.
 
   Each epoch shuffles the groups (`fold_in(key, epoch)`). A minibatch whose mask is all zero
   (padding groups only, e.g. a filter that could not fill the batch) takes no step: Adam's
   momentum would otherwise move the parameters on a zero gradient. With `config.microbatches` > 1
   each step's gradient is accumulated over that many microbatches (`accumulated_gradients`).
+  With `adapters` (the trained policy parameters are LoRA adapters) every optimizer step measures
+  `stability.adapter_health` of the adapters: "adapter_grad_norm", "adapter_update_norm" (of that
+  optimizer step) and "adapter_param_norm" (after it) are means over the steps like the other
+  metrics; "adapter_frozen" is 1.0 when the gradient or the update was exactly 0 on every step
+  (a minibatch whose groups all lack an advantage has a zero gradient; alone it does not make the
+  update frozen).
 
   `temperature` (f32[] or None) is `policy_objective`'s.
 
@@ -232,6 +239,10 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
     updates, new_opt_state = optimizer.update(grads, opt_state, trained)
     new_trained = optax.apply_updates(trained, updates)
     has_tokens = jnp.sum(mb.mask) > 0
+    if adapters:  # PPO trains (adapters, value head): the adapters are the first
+      policy = (lambda tree: tree[0]) if config.algorithm == "ppo" else (lambda tree: tree)
+      health = stability.adapter_health(policy(grads), policy(trained), policy(new_trained))
+      metrics = {**metrics, **{k: v.astype(jnp.float32) for k, v in health.items()}}
     trained, opt_state = stability.select_tree(has_tokens, (new_trained, new_opt_state),
                                                (trained, opt_state))
     metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads),
@@ -245,6 +256,8 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
       lambda x: jnp.sum(jnp.where(stepped > 0, x, 0.0)) / jnp.maximum(jnp.sum(stepped), 1.0),
       per_mb)
   metrics["steps_taken"] = jnp.sum(stepped)
+  if adapters:  # frozen for the whole update: on every optimizer step that ran
+    metrics["adapter_frozen"] = jnp.min(jnp.where(stepped > 0, per_mb["adapter_frozen"], 1.0))
   logp_old = view.logp_old
   if logp_old is None:  # on-policy: one minibatch of every row, in its shuffled order
     logp_old = jnp.zeros(view.tokens.shape, jnp.float32).at[rows[0]].set(old_mb[0])

@@ -20,7 +20,8 @@
                 function that differentiates the policy).
   4. updates    `objective.minibatch_updates`: `epochs` passes of `minibatches` optimizer steps
                 under `lax.scan` (whole groups per minibatch); a minibatch made only of padding
-                groups leaves the parameters and the optimizer state as they were.
+                groups leaves the parameters and the optimizer state as they were. Under LoRA
+                each optimizer step reports the adapters' health (`stability.adapter_health`).
   5. rollback   `roll_back_if`: an update with a non-finite loss, parameter, curriculum state or
                 whitening, or whose KL(pi_old || pi_new) exceeds `max_kl`, is discarded: the
                 parameters, optimizer state, curriculum state, reward whitening and sampling
@@ -582,7 +583,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   trained = (train_state.params, train_state.value) if ppo else train_state.params
   new_trained, new_opt_state, metrics, logp_old = minibatch_updates(
       trained, train_state.opt_state, view, key, graphdef=graphdef, frozen=frozen, group=g,
-      optimizer=optimizer, config=config, mesh=mesh, temperature=tau)
+      optimizer=optimizer, config=config, mesh=mesh, temperature=tau, adapters=use_lora)
 
   # 5. Rollback of a non-finite or runaway update: nothing of this step is kept.
   skip = ~jnp.isfinite(metrics["loss"]) | ~stability.all_finite(new_trained)

@@ -27,8 +27,10 @@ __all__ = ["fingerprint", "check_workdir", "sft_params", "attach_lora"]
 
 def fingerprint(config: ml_collections.ConfigDict) -> dict:
   """The config fields that determine the SFT result; a cached warm start must match them.
-  (`rl.seed` is not among them: seeds of an RL comparison share one warm start.)"""
-  return {"seed": config.seed, "task": config.task.to_dict(), "model": config.model.to_dict(),
+  (`rl.seed` is not among them: seeds of an RL comparison share one warm start; nor is
+  `model.lora_merge_every`, which acts in RL only.)"""
+  model = {k: v for k, v in config.model.to_dict().items() if k != "lora_merge_every"}
+  return {"seed": config.seed, "task": config.task.to_dict(), "model": model,
           "tokenizer": config.tokenizer.to_dict(), "sft": config.sft.to_dict()}
 
 

@@ -189,6 +189,11 @@ def test_peft_needs_adapters_and_a_pretrained_base(tmp_path):
   shutil.rmtree(tmp_path / "config_only")
   with pytest.raises(export.ExportError, match="pretrained base"):
     export.export(_config_only_workdir(tmp_path, lora_rank=4), str(tmp_path / "out"), "peft")
+  shutil.rmtree(tmp_path / "config_only")
+  # Adapters merged into the base during training (ReLoRA) no longer fit model.source.
+  with pytest.raises(export.ExportError, match="lora_merge_every = 2"):
+    export.export(_config_only_workdir(tmp_path, lora_rank=4, lora_merge_every=2),
+                  str(tmp_path / "out"), "peft")
 
 
 def test_missing_caches_and_a_used_output_folder(full_run, tmp_path):

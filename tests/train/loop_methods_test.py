@@ -1,0 +1,190 @@
+"""Methods of the training loop, end to end at toy size: LoRA merged into the base every N steps
+(ReLoRA), and the rollback to the last healthy checkpoint after N skipped updates in a row. The
+runs share one tokenizer and SFT warm start."""
+
+import os
+import shutil
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+from configs import toy
+from rl_curriculum.model import transformer
+from rl_curriculum.train import checkpointing, loop
+from rl_curriculum.train.metrics import read_jsonl
+
+# The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
+_WARM_START = ("warm_start.json", "tokenizer.model", "sft")
+# Wall-clock measurements differ between runs by nature; everything else must match exactly.
+_TIMING = ("time/", "tokens_per_s")
+
+
+def _lora_config(steps, merge_every=0):
+  """The toy run with rank-4 adapters, a KL penalty in the reward against the adapters-off
+  model, and a learning rate large enough for each update to move the adapters visibly."""
+  c = toy.get_config()
+  c.rl.steps = steps
+  c.rl.learning_rate = 1e-3
+  c.rl.kl_reward_coef = 0.1
+  c.model.lora_rank = 4
+  c.model.lora_merge_every = merge_every
+  c.checkpoint.keep = 3  # every step's checkpoint stays (checkpoint.every = 1)
+  return c
+
+
+def _run(config, workdir, warm_from=None):
+  """Rows of metrics.jsonl of the RL steps (step >= 1) of a toy run in `workdir`."""
+  if warm_from is not None:
+    os.makedirs(workdir, exist_ok=True)
+    for name in _WARM_START:
+      source = os.path.join(warm_from, name)
+      (shutil.copytree if os.path.isdir(source) else shutil.copy)(source,
+                                                                  os.path.join(workdir, name))
+  loop.train_and_evaluate(config, workdir)
+  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
+  assert [r["step"] for r in rows] == list(range(1, config.rl.steps + 1))
+  return rows
+
+
+def _deterministic(rows, drop=()):
+  return [{k: v for k, v in r.items() if not k.startswith(_TIMING) and k not in drop}
+          for r in rows]
+
+
+def _saved(workdir, step):
+  """The state checkpoint `step` holds, read back as it was written (nested dicts of arrays)."""
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  manager.close()
+  return restored["state"]
+
+
+def _flat(state):
+  return {"/".join(map(str, path)): np.asarray(var.get_value())
+          for path, var in nnx.to_flat_state(state)}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+  """Two steps with adapters that are never merged (builds the shared warm start)."""
+  workdir = str(tmp_path_factory.mktemp("loop_methods") / "plain")
+  return workdir, _run(_lora_config(2), workdir)
+
+
+@pytest.fixture(scope="module")
+def merged(plain, tmp_path_factory):
+  """Three steps of the same run with a merge after step 2."""
+  workdir = str(tmp_path_factory.mktemp("loop_methods") / "merged")
+  return workdir, _run(_lora_config(3, merge_every=2), workdir, warm_from=plain[0])
+
+
+def test_merge_keeps_the_policy_and_restarts_the_adapters(plain, merged):
+  (plain_dir, plain_rows), (merged_dir, merged_rows) = plain, merged
+  assert [r["lora_merged"] for r in merged_rows] == [0.0, 1.0, 0.0]
+  assert "lora_merged" not in plain_rows[-1]
+  # Up to the merge the runs are one run; the merge after step 2 leaves the greedy evaluation
+  # that follows it (logged with step 2) exactly as it is without merging.
+  assert any(k.startswith("eval/acc/") for k in plain_rows[1])
+  assert (_deterministic(merged_rows[:2], drop=("lora_merged",))
+          == _deterministic(plain_rows))
+  # The same function: log-probs of the pool's prompts before (unmerged run) and after merging.
+  config = _lora_config(3, merge_every=2)
+  run = loop.prepare(config, merged_dir, log=lambda _: None)
+  _, before = loop.restore_params(_lora_config(2), run, plain_dir)
+  step, after = loop.restore_params(config, run, merged_dir, step=2)
+  assert step == 2
+  tokens, mask = run.pool.tokens[:16], run.pool.mask[:16]
+  logp = [np.asarray(jax.nn.log_softmax(transformer.forward(run.graphdef, p, tokens, mask)))
+          for p in (before, after)]
+  valid = np.asarray(mask, bool)
+  np.testing.assert_allclose(logp[1][valid], logp[0][valid], atol=1e-4)
+  # B is 0 right after the merge and A was redrawn; the targeted base kernels moved, nothing else.
+  adapters_before, adapters_after = _flat(before[0]), _flat(after[0])
+  for name, value in adapters_after.items():
+    if name.endswith("lora_b"):
+      assert not np.any(value) and np.any(adapters_before[name]), name
+    else:
+      assert not np.allclose(value, adapters_before[name]), name
+  base_before, base_after = _flat(before[1]), _flat(after[1])
+  moved = sorted(n for n in base_before if not np.array_equal(base_before[n], base_after[n]))
+  assert all(n.endswith(("attn/q/kernel", "attn/v/kernel")) for n in moved), moved
+  assert {n[-len("q/kernel"):] for n in moved} == {"q/kernel", "v/kernel"}, moved
+  # The optimizer restarted: the saved Adam moments and step count are all 0.
+  opt_state = _saved(merged_dir, 2)["train"]["opt_state"]
+  assert not any(np.any(np.asarray(x)) for x in jax.tree.leaves(opt_state))
+  assert any(np.any(np.asarray(x)) for x in jax.tree.leaves(_saved(plain_dir, 2)["train"]
+                                                              ["opt_state"]))
+  # The KL reference is the adapters-off model: after step 1 the policy has left it; right after
+  # the merge (B = 0) the policy is the reference and the KL in step 3's reward is 0.
+  assert abs(merged_rows[1]["kl_reward"]) > 1e-6
+  assert abs(merged_rows[2]["kl_reward"]) < 1e-6
+
+
+def test_adapter_health_is_reported_every_step(merged):
+  _, rows = merged
+  for r in rows[:2]:  # (in step 1 one of the two minibatches holds no advantage: no gradient)
+    assert r["nonzero_adv_frac"] > 0
+    assert r["adapter_grad_norm"] > 0 and r["adapter_update_norm"] > 0, r["step"]
+    assert r["adapter_param_norm"] > 0 and r["adapter_frozen"] == 0.0, r["step"]
+  # Step 3 has nothing to learn: every group's completions earned the same reward, and right
+  # after the merge the KL penalty is 0. The adapters get no gradient and are reported frozen.
+  assert rows[2]["nonzero_adv_frac"] == 0.0 and abs(rows[2]["kl_reward"]) < 1e-6
+  assert rows[2]["adapter_grad_norm"] == 0.0 and rows[2]["adapter_frozen"] == 1.0
+  assert rows[2]["adapter_param_norm"] > 0  # A, freshly drawn
+
+
+def test_resume_across_a_merge_reproduces_the_uninterrupted_run(merged, tmp_path):
+  """The run stopped after step 2's merge and checkpoint resumes from the merged base."""
+  merged_dir, merged_rows = merged
+  workdir = str(tmp_path / "resumed")
+  shutil.copytree(merged_dir, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))  # as if stopped after step 2
+  rows = _run(_lora_config(3, merge_every=2), workdir)
+  assert _deterministic(rows) == _deterministic(merged_rows)
+  a, b = _saved(merged_dir, 3), _saved(workdir, 3)
+  assert set(a) == {"train", "curriculum", "base"}
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint(
+    merged, tmp_path, capsys):
+  """The merged run resumed after step 2 with an infinite learning rate: every update is
+  non-finite and skipped. After two in a row (steps 3, 4) the run returns to the newest healthy
+  checkpoint whose state precedes step 2's accepted update, step 1's (before the merge, so its
+  base is the warm start's); two more (5, 6) find nothing older and carry on."""
+  merged_dir, _ = merged
+  workdir = str(tmp_path / "rollback")
+  shutil.copytree(merged_dir, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))  # as if stopped after step 2
+  config = _lora_config(6, merge_every=100)  # the base in the checkpoints, no merge in steps 3-6
+  config.rl.learning_rate = float("inf")
+  config.checkpoint.rollback_after = 2
+  capsys.readouterr()
+  rows = _run(config, workdir)[2:]
+  out = capsys.readouterr().out
+  assert [r["update_skipped"] for r in rows] == [1.0] * 4
+  assert [r["skip_streak"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
+  assert [r["rollbacks"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+  assert ("2 updates in a row skipped: rolled back to the checkpoint of step 1 (its state from "
+          "step 1); rollback 1") in out
+  assert "no healthy checkpoint from before step 1 to roll back to" in out
+  # The final state is step 1's, the counters excepted; the base is the one before the merge.
+  final, first, second = _saved(workdir, 6), _saved(merged_dir, 1), _saved(merged_dir, 2)
+  for name in ("params", "opt_state", "whitening"):
+    for x, y in zip(jax.tree.leaves(final["train"][name]), jax.tree.leaves(first["train"][name])):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert int(final["train"]["step"]) == 6 and int(final["train"]["skipped"]) == 4
+  for x, y in zip(jax.tree.leaves(final["base"]), jax.tree.leaves(first["base"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
+                 zip(jax.tree.leaves(final["base"]), jax.tree.leaves(second["base"])))
+  # No periodic checkpoint during a streak (3, 5); step 4's holds the restored state.
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
+  metas = checkpointing.metadata(manager)
+  manager.close()
+  assert sorted(metas) == [2, 4, 6]
+  assert metas[4]["health"] == {"streak": 0, "origin": 1, "rollbacks": 1}
