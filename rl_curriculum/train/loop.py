@@ -251,7 +251,8 @@ def row_layout(config: ml_collections.ConfigDict, mesh) -> RowLayout:
   if num_rows % mesh_lib.batch_size_of(mesh):
     raise builders.ConfigError(
         f"config.parallel.mesh_shape: {num_rows} rollout rows (prompts_per_step x oversample x "
-        f"group_size, or allocation_max with an allocation) do not split over data x fsdp = {mesh_lib.batch_size_of(mesh)} devices")
+        f"group_size, or allocation_max with an allocation) do not split over data x fsdp = "
+        f"{mesh_lib.batch_size_of(mesh)} devices")
   sharding = mesh_lib.batch_sharding(mesh, 2)
   return RowLayout(mesh=mesh, sharding=sharding, num_rows=num_rows,
                    mine=distributed.local_row_indices(sharding, num_rows))

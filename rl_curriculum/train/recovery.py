@@ -34,7 +34,7 @@ preemption checkpoints are written regardless, marked with their streak.
 run continues from it (`from_meta`).
 """
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import orbax.checkpoint as ocp
 

@@ -9,15 +9,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import test_util
 from flax import nnx
 
 from configs import toy
 from rl_curriculum.model import transformer
 from rl_curriculum.train import checkpointing, loop
-from rl_curriculum.train.metrics import read_jsonl
 
 # The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
-_WARM_START = ("warm_start.json", "tokenizer.model", "sft")
 # Wall-clock measurements differ between runs by nature; everything else must match exactly.
 _TIMING = ("time/", "tokens_per_s")
 
@@ -33,20 +32,6 @@ def _lora_config(steps, merge_every=0):
   c.model.lora_merge_every = merge_every
   c.checkpoint.keep = 3  # every step's checkpoint stays (checkpoint.every = 1)
   return c
-
-
-def _run(config, workdir, warm_from=None):
-  """Rows of metrics.jsonl of the RL steps (step >= 1) of a toy run in `workdir`."""
-  if warm_from is not None:
-    os.makedirs(workdir, exist_ok=True)
-    for name in _WARM_START:
-      source = os.path.join(warm_from, name)
-      (shutil.copytree if os.path.isdir(source) else shutil.copy)(source,
-                                                                  os.path.join(workdir, name))
-  loop.train_and_evaluate(config, workdir)
-  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
-  assert [r["step"] for r in rows] == list(range(1, config.rl.steps + 1))
-  return rows
 
 
 def _deterministic(rows, drop=()):
@@ -71,14 +56,14 @@ def _flat(state):
 def plain(tmp_path_factory):
   """Two steps with adapters that are never merged (builds the shared warm start)."""
   workdir = str(tmp_path_factory.mktemp("loop_methods") / "plain")
-  return workdir, _run(_lora_config(2), workdir)
+  return workdir, test_util.run_rl(_lora_config(2), workdir)
 
 
 @pytest.fixture(scope="module")
 def merged(plain, tmp_path_factory):
   """Three steps of the same run with a merge after step 2."""
   workdir = str(tmp_path_factory.mktemp("loop_methods") / "merged")
-  return workdir, _run(_lora_config(3, merge_every=2), workdir, warm_from=plain[0])
+  return workdir, test_util.run_rl(_lora_config(3, merge_every=2), workdir, warm_from=plain[0])
 
 
 def test_merge_keeps_the_policy_and_restarts_the_adapters(plain, merged):
@@ -142,7 +127,7 @@ def test_resume_across_a_merge_reproduces_the_uninterrupted_run(merged, tmp_path
   workdir = str(tmp_path / "resumed")
   shutil.copytree(merged_dir, workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))  # as if stopped after step 2
-  rows = _run(_lora_config(3, merge_every=2), workdir)
+  rows = test_util.run_rl(_lora_config(3, merge_every=2), workdir)
   assert _deterministic(rows) == _deterministic(merged_rows)
   a, b = _saved(merged_dir, 3), _saved(workdir, 3)
   assert set(a) == {"train", "curriculum", "base"}
@@ -164,7 +149,7 @@ def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint
   config.rl.learning_rate = float("inf")
   config.checkpoint.rollback_after = 2
   capsys.readouterr()
-  rows = _run(config, workdir)[2:]
+  rows = test_util.run_rl(config, workdir)[2:]
   out = capsys.readouterr().out
   assert [r["update_skipped"] for r in rows] == [1.0] * 4
   assert [r["skip_streak"] for r in rows] == [1.0, 0.0, 1.0, 0.0]

@@ -3,21 +3,19 @@ penalty in phase 1 and overlong filtering in phase 2, their metrics, the config 
 methods end to end at toy size."""
 
 import dataclasses
-import os
-import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_util
 
 from configs import quickstart, toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.rl import stability
-from rl_curriculum.train import builders, examples, forward, loop, rl_step
-from rl_curriculum.train.metrics import read_jsonl
+from rl_curriculum.train import builders, examples, forward, rl_step
 
 P, G, TP, T, V = 4, 4, 5, 4, 16
 STOP = (2, 3)  # the stop ids of the unit tests' batches (EOS and one more)
@@ -281,7 +279,6 @@ def test_valid_overlong_settings_pass_and_reach_the_learn_config():
 STEPS = 3
 MAX_NEW_TOKENS = 3  # toy completions are an answer and EOS: at 3 tokens some are cut
 # The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
-_WARM_START = ("warm_start.json", "tokenizer.model", "sft")
 
 
 def _config(**rl):
@@ -296,24 +293,10 @@ def _config(**rl):
   return c
 
 
-def _run(config, workdir, warm_from=None):
-  """Rows of metrics.jsonl of the RL steps (step >= 1) of a toy run in `workdir`."""
-  if warm_from is not None:
-    os.makedirs(workdir)
-    for name in _WARM_START:
-      source = os.path.join(warm_from, name)
-      (shutil.copytree if os.path.isdir(source) else shutil.copy)(source,
-                                                                  os.path.join(workdir, name))
-  loop.train_and_evaluate(config, workdir)
-  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
-  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-  return rows
-
-
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("overlong") / "baseline")
-  return workdir, _run(_config(), workdir)
+  return workdir, test_util.run_rl(_config(), workdir)
 
 
 def _sixteenths(x):
@@ -331,7 +314,8 @@ def test_truncated_fraction_is_always_logged(baseline):
 
 def test_exclude_leaves_the_truncated_completions_out_of_the_loss(baseline, tmp_path):
   _, plain = baseline
-  rows = _run(_config(overlong="exclude"), str(tmp_path / "exclude"), warm_from=baseline[0])
+  rows = test_util.run_rl(_config(overlong="exclude"), str(tmp_path / "exclude"),
+                         warm_from=baseline[0])
   first, f = rows[0], rows[0]["truncated_frac"]
   # The same first rollout as the baseline's.
   assert first["reward_mean"] == plain[0]["reward_mean"] and f == plain[0]["truncated_frac"] > 0
@@ -348,8 +332,8 @@ def test_exclude_leaves_the_truncated_completions_out_of_the_loss(baseline, tmp_
 
 def test_penalty_lowers_the_rewards_of_completions_at_the_cap(baseline, tmp_path):
   _, plain = baseline
-  rows = _run(_config(overlong="penalty", overlong_cache=1), str(tmp_path / "penalty"),
-              warm_from=baseline[0])
+  rows = test_util.run_rl(_config(overlong="penalty", overlong_cache=1), str(tmp_path / "penalty"),
+                         warm_from=baseline[0])
   first = rows[0]
   # The same first rollout; reward_mean stays the task's reward.
   assert first["reward_mean"] == plain[0]["reward_mean"]

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+import test_util
 
 from configs import quickstart, toy
 from rl_curriculum import curriculum as cur
@@ -187,7 +188,6 @@ def test_the_controller_needs_a_temperature_in_the_state():
 
 STEPS = 4
 TARGET, RATE, T_MAX = 10.0, 0.02, 3.0  # a target above any entropy of a 64-token vocabulary
-_WARM_START = ("warm_start.json", "tokenizer.model", "sft")
 
 
 def _config(steps):
@@ -234,7 +234,7 @@ def resumed(straight, tmp_path_factory):
   """The same run stopped after step 2 and started again in its workdir."""
   workdir = str(tmp_path_factory.mktemp("temperature") / "resumed")
   os.makedirs(workdir)
-  for name in _WARM_START:
+  for name in test_util.WARM_START:
     source = os.path.join(straight[0], name)
     (shutil.copytree if os.path.isdir(source) else shutil.copy)(source, os.path.join(workdir, name))
   loop.train_and_evaluate(_config(2), workdir)
