@@ -305,8 +305,10 @@ def test_scanned_lora_forward_gradients_and_merges_equal_unrolled():
       logits = transformer.forward(graphdef, (lora_params, base_params), TOKENS, MASK)
       return -jnp.sum(jnp.where(MASK, jax.nn.log_softmax(logits)[:, :, 1], 0.0))
     return jax.jit(jax.grad(loss))(lora_params)
+  # Gradients of a whole two-layer model (a module: 1e-4; entries reach ~6, and the scanned and
+  # unrolled programs sum in different orders, about 1e-5 apart on some CPUs).
   _assert_states_equal(grads(graphdef_s, params_s),
-                       layer_stacking.stack_layers(grads(graphdef, params)), atol=1e-5)
+                       layer_stacking.stack_layers(grads(graphdef, params)), atol=1e-4)
   _assert_states_equal(lora.merge(params_s), layer_stacking.stack_layers(lora.merge(params)),
                        atol=1e-6)
   _assert_states_equal(lora.disable(params_s), layer_stacking.stack_layers(lora.disable(params)))
