@@ -27,7 +27,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.seed = 0  # root of every random stream: fold_in(root, step) per step
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = "arithmetic"        # rl_curriculum.tasks.get_task name
+  c.task.name = "arithmetic"        # rl_curriculum.tasks.get_task name; several joined by "+"
+                                    # ("countdown+zebra") are one mixture whose bins are the
+                                    # (task, bin) pairs (configs/multitask.py)
+  c.task.weights = ()               # mixture only: each task's share of the RL pool (relative,
+                                    # one per task; () = train_per_bin in every bin)
+  c.task.options = ml_collections.ConfigDict()  # {task name: its options}, e.g.
+                                    # {"arc1d": {"num_shots": 1}} (rl_curriculum.tasks)
   c.task.template = "plain"         # plain (models trained here) | chat (instruct checkpoints)
   c.task.train_bins = (0, 1, 2, 3, 4, 5)  # bins the curriculum chooses among (its arms)
   # Held-out evaluation: the six training bins, two harder bins never trained on (6, 7: three-term
@@ -60,6 +66,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.vocab_size = 64       # soft limit; digits are split into single pieces
+  c.tokenizer.model_type = "unigram"  # unigram | bpe (SentencePiece; BPE merges whole words of
+                                    # long instructions, about half the tokens of unigram's)
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 1500                # 0 skips the warm start
@@ -139,6 +147,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.curriculum = ml_collections.ConfigDict()
   c.curriculum.name = "sec"         # see rl_curriculum.train.builders.CURRICULA
+  c.curriculum.arms = "bin"         # bin: one arm per training bin (on a mixture the (task, bin)
+                                    # pairs: 2-D SEC) | task: one arm per task of a mixture
   c.curriculum.options = ml_collections.ConfigDict(dict(  # keyword arguments of that constructor
       alpha=0.5, temperature=0.2, unsampled="keep", objective="abs_advantage"))
   # What the curriculum's advantages are computed from: "correct" (raw correctness) or "reward"

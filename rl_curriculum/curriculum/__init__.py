@@ -5,7 +5,7 @@ its number of arms where no pool exists yet).
 
 Category level (a distribution over arms, then prompts without replacement within an arm; the
 shared builder and per-arm statistics are in `arms`):
-  sec (with product_arms, split_arms for 2-D arms)             (module `sec`)
+  sec                                                           (module `sec`)
   uniform                                                       (module `uniform`)
   easy_to_hard, hard_to_easy, linear_pacing, cyclical, mixed_replay   (module `schedules`)
   dump                                                          (module `dump`)
@@ -20,7 +20,7 @@ from rl_curriculum.curriculum.base import Curriculum, Feedback, PromptPool, Sele
 from rl_curriculum.curriculum.dump import dump
 from rl_curriculum.curriculum.schedules import (cyclical, easy_to_hard, hard_to_easy,
                                                 linear_pacing, mixed_replay)
-from rl_curriculum.curriculum.sec import product_arms, sec, split_arms
+from rl_curriculum.curriculum.sec import sec
 from rl_curriculum.curriculum.teachers import alp_teacher, mastering_rate
 from rl_curriculum.curriculum.uniform import uniform
 from rl_curriculum.curriculum.adarft import adarft
@@ -31,6 +31,6 @@ from rl_curriculum.curriculum.vade import vade
 from rl_curriculum.curriculum.vcrl import vcrl
 
 __all__ = ["Curriculum", "Feedback", "PromptPool", "Selection",
-           "sec", "product_arms", "split_arms", "uniform", "easy_to_hard", "hard_to_easy",
+           "sec", "uniform", "easy_to_hard", "hard_to_easy",
            "linear_pacing", "cyclical", "mixed_replay", "dump", "alp_teacher", "mastering_rate",
            "vcrl", "vade", "greso", "adarft", "pcl", "hard_focus"]

@@ -1,6 +1,7 @@
 """SEC, the Self-Evolving Curriculum: curriculum selection as a non-stationary K-armed bandit.
 
-Each arm is a category of prompts (a difficulty bin, a task, or a pair of both: `product_arms`).
+Each arm is a category of prompts: a difficulty bin, a task, or a (task, bin) pair of a task
+mixture (the "2-D" arms; `train.data.arms_of` lays a run's arms out).
 After every step each sampled arm k gets a reward R[k] (`sec_arm_rewards`), its value moves toward
 it, `Q[k] <- Q[k] + alpha (R[k] - Q[k])` (`sec_update_q`), and the next batch draws its arms from a
 distribution over Q (`sec_probabilities`, Boltzmann by default).
@@ -8,11 +9,10 @@ distribution over Q (`sec_probabilities`, Boltzmann by default).
 Reference: Chen et al. (2025), "Self-Evolving Curriculum for LLM Reasoning", arXiv:2505.14970.
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rl_curriculum.curriculum import arms as arms_lib
 from rl_curriculum.curriculum import checks
@@ -21,7 +21,7 @@ from rl_curriculum.curriculum.base import Curriculum
 from rl_curriculum.types import Feedback
 
 __all__ = ["SECState", "sec", "sec_arm_rewards", "sec_update_q", "sec_probabilities",
-           "product_arms", "split_arms", "SEC_OBJECTIVES", "SEC_UNSAMPLED", "SEC_EXPLORATION"]
+           "SEC_OBJECTIVES", "SEC_UNSAMPLED", "SEC_EXPLORATION"]
 
 SEC_OBJECTIVES = ("abs_advantage", "unnormalized_abs_advantage", "learning_progress")
 SEC_UNSAMPLED = ("keep", "decay")
@@ -211,37 +211,3 @@ def sec(pool: checks.PoolOrNumArms, *, batch_size: int, alpha: float = 0.5,
     return state, metrics
 
   return arms_lib.category_curriculum(num_arms, batch_size, init_state, probs, update_state)
-
-
-def product_arms(labels_a, labels_b, num_a: Optional[int] = None,
-                 num_b: Optional[int] = None) -> tuple[np.ndarray, int]:
-  """Arms of 2-D SEC as the product of two labels: arm = a * num_b + b.
-
-  Args:
-    labels_a: int[N] first label (for example difficulty), in [0, num_a).
-    labels_b: int[N] second label (for example task), in [0, num_b).
-    num_a, num_b: label counts; default max + 1.
-
-  Returns:
-    (arms i32[N], K = num_a * num_b).
-
-  Raises:
-    ValueError: on mismatched shapes or labels out of range.
-  """
-  a = np.asarray(labels_a, np.int64)
-  b = np.asarray(labels_b, np.int64)
-  if a.ndim != 1 or a.shape != b.shape or a.size == 0:
-    raise ValueError(f"labels_a and labels_b must be non-empty 1-D arrays of one shape, got "
-                     f"{a.shape} and {b.shape}")
-  num_a = int(a.max()) + 1 if num_a is None else int(num_a)
-  num_b = int(b.max()) + 1 if num_b is None else int(num_b)
-  if a.min() < 0 or a.max() >= num_a:
-    raise ValueError(f"labels_a must lie in [0, {num_a}), got [{a.min()}, {a.max()}]")
-  if b.min() < 0 or b.max() >= num_b:
-    raise ValueError(f"labels_b must lie in [0, {num_b}), got [{b.min()}, {b.max()}]")
-  return (a * num_b + b).astype(np.int32), num_a * num_b
-
-
-def split_arms(arms, num_b: int) -> tuple:
-  """Inverse of `product_arms`: (a, b) = (arms // num_b, arms % num_b); works on NumPy or JAX."""
-  return arms // num_b, arms % num_b

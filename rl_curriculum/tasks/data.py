@@ -56,6 +56,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int,
 def make_pool(problems: Sequence[Problem], encode: Callable[[str], list],
               pad_id: int, *, max_prompt_len: Optional[int] = None,
               num_arms: Optional[int] = None, bins: Optional[Sequence[int]] = None,
+              bin_arms: Optional[Sequence[int]] = None,
               prompt_fn: Optional[Callable[[Problem], str]] = None,
               difficulty: Optional[Sequence[float]] = None) -> TaskPool:
   """Builds a `TaskPool` from problems.
@@ -68,6 +69,8 @@ def make_pool(problems: Sequence[Problem], encode: Callable[[str], list],
     num_arms: K; default max arm + 1 (or len(bins)).
     bins: optional map from difficulty bins to arms: arm = bins.index(problem.difficulty), so a
       subset of bins (e.g. the training bins) becomes arms 0..K-1. Problems of other bins raise.
+    bin_arms: with `bins`, the arm of each of them instead (several bins may share an arm, e.g.
+      one arm per task of a mixture); default their positions 0..len(bins)-1.
     prompt_fn: Problem -> prompt text; default `problem.prompt` (the plain template). For chat
       models pass a function applying the tokenizer's chat template to `task.prompt_messages`.
     difficulty: optional f32[N]; default each problem's own difficulty bin
@@ -75,18 +78,22 @@ def make_pool(problems: Sequence[Problem], encode: Callable[[str], list],
       bins=(5, 0, 1) arm 0 holds the hardest problems.
 
   Raises:
-    ValueError: empty problems, a prompt longer than max_prompt_len, a bin not in `bins`.
+    ValueError: empty problems, a prompt longer than max_prompt_len, a bin not in `bins`,
+      `bin_arms` not one label per bin.
   """
   problems = tuple(problems)
   if not problems:
     raise ValueError("make_pool needs at least one problem")
   if bins is not None:
-    index = {int(b): k for k, b in enumerate(bins)}
+    labels = range(len(bins)) if bin_arms is None else bin_arms
+    if len(labels) != len(bins):
+      raise ValueError(f"bin_arms has {len(labels)} labels for {len(bins)} bins")
+    index = {int(b): int(k) for b, k in zip(bins, labels)}
     missing = sorted({p.difficulty for p in problems} - set(index))
     if missing:
       raise ValueError(f"problems of bins {missing} are not in bins={list(bins)}")
     arms = np.array([index[p.difficulty] for p in problems], np.int32)
-    num_arms = len(index) if num_arms is None else num_arms
+    num_arms = max(index.values()) + 1 if num_arms is None else num_arms
   else:
     arms = np.array([p.difficulty for p in problems], np.int32)
   num_arms = int(arms.max()) + 1 if num_arms is None else int(num_arms)

@@ -13,10 +13,12 @@ import ml_collections
 import optax
 
 from rl_curriculum import curriculum as cur
+from rl_curriculum import tasks as tasks_lib
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
 from rl_curriculum.model.config import PRESETS, REMAT_POLICIES, ModelConfig
 from rl_curriculum.train import budget
+from rl_curriculum.train import data
 from rl_curriculum.train import rl_step
 
 
@@ -45,6 +47,7 @@ CURRICULA: dict[str, Callable[..., cur.Curriculum]] = {
 }
 
 FILTERS = ("none", "all_equal", "accuracy_band")
+TOKENIZER_TYPES = ("unigram", "bpe")  # SentencePiece model types of a tokenizer trained here
 ALGORITHMS = tuple(sorted(rl_step.ADVANTAGES)) + ("ppo",)
 _AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
@@ -59,21 +62,76 @@ def _options_of(fn: Callable) -> dict[str, inspect.Parameter]:
           and n != "batch_size"}
 
 
-def validate(config: ml_collections.ConfigDict, *, num_task_bins: Optional[int] = None,
-             eval_only_bins=(), check_source: bool = True) -> None:
+def validate(config: ml_collections.ConfigDict, *, task=None, check_source: bool = True) -> None:
   """Raises ConfigError for a config the run cannot use; returns None otherwise.
 
   `check_source=False` skips what depends on the checkpoint in `model.source` (that it exists,
   and the template and warm-start rules for pretrained models): the planner checks a config's
-  shapes without weights. `num_task_bins` (with the task's `eval_only_bins`) also checks the
-  training and evaluation bins."""
+  shapes without weights. With the configured `task` (a `tasks.Task`) it also checks the
+  training and evaluation bins against the task's, and builds the curriculum over the exact arms
+  (`num_arms`)."""
   _validate_model(config.model, check_source)
   _validate_rl(config.rl)
-  _validate_curriculum(config)
+  _validate_mixture(config)
+  if task is not None:
+    _validate_bins(config.task, task.num_difficulties, task.eval_only_bins)
+  _validate_curriculum(config, task)
   _validate_task_and_sft(config, check_source)
   _validate_eval(config)
-  if num_task_bins is not None:
-    _validate_bins(config.task, num_task_bins, eval_only_bins)
+
+
+def mixture_names(config: ml_collections.ConfigDict) -> tuple:
+  """The task names `config.task.name` joins with "+" (one name: a single task)."""
+  return tuple(config.task.name.split(tasks_lib.SEPARATOR))
+
+
+def task_options(config: ml_collections.ConfigDict) -> dict:
+  """{task name: its constructor options} from `config.task.options`, as plain dicts."""
+  return {name: dict(options) for name, options in config.task.options.items()}
+
+
+def build_task(config: ml_collections.ConfigDict):
+  """The configured task (a `tasks.MixtureTask` for names joined by "+").
+
+  Raises:
+    KeyError, ValueError, TypeError: an unknown task or a bad option (`tasks.get_task`).
+  """
+  return tasks_lib.get_task(config.task.name, template=config.task.template,
+                            format_bonus=config.task.format_bonus,
+                            task_options=task_options(config))
+
+
+def num_arms(config: ml_collections.ConfigDict, task=None) -> int:
+  """K, the curriculum's arms: one per training bin (`curriculum.arms` = "bin"), or one per task
+  with a training bin ("task"; without the `task` object, one per task the name joins)."""
+  if config.curriculum.arms == "task":
+    if task is None:
+      return len(mixture_names(config))
+    return len(data.arms_of(task, config.task.train_bins, "task").names)
+  return len(config.task.train_bins)
+
+
+def _validate_mixture(c: ml_collections.ConfigDict) -> None:
+  """config.curriculum.arms, config.task.weights and the keys of config.task.options, which a
+  mixture of tasks (task names joined by "+") gives a meaning."""
+  names = mixture_names(c)
+  stray = sorted(set(c.task.options) - set(names))
+  if stray:
+    _fail("task.options", f"names {stray}, not tasks of task.name={c.task.name!r}: give "
+          "{task name: {option: value}} for the tasks it names")
+  if c.curriculum.arms not in data.ARM_LAYOUTS:
+    _fail("curriculum.arms", f"must be one of {data.ARM_LAYOUTS}, got {c.curriculum.arms!r}")
+  if c.curriculum.arms == "task" and len(names) < 2:
+    _fail("curriculum.arms", f"'task' makes one arm per task of a mixture, but task.name="
+          f"{c.task.name!r} is one task: name several joined by '+' (e.g. 'countdown+zebra') "
+          "or use 'bin'")
+  weights = tuple(c.task.weights)
+  if weights and len(names) < 2:
+    _fail("task.weights", f"mixture weights need several tasks in task.name (joined by '+'), "
+          f"got the single task {c.task.name!r}; leave task.weights empty")
+  if weights and (len(weights) != len(names) or min(weights) <= 0):
+    _fail("task.weights", f"must be empty (equal) or one weight > 0 per task of {names}, got "
+          f"{list(weights)}")
 
 
 def _validate_model(model: ml_collections.ConfigDict, check_source: bool) -> None:
@@ -250,6 +308,9 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
   if check_source and c.model.source and c.sft.steps:
     _fail("sft.steps", "must be 0 with a pretrained model (config.model.source): the SFT "
           "targets are plain-template completions for models trained here")
+  if c.tokenizer.model_type not in TOKENIZER_TYPES:
+    _fail("tokenizer.model_type", f"must be one of {TOKENIZER_TYPES}, got "
+          f"{c.tokenizer.model_type!r}")
   if task.template not in ("plain", "chat", "chat_short"):
     _fail("task.template", f"must be plain, chat or chat_short, got {task.template!r}")
   if check_source and task.template != "plain" and not c.model.source:
@@ -288,9 +349,9 @@ def sampled_prompts(config: ml_collections.ConfigDict) -> int:
   return int(round(config.rl.prompts_per_step * config.curriculum.oversample))
 
 
-def _validate_curriculum(c: ml_collections.ConfigDict) -> None:
+def _validate_curriculum(c: ml_collections.ConfigDict, task=None) -> None:
   """The curriculum, its options and the post-rollout filter, checked by building the curriculum
-  for the configured number of arms (the constructors check every option's value)."""
+  for the configured number of arms (`num_arms`; the constructors check every option's value)."""
   cur_config = c.curriculum
   name = cur_config.name
   if name not in CURRICULA:
@@ -331,12 +392,11 @@ def _validate_curriculum(c: ml_collections.ConfigDict) -> None:
   if cur_config.features_batch_size < 1:
     _fail("curriculum.features_batch_size", f"must be >= 1, got "
           f"{cur_config.features_batch_size}")
-  num_arms = len(c.task.train_bins)
-  if num_arms < 1:
+  if not c.task.train_bins:
     _fail("task.train_bins", "empty: the curriculum needs at least one arm")
   try:
     # No pool yet: the number of arms stands in for it (PCL's features come with the real pool).
-    build_curriculum(c, num_arms, sampled_prompts(c))
+    build_curriculum(c, num_arms(c, task), sampled_prompts(c))
   except (ValueError, TypeError) as e:
     raise ConfigError(f"config.curriculum.options: {name}: {e}") from e
 

@@ -22,25 +22,27 @@ The partition depends only on the prompt text and the fraction: it is the same i
 and on every machine, and nested (a prompt held out at fraction f is held out at every larger
 fraction). Everything here is host-side Python and deterministic in its arguments.
 
-Then the prompts become token pools (`make_pools`): the RL pool with one arm per training bin, the
-SFT pool with its target tokens, and one pool per held-out set, all padded to the longest prompt
-of the run. A run from scratch trains its SentencePiece tokenizer on its own problems, once per
+Then the prompts become token pools (`make_pools`): the RL pool with its curriculum arms
+(`arms_of`: one per training bin, or on a task mixture one per task), the SFT pool with its target
+tokens, and one pool per held-out set, all padded to the longest prompt of the run. On a mixture
+(`tasks.MixtureTask`) the RL pool's per-bin sizes may follow mixture weights (`pool_sizes`). A run from scratch trains its SentencePiece tokenizer on its own problems, once per
 workdir (`workdir_tokenizer`); a pretrained model brings its own.
 """
 
 import os
 import zlib
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from rl_curriculum.model.tokenizer import SentencePieceTokenizer, train_sentencepiece
 from rl_curriculum.parallel import distributed
 from rl_curriculum.tasks.base import Problem
 from rl_curriculum.tasks.data import TaskPool, make_pool
+from rl_curriculum.tasks.mixture import MixtureTask
 from rl_curriculum.train import sft
 
-__all__ = ["SEED_BASE", "BIN_STRIDE", "HeldOutSize", "Splits", "held_out", "problems",
-           "make_splits", "Pools", "make_pools", "prompt_text", "tokenizer_corpus",
-           "workdir_tokenizer"]
+__all__ = ["SEED_BASE", "BIN_STRIDE", "ARM_LAYOUTS", "Arms", "arms_of", "pool_sizes",
+           "HeldOutSize", "Splits", "held_out", "problems", "make_splits", "Pools", "make_pools",
+           "prompt_text", "tokenizer_corpus", "workdir_tokenizer"]
 
 # Seed offsets that give the RL pool, the SFT set and the held-out sets their own seeds; a bin's
 # seeds start BIN_STRIDE * bin above its split's base.
@@ -55,6 +57,72 @@ _ATTEMPTS_PER_PROBLEM = 20
 # spend 20 * per_bin draws (5 s of the quickstart's 7) on repeats.
 _STALE_FACTOR = 2
 _STALE_MIN = 2000
+
+
+# How a run's training bins become the curriculum's arms (`arms_of`).
+ARM_LAYOUTS = ("bin", "task")
+
+
+class Arms(NamedTuple):
+  """The curriculum's K arms over a run's training bins."""
+  of_bin: tuple     # arm of each training bin, in train_bins order
+  names: tuple      # K arm names
+
+
+def arms_of(task, train_bins: Sequence[int], layout: str = "bin") -> Arms:
+  """The arms a category curriculum chooses among.
+
+  "bin": one arm per training bin, named after it. On a task mixture these are (task, bin) pairs
+  such as "countdown/n4", the two-dimensional arms of the Self-Evolving Curriculum's multi-domain
+  runs (Chen et al. 2025, "Self-Evolving Curriculum for LLM Reasoning", arXiv:2505.14970).
+  "task": on a mixture, one arm per task with a training bin (in the order of its first one),
+  named after the task, holding all its training bins: a curriculum over tasks alone.
+
+  Raises:
+    ValueError: an unknown layout, or "task" on a task that is not a mixture.
+  """
+  train_bins = tuple(int(b) for b in train_bins)
+  if layout == "bin":
+    return Arms(of_bin=tuple(range(len(train_bins))),
+                names=tuple(task.bin_names[b] for b in train_bins))
+  if layout != "task":
+    raise ValueError(f"unknown arm layout {layout!r}; expected one of {ARM_LAYOUTS}")
+  if not isinstance(task, MixtureTask):
+    raise ValueError(f"arms per task need a mixture of tasks (names joined by '+'), got the "
+                     f"single task {task.name!r}")
+  names = tuple(dict.fromkeys(task.task_of(b) for b in train_bins))
+  return Arms(of_bin=tuple(names.index(task.task_of(b)) for b in train_bins), names=names)
+
+
+def pool_sizes(task, train_bins: Sequence[int], per_bin: int,
+               weights: Sequence[float] = ()) -> dict:
+  """{training bin: RL problems to draw}. Without weights every bin gets `per_bin`. With mixture
+  weights (one per task of the mixture, `task.task_names` order; relative) the pool keeps its
+  size, per_bin x the number of training bins, and task t's share of it is w_t / (the sum of the
+  weights of the tasks with training bins), split evenly over t's training bins (rounded, at
+  least 1 each).
+
+  Raises:
+    ValueError: weights on a task that is not a mixture, not one per task, or not all > 0.
+  """
+  train_bins = tuple(int(b) for b in train_bins)
+  if not weights:
+    return {b: int(per_bin) for b in train_bins}
+  if not isinstance(task, MixtureTask):
+    raise ValueError(f"mixture weights need a mixture of tasks, got the single task "
+                     f"{task.name!r}")
+  weights = tuple(float(w) for w in weights)
+  if len(weights) != len(task.task_names) or min(weights) <= 0:
+    raise ValueError(f"need one weight > 0 per task of {task.name} {task.task_names}, got "
+                     f"{list(weights)}")
+  weight = dict(zip(task.task_names, weights))
+  bins_of = {}
+  for b in train_bins:
+    bins_of.setdefault(task.task_of(b), []).append(b)
+  total = per_bin * len(train_bins)
+  mass = sum(weight[t] for t in bins_of)
+  return {b: max(1, round(total * weight[t] / mass / len(bins_of[t])))
+          for b in train_bins for t in (task.task_of(b),)}
 
 
 class HeldOutSize(NamedTuple):
@@ -141,12 +209,12 @@ def _unique(bins: Sequence[int], field: str) -> tuple:
 
 
 def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
-                train_per_bin: int, sft_per_bin: int, eval_per_bin: int,
-                held_out_fraction: float) -> Splits:
+                train_per_bin: Union[int, Mapping[int, int]], sft_per_bin: int,
+                eval_per_bin: int, held_out_fraction: float) -> Splits:
   """RL pool, SFT set and held-out sets such that no held-out prompt is in the RL pool or SFT set.
 
-  Training bins draw their RL (`train_per_bin` per bin) and SFT (`sft_per_bin`, 0 for none)
-  problems among prompts with `held_out(prompt, held_out_fraction)` false. An evaluation bin
+  Training bins draw their RL (`train_per_bin` per bin, or {bin: count} as `pool_sizes` gives)
+  and SFT (`sft_per_bin`, 0 for none) problems among prompts with `held_out(prompt, held_out_fraction)` false. An evaluation bin
   that is also a training bin draws its `eval_per_bin` held-out problems among prompts with it
   true, so a small bin gets fewer (reported in `sizes`, never an error); any other evaluation
   bin draws from its whole space. Seeds as in `problems` (splits "rl", "sft", "eval").
@@ -160,10 +228,17 @@ def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
   if not 0.0 < fraction < 1.0:
     raise ValueError(f"held_out_fraction must lie strictly between 0 and 1, got "
                      f"{held_out_fraction}")
-  if train_per_bin < 1 or eval_per_bin < 1 or sft_per_bin < 0:
+  train_bins = _unique(train_bins, "train_bins")
+  rl_sizes = (dict(train_per_bin) if isinstance(train_per_bin, Mapping)
+              else {b: train_per_bin for b in train_bins})
+  if sorted(rl_sizes) != sorted(train_bins):
+    raise ValueError(f"train_per_bin names bins {sorted(rl_sizes)}, the training bins are "
+                     f"{sorted(train_bins)}")
+  smallest = min(rl_sizes.values(), default=1 if isinstance(train_per_bin, Mapping)
+                 else train_per_bin)
+  if smallest < 1 or eval_per_bin < 1 or sft_per_bin < 0:
     raise ValueError(f"need train_per_bin >= 1, sft_per_bin >= 0 and eval_per_bin >= 1, got "
                      f"{train_per_bin}, {sft_per_bin}, {eval_per_bin}")
-  train_bins = _unique(train_bins, "train_bins")
   eval_bins = _unique(eval_bins, "eval_bins")
   reserved = sorted(set(train_bins) & set(task.eval_only_bins))
   if reserved:
@@ -175,7 +250,8 @@ def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
   def is_trainable(prompt):
     return not held_out(prompt, fraction)
 
-  rl = problems(task, train_bins, train_per_bin, "rl", exclude=is_held_out)
+  rl = [p for b in train_bins
+        for p in problems(task, [b], rl_sizes[b], "rl", exclude=is_held_out)]
   sft = problems(task, train_bins, sft_per_bin, "sft", exclude=is_held_out)
   empty = sorted(set(train_bins) - {p.difficulty for p in rl})
   if empty:
@@ -201,17 +277,18 @@ def tokenizer_corpus(splits: Splits) -> list[str]:
   return trained + [p.prompt for ps in splits.held_out.values() for p in ps]
 
 
-def workdir_tokenizer(workdir: str, corpus: Sequence[str],
-                      vocab_size: int) -> SentencePieceTokenizer:
+def workdir_tokenizer(workdir: str, corpus: Sequence[str], vocab_size: int,
+                      model_type: str = "unigram") -> SentencePieceTokenizer:
   """The SentencePiece tokenizer of `workdir/tokenizer.model`, trained on `corpus` first if the
-  file does not exist (by process 0; every process then loads the same file)."""
+  file does not exist (by process 0; every process then loads the same file). `model_type`:
+  "unigram" or "bpe" (`train_sentencepiece`)."""
   path = os.path.join(workdir, "tokenizer.model")
   exists = os.path.exists(path)
   distributed.sync("tokenizer: looked")  # every process sees the same `exists`
   if exists:
     return SentencePieceTokenizer.load(path)
   if distributed.is_main():  # one process trains it, the others load that file
-    train_sentencepiece(corpus, vocab_size=vocab_size).save(path)
+    train_sentencepiece(corpus, vocab_size=vocab_size, model_type=model_type).save(path)
   distributed.sync("tokenizer: saved")
   return SentencePieceTokenizer.load(path)
 
@@ -226,7 +303,7 @@ def prompt_text(template: str, task, tok) -> Callable[[Problem], str]:
 
 class Pools(NamedTuple):
   """The token pools of a run (`make_pools`)."""
-  rl: TaskPool                  # the RL pool; arm = index into train_bins
+  rl: TaskPool                  # the RL pool; arms as `make_pools`'s bin_arms says
   eval_sets: dict               # {bin name: TaskPool} held-out sets, in eval_bins order
   sft: Optional[TaskPool]       # the SFT prompts (None without SFT problems)
   sft_targets: Any              # (tokens i32[N, T], mask f32[N, T]) SFT targets + EOS, or None
@@ -234,9 +311,12 @@ class Pools(NamedTuple):
 
 
 def make_pools(splits: Splits, task, tok, train_bins: Sequence[int], *,
-               template: str = "plain") -> Pools:
+               template: str = "plain", bin_arms: Optional[Sequence[int]] = None) -> Pools:
   """Tokenized pools of `splits`, prompts rendered by `prompt_text(template, task, tok)`.
 
+  The RL pool's arm of training bin train_bins[i] is bin_arms[i] (`arms_of(...).of_bin`; None:
+  i). Its scalar difficulty (AdaRFT's) is each problem's bin, on a mixture the bin within the
+  problem's own task (so tasks are not ranked by the order they are named in).
   The SFT pool encodes the plain prompts (SFT warm starts are for models trained here); its
   targets are the problems' target texts followed by EOS, padded to the longest plus one.
   """
@@ -247,7 +327,9 @@ def make_pools(splits: Splits, task, tok, train_bins: Sequence[int], *,
   def pool(problems, **kwargs):
     return make_pool(problems, tok.encode, tok.pad_id, max_prompt_len=prompt_len, **kwargs)
 
-  rl = pool(splits.rl, bins=train_bins, prompt_fn=text)
+  level = task.local_bin if isinstance(task, MixtureTask) else (lambda b: b)
+  rl = pool(splits.rl, bins=train_bins, bin_arms=bin_arms, prompt_fn=text,
+            difficulty=[level(p.difficulty) for p in splits.rl])
   eval_sets = {task.bin_names[b]: pool(ps, prompt_fn=text) for b, ps in splits.held_out.items()}
   sft_pool = sft_targets = None
   if splits.sft:

@@ -1,6 +1,7 @@
-"""Held-out evaluation: greedy accuracy (and pass@k from samples) per difficulty bin."""
+"""Held-out evaluation: greedy accuracy (and pass@k from samples) per difficulty bin, and per
+task and skill balance for a run on several tasks."""
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +50,32 @@ def accuracy_by_bin(graphdef, params, sets: Mapping[str, TaskPool], task, decode
     _, correct, _ = task.score_batch(pool.problems, texts)
     out[name] = float(np.mean(correct))
   return out
+
+
+def task_accuracy(accuracy: Mapping[str, float], sizes: Mapping[str, int],
+                  trained: Sequence[str]) -> dict:
+  """{task: accuracy} of a run on several tasks from its {bin name: accuracy}, bins named
+  "task/bin" (`MixtureTask`): the share of correct answers over the held-out problems (`sizes`:
+  {bin name: problems}) of the task's evaluated bins that the run trains on (`trained`), or of all
+  its evaluated bins when it trains on none of them. Bins without a "/" belong to no task."""
+  tasks: dict = {}
+  for name in accuracy:
+    if "/" in name:
+      tasks.setdefault(name.split("/", 1)[0], []).append(name)
+  out = {}
+  for task, names in tasks.items():
+    names = [n for n in names if n in trained] or names
+    count = sum(sizes[n] for n in names)
+    out[task] = sum(accuracy[n] * sizes[n] for n in names) / count
+  return out
+
+
+def skill_balance(now: Mapping[str, float], before: Mapping[str, float]) -> dict:
+  """How evenly a run on several tasks improved them, from {task: accuracy} now and before RL:
+  `min_gain`, the smallest accuracy gain over the tasks (negative: some task got worse), and
+  `spread`, the largest minus the smallest task accuracy now."""
+  gains = [now[t] - before[t] for t in now]
+  return {"min_gain": min(gains), "spread": max(now.values()) - min(now.values())}
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

@@ -80,7 +80,8 @@ class Prepared(NamedTuple):
   """Everything `prepare` builds: data, tokenizer and the warm-started policy."""
   task: Any                   # rl_curriculum.tasks.Task
   tokenizer: Any              # encode/decode/pad_id/eos_id (SentencePiece or HF)
-  pool: TaskPool              # the RL pool; arms = index into config.task.train_bins
+  pool: TaskPool              # the RL pool; arms as config.curriculum.arms lays them out
+  arm_names: tuple            # name of each curriculum arm (a bin, or a task of a mixture)
   eval_sets: dict             # {bin name: TaskPool} held-out sets
   ood: list                   # names of the evaluation-only bins among them
   held_out_sizes: dict        # {bin name: problems in its held-out set} (small bins have fewer)
@@ -95,12 +96,10 @@ def _checked_task(config: ml_collections.ConfigDict):
   """The configured task, after every config check that needs it (phase 1)."""
   builders.validate(config)
   try:
-    task = tasks_lib.get_task(config.task.name, template=config.task.template,
-                              format_bonus=config.task.format_bonus)
+    task = builders.build_task(config)
   except (KeyError, ValueError, TypeError) as e:
     raise builders.ConfigError(f"config.task: {e}") from e
-  builders.validate(config, num_task_bins=task.num_difficulties,
-                    eval_only_bins=task.eval_only_bins)
+  builders.validate(config, task=task)
   return task
 
 
@@ -118,8 +117,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
 
   # 2. Data and tokenizer (trained on the task's problems, or the checkpoint's own).
   train_bins = tuple(config.task.train_bins)
+  arms = data.arms_of(task, train_bins, config.curriculum.arms)
   splits = data.make_splits(task, train_bins, tuple(config.task.eval_bins),
-                            train_per_bin=config.task.train_per_bin,
+                            train_per_bin=data.pool_sizes(task, train_bins,
+                                                          config.task.train_per_bin,
+                                                          tuple(config.task.weights)),
                             sft_per_bin=config.task.sft_per_bin if config.sft.steps else 0,
                             eval_per_bin=config.task.eval_per_bin,
                             held_out_fraction=config.task.held_out_fraction)
@@ -129,9 +131,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
     tok = policy.tokenizer
   else:
     tok = data.workdir_tokenizer(workdir, data.tokenizer_corpus(splits),
-                                 config.tokenizer.vocab_size)
-  pools = data.make_pools(splits, task, tok, train_bins, template=config.task.template)
-  log(f"data: {len(splits.rl)} RL prompts in {len(train_bins)} bins, {len(splits.sft)} SFT, "
+                                 config.tokenizer.vocab_size, config.tokenizer.model_type)
+  pools = data.make_pools(splits, task, tok, train_bins, template=config.task.template,
+                          bin_arms=arms.of_bin)
+  log(f"data: {len(splits.rl)} RL prompts in {len(train_bins)} bins ({len(arms.names)} arms), "
+      f"{len(splits.sft)} SFT, "
       f"{sum(map(len, splits.held_out.values()))} held out, none of them in training; vocab "
       f"{tok.vocab_size}, prompt length {pools.prompt_len}\n  {splits.describe(task.bin_names)}")
 
@@ -147,7 +151,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print) -> Prepa
     params = warm_start.sft_params(config, workdir, graphdef, params, pools, run_mesh(config),
                                    log)
   graphdef, trainable, frozen, ref_params = warm_start.attach_lora(config, graphdef, params)
-  return Prepared(task=task, tokenizer=tok, pool=pools.rl, eval_sets=pools.eval_sets,
+  return Prepared(task=task, tokenizer=tok, pool=pools.rl, arm_names=arms.names,
+                  eval_sets=pools.eval_sets,
                   ood=[task.bin_names[b] for b in config.task.eval_bins
                        if b in task.eval_only_bins],
                   held_out_sizes={task.bin_names[b]: size.count
@@ -383,7 +388,7 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout,
       correct=jnp.asarray(correct), valid=jnp.asarray(valid),
       train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid), baseline=baseline,
       truncated=truncated)
-  arm_counts = np.bincount(np.asarray(selection.arms), minlength=len(config.task.train_bins))
+  arm_counts = np.bincount(np.asarray(selection.arms), minlength=run.pool.num_arms)
   budgeted = builders.sampled_prompts(config) * config.rl.group_size
   stats = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1,
            "tokens_per_s": float(jnp.sum(rollout.mask)) / max(t1 - t0, 1e-9),
@@ -406,8 +411,23 @@ def evaluate(config: ml_collections.ConfigDict, run: Prepared, params) -> dict:
                                     pad_id=tok.pad_id, stop_ids=run.stop_ids)
 
 
-def _eval_metrics(accuracy: dict) -> dict:
-  return {f"eval/acc/{k}": v for k, v in accuracy.items()}
+def _eval_metrics(config: ml_collections.ConfigDict, run: Prepared, accuracy: dict,
+                  before: dict) -> dict:
+  """`eval/acc/<bin>` of every held-out set; on several tasks (`MixtureTask`) also
+  `eval/<task>/accuracy` and the skill balance `eval/skill/min_gain` and `eval/skill/spread`
+  (`evaluation.skill_balance`, gains against `before`, the accuracies before RL)."""
+  metrics = {f"eval/acc/{k}": v for k, v in accuracy.items()}
+  if isinstance(run.task, tasks_lib.MixtureTask):
+    now, start = _task_accuracy(config, run, accuracy), _task_accuracy(config, run, before)
+    metrics.update({f"eval/{t}/accuracy": v for t, v in now.items()})
+    metrics.update({f"eval/skill/{k}": v
+                    for k, v in evaluation.skill_balance(now, start).items()})
+  return metrics
+
+
+def _task_accuracy(config: ml_collections.ConfigDict, run: Prepared, accuracy: dict) -> dict:
+  return evaluation.task_accuracy(accuracy, run.held_out_sizes,
+                                  [run.task.bin_names[b] for b in config.task.train_bins])
 
 
 def refresh_features(config: ml_collections.ConfigDict, run: Prepared, step: int, trainable,
@@ -452,10 +472,17 @@ def _report(config: ml_collections.ConfigDict, run: Prepared, workdir: str, befo
              "held_out_sizes": run.held_out_sizes, "small_bins": small,
              "final_metrics": {k: v for k, v in rows[-1].items()
                                if isinstance(v, (int, float))}}
+  if isinstance(run.task, tasks_lib.MixtureTask):
+    tasks_before, tasks_after = (_task_accuracy(config, run, before),
+                                 _task_accuracy(config, run, after))
+    summary["tasks"] = {t: {"before": tasks_before[t], "after": tasks_after[t]}
+                        for t in tasks_after}
+    summary["skill_balance"] = evaluation.skill_balance(tasks_after, tasks_before)
   report.write_report(workdir, rows, bin_names=list(run.eval_sets),
-                      arm_names=[run.task.bin_names[b] for b in config.task.train_bins],
+                      arm_names=list(run.arm_names),
                       title=f"{config.task.name}: {config.rl.algorithm} + "
-                            f"{config.curriculum.name}", table=table)
+                            f"{config.curriculum.name}", table=table,
+                      tasks=getattr(run.task, "task_names", ()))
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   log("\nHeld-out greedy accuracy per bin (%):\n" + table)
@@ -523,7 +550,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          enabled=is_main, console_keys=("reward_mean", "correct_mean",
                                                         "nonzero_adv_frac"))
   if start == 0:
-    writer.write(0, _eval_metrics(before))
+    writer.write(0, _eval_metrics(config, run, before, before))
   root = rl_root_key(config)
   merge = (relora.make_merge(optimizer, stepper.state_shardings, frozen_shardings)
            if config.model.lora_merge_every > 0 else None)
@@ -555,7 +582,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if config.checkpoint.rollback_after > 0:
         metrics.update(recovery.metrics(health))
       if step % config.eval.every == 0 or step == config.rl.steps:
-        metrics.update(_eval_metrics(evaluate(config, run, policy(train_state))))
+        metrics.update(_eval_metrics(config, run, evaluate(config, run, policy(train_state)),
+                                     before))
       writer.write(step, metrics)
       if jax.process_count() > 1:  # a SIGTERM that reached one host stops them all
         preemption.requested = distributed.any_process(preemption.requested)

@@ -141,8 +141,9 @@ def _measure(lowered_fn, resident_bytes: int = 0) -> tuple[dict, Any]:
 
 
 def _pool(config: ml_collections.ConfigDict) -> cur.PromptPool:
-  bins = len(config.task.train_bins)
-  return cur.PromptPool.from_arms(np.repeat(np.arange(bins), config.task.train_per_bin))
+  """A stand-in RL pool: train_per_bin prompts in each of the config's arms."""
+  arms = builders.num_arms(config)
+  return cur.PromptPool.from_arms(np.repeat(np.arange(arms), config.task.train_per_bin))
 
 
 class _Abstract(NamedTuple):

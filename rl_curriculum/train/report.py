@@ -3,6 +3,8 @@
 Reads the rows of metrics.jsonl. Expected names: `reward_mean`, `correct_mean`,
 `nonzero_adv_frac` per step; `eval/acc/<bin>` on evaluation steps; `curriculum/probs/<k>` (arm
 sampling probabilities) or `curriculum/arm_frac/<k>` (fraction of the batch drawn from arm k).
+A run on several tasks (arms and bins named "task/bin") is drawn per task:
+`eval/<task>/accuracy`, and the curriculum's mass per task (the sum over the task's arms).
 """
 
 import html
@@ -28,6 +30,15 @@ def _smooth(values, width):
   kernel = np.ones(width) / width
   padded = np.concatenate([np.full(width - 1, values[0]), values])
   return np.convolve(padded, kernel, mode="valid")
+
+
+def task_mass(series: Sequence[np.ndarray], arm_names: Sequence[str],
+              tasks: Sequence[str]) -> list[np.ndarray]:
+  """Per task, the sum of the per-arm `series` (equal lengths) of its arms, named "task/bin";
+  zeros for a task without arms."""
+  zero = np.zeros_like(np.asarray(series[0], float))
+  return [sum((np.asarray(v, float) for v, arm in zip(series, arm_names)
+               if arm.split("/", 1)[0] == task), zero) for task in tasks]
 
 
 def accuracy_table(before: Mapping[str, float], after: Mapping[str, float],
@@ -58,37 +69,42 @@ def accuracy_table(before: Mapping[str, float], after: Mapping[str, float],
 
 def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str],
                  arm_names: Sequence[str], title: str = "rl_curriculum run",
-                 table: Optional[str] = None) -> dict:
-  """Writes workdir/report.png and workdir/report.html; returns their paths."""
+                 table: Optional[str] = None, tasks: Sequence[str] = ()) -> dict:
+  """Writes workdir/report.png and workdir/report.html; returns their paths. With `tasks` (a run
+  on several tasks) the accuracy and curriculum panels show tasks instead of bins and arms."""
   fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
   cmap = plt.get_cmap("viridis")
 
   ax = axes[0, 0]
-  for i, name in enumerate(bin_names):
-    steps, values = _series(rows, f"eval/acc/{name}")
+  curves = ([(f"eval/{t}/accuracy", t) for t in tasks] if tasks else
+            [(f"eval/acc/{name}", name) for name in bin_names])
+  for i, (key, label) in enumerate(curves):
+    steps, values = _series(rows, key)
     if steps.size:
-      ax.plot(steps, 100 * values, marker="o", ms=3, label=name,
-              color=cmap(i / max(len(bin_names) - 1, 1)))
-  ax.set(title="Held-out accuracy per bin (greedy)", xlabel="RL step", ylabel="accuracy (%)",
-         ylim=(-2, 102))
+      ax.plot(steps, 100 * values, marker="o", ms=3, label=label,
+              color=cmap(i / max(len(curves) - 1, 1)))
+  ax.set(title=f"Held-out accuracy per {'task' if tasks else 'bin'} (greedy)",
+         xlabel="RL step", ylabel="accuracy (%)", ylim=(-2, 102))
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
   ax = axes[0, 1]
   has_probs = any("curriculum/probs/0" in r for r in rows)
   key = "curriculum/probs" if has_probs else "curriculum/arm_frac"
-  curves = []
-  for k in range(len(arm_names)):
-    steps, values = _series(rows, f"{key}/{k}")
-    curves.append((steps, values))
+  curves = [_series(rows, f"{key}/{k}") for k in range(len(arm_names))]
+  labels = list(arm_names)
+  if tasks and curves and curves[0][0].size:  # the mass of each task's arms
+    curves = [(curves[0][0], v) for v in task_mass([v for _, v in curves], arm_names, tasks)]
+    labels = list(tasks)
   if curves and curves[0][0].size:
     steps = curves[0][0]
     stack = np.stack([_smooth(v, 5) for _, v in curves])
-    ax.stackplot(steps, stack, labels=list(arm_names),
-                 colors=[cmap(i / max(len(arm_names) - 1, 1)) for i in range(len(arm_names))])
+    ax.stackplot(steps, stack, labels=labels,
+                 colors=[cmap(i / max(len(labels) - 1, 1)) for i in range(len(labels))])
     ax.set_ylim(0, 1)
-  ax.set(title="Curriculum: arm probabilities" if key.endswith("probs") else
-         "Curriculum: batch share per arm", xlabel="RL step", ylabel="probability")
+  unit = "task" if tasks else "arm"
+  ax.set(title=f"Curriculum: probability per {unit}" if key.endswith("probs") else
+         f"Curriculum: batch share per {unit}", xlabel="RL step", ylabel="probability")
   ax.legend(fontsize=7, loc="upper right")
 
   ax = axes[1, 0]

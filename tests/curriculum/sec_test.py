@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from rl_curriculum.curriculum.base import PromptPool
-from rl_curriculum.curriculum.sec import (SEC_OBJECTIVES, product_arms, sec, sec_arm_rewards,
-                                          sec_probabilities, split_arms)
+from rl_curriculum.curriculum.sec import (SEC_OBJECTIVES, sec, sec_arm_rewards,
+                                          sec_probabilities)
 import test_util
 
 # Upper 0.1% points of the chi-square distribution (standard tables), by degrees of freedom.
@@ -212,29 +212,6 @@ def test_sec_select_frequencies_chi_square(exploration, temperature):
   # The test can fail: the same counts against a visibly different distribution do not fit.
   stat_wrong, _ = _chi2(counts, np.roll(probs, 1))
   assert stat_wrong > CHI2_CRIT_999[df]
-
-
-# ------------------------------------------------------------------------------------------------
-# 2-D arms.
-# ------------------------------------------------------------------------------------------------
-
-# ------------------------------------------------------------------------------------------------
-# 2-D arms.
-# ------------------------------------------------------------------------------------------------
-
-def test_product_arms_round_trip():
-  diff = np.array([0, 2, 1, 2, 0])
-  task = np.array([1, 0, 2, 2, 0])
-  arms, k = product_arms(diff, task)
-  assert k == 9
-  np.testing.assert_array_equal(arms, [1, 6, 5, 8, 0])
-  a, b = split_arms(arms, 3)
-  np.testing.assert_array_equal(a, diff)
-  np.testing.assert_array_equal(b, task)
-  arms, k = product_arms(diff, task, num_a=4, num_b=5)
-  assert k == 20
-  with pytest.raises(ValueError, match="labels_b"):
-    product_arms(diff, task, num_b=2)
 
 
 def test_select_is_deterministic_given_key():

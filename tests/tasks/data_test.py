@@ -58,6 +58,16 @@ def test_make_pool_bins_map_and_errors():
   assert "".join(map(chr, pool.tokens[0][pool.mask[0]])) == "Q:" + problems[0].prompt
 
 
+def test_bins_can_share_an_arm():
+  task = get_task("arithmetic")
+  problems = [task.generate(0, 4), task.generate(0, 2), task.generate(1, 0)]
+  pool = data.make_pool(problems, _encode, pad_id=0, bins=(0, 2, 4), bin_arms=(1, 0, 1))
+  np.testing.assert_array_equal(pool.arms, [1, 0, 1])
+  assert pool.num_arms == 2
+  with pytest.raises(ValueError, match="2 labels for 3 bins"):
+    data.make_pool(problems, _encode, pad_id=0, bins=(0, 2, 4), bin_arms=(1, 0))
+
+
 def test_difficulty_is_the_bin_not_the_arm_for_unsorted_bins():
   """train_bins listed out of order: arm 0 holds bin 5 (the hardest). Curricula that read
   difficulty must still start on bin 0: easy-to-hard's default order and AdaRFT's target come

@@ -1,5 +1,7 @@
 """Config checks (`builders.validate`): every component's options, before anything is built."""
 
+import re
+
 import pytest
 
 from configs import quickstart
@@ -115,3 +117,45 @@ def test_curriculum_option_values_are_checked_by_building_it(name, options, mess
   c.curriculum.options = options
   with pytest.raises(builders.ConfigError, match="config.curriculum.options: " + message):
     builders.validate(c)
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(tokenizer__model_type="word"), "config.tokenizer.model_type: must be one of "
+     "('unigram', 'bpe')"),
+    (dict(task__options={"zebra": {"num_shots": 1}}), "config.task.options: names ['zebra'], "
+     "not tasks of task.name='arithmetic'"),
+    (dict(curriculum__arms="pair"), "config.curriculum.arms: must be one of ('bin', 'task')"),
+    # One task has no tasks to make arms of.
+    (dict(curriculum__arms="task"), "config.curriculum.arms: 'task' makes one arm per task of a "
+     "mixture, but task.name='arithmetic' is one task"),
+    (dict(task__weights=(1.0,)), "config.task.weights: mixture weights need several tasks"),
+    (dict(task__name="countdown+zebra", task__weights=(1.0, 2.0, 3.0)),
+     "config.task.weights: must be empty (equal) or one weight > 0 per task of ('countdown', "
+     "'zebra')"),
+    (dict(task__name="countdown+zebra", task__weights=(1.0, 0.0)), "config.task.weights"),
+])
+def test_mixture_fields_are_named(fields, message):
+  with pytest.raises(builders.ConfigError, match=re.escape(message)):
+    builders.validate(_config(**fields))
+
+
+def test_task_arms_are_counted_from_the_tasks_with_training_bins():
+  from rl_curriculum.tasks import get_task  # pylint: disable=import-outside-toplevel
+  task = get_task("countdown+zebra+arc1d")
+  c = _config(task__name=task.name, curriculum__arms="task",
+              task__train_bins=(task.bin_of("countdown", "n3"), task.bin_of("countdown", "n4"),
+                                task.bin_of("arc1d", "move_10")),
+              task__eval_bins=(0,), task__weights=(1.0, 2.0, 1.0))
+  # Without the task: one arm per named task; with it: the tasks that have a training bin.
+  assert builders.num_arms(c) == 3 and builders.num_arms(c, task) == 2
+  builders.validate(c, task=task)
+  c.curriculum.arms = "bin"
+  assert builders.num_arms(c) == builders.num_arms(c, task) == 3
+  # The exact count reaches the curriculum's checks: mastering_rate's chain names its arms.
+  c.curriculum.arms = "task"
+  c.curriculum.name = "mastering_rate"
+  c.curriculum.options = {"order": (0, 1, 2)}
+  with pytest.raises(builders.ConfigError, match="mastering_rate"):
+    builders.validate(c, task=task)
+  c.curriculum.options = {"order": (1, 0)}
+  builders.validate(c, task=task)

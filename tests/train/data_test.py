@@ -226,3 +226,65 @@ def test_pools_without_sft_problems_have_no_sft_pool(task, tmp_path):
   tok = data.workdir_tokenizer(str(tmp_path), data.tokenizer_corpus(splits), vocab_size=64)
   pools = data.make_pools(splits, task, tok, (0,))
   assert pools.sft is None and pools.sft_targets is None
+
+
+# ----------------------------------------------------------------------------- task mixtures
+
+MIXTURE = "countdown+zebra+arc1d"
+
+
+def test_arms_are_bins_or_the_tasks_of_a_mixture():
+  mix = tasks.get_task(MIXTURE)
+  bins = (mix.bin_of("zebra", "2x2"), mix.bin_of("countdown", "n3"), mix.bin_of("zebra", "3x3"),
+          mix.bin_of("countdown", "n5"))
+  by_bin = data.arms_of(mix, bins)
+  assert by_bin == data.Arms(of_bin=(0, 1, 2, 3),
+                             names=("zebra/2x2", "countdown/n3", "zebra/3x3", "countdown/n5"))
+  # One arm per task with a training bin, numbered by its first bin; arc1d has none.
+  assert data.arms_of(mix, bins, "task") == data.Arms(of_bin=(0, 1, 0, 1),
+                                                      names=("zebra", "countdown"))
+  with pytest.raises(ValueError, match="mixture of tasks"):
+    data.arms_of(tasks.get_task("arithmetic"), (0, 1), "task")
+  with pytest.raises(ValueError, match="unknown arm layout"):
+    data.arms_of(mix, bins, "pair")
+
+
+def test_mixture_weights_give_each_task_its_share_of_the_pool():
+  mix = tasks.get_task(MIXTURE)
+  bins = [mix.bin_of("countdown", n) for n in ("n3", "n4", "n5")] + [
+      mix.bin_of("zebra", "2x2"), mix.bin_of("arc1d", "move_10"), mix.bin_of("arc1d", "fill_10")]
+  assert data.pool_sizes(mix, bins, 100) == {b: 100 for b in bins}
+  sizes = data.pool_sizes(mix, bins, 100, (2.0, 1.0, 1.0))
+  # 600 problems: countdown 300 (100 per bin), zebra 150, arc1d 150 (75 per bin).
+  assert [sizes[b] for b in bins] == [100, 100, 100, 150, 75, 75]
+  # A task without a training bin (zebra) takes no share: of 400, countdown 1/4, arc1d 3/4.
+  kept = bins[:2] + bins[4:]
+  sizes = data.pool_sizes(mix, kept, 100, (1.0, 5.0, 3.0))
+  assert [sizes[b] for b in kept] == [50, 50, 150, 150]
+  with pytest.raises(ValueError, match="one weight > 0 per task"):
+    data.pool_sizes(mix, bins, 100, (1.0, 1.0))
+  with pytest.raises(ValueError, match="single task"):
+    data.pool_sizes(tasks.get_task("arithmetic"), (0,), 100, (1.0,))
+
+
+def test_splits_take_a_size_per_bin_and_pools_take_arms_per_bin(tmp_path):
+  mix = tasks.get_task("countdown+arithmetic")
+  bins = (mix.bin_of("countdown", "n3"), mix.bin_of("arithmetic", "add_2d_2d"),
+          mix.bin_of("arithmetic", "sub_2d_2d"))
+  splits = data.make_splits(mix, bins, bins, train_per_bin={bins[0]: 12, bins[1]: 5, bins[2]: 3},
+                            sft_per_bin=4, eval_per_bin=4, held_out_fraction=FRACTION)
+  assert [sum(p.difficulty == b for p in splits.rl) for b in bins] == [12, 5, 3]
+  assert [sum(p.difficulty == b for p in splits.sft) for b in bins] == [4, 4, 4]
+  with pytest.raises(ValueError, match="names bins"):
+    data.make_splits(mix, bins, bins, train_per_bin={bins[0]: 12}, sft_per_bin=0,
+                     eval_per_bin=4, held_out_fraction=FRACTION)
+  tok = data.workdir_tokenizer(str(tmp_path), data.tokenizer_corpus(splits), vocab_size=96)
+  arms = data.arms_of(mix, bins, "task")
+  pools = data.make_pools(splits, mix, tok, bins, bin_arms=arms.of_bin)
+  assert pools.rl.num_arms == 2
+  assert [int(a) for a in pools.rl.arms] == [0] * 12 + [1] * 8
+  # Difficulty is the bin within the problem's own task, not the mixture's bin number.
+  arithmetic = tasks.get_task("arithmetic")
+  expected = [0.0] * 12 + [float(arithmetic.bin_names.index(n))
+                           for n in ["add_2d_2d"] * 5 + ["sub_2d_2d"] * 3]
+  assert [float(d) for d in pools.rl.difficulty] == expected

@@ -1,4 +1,5 @@
-"""Tests of rl_curriculum/train/evaluation.py: pass@k and grouped generation."""
+"""Tests of rl_curriculum/train/evaluation.py: pass@k, grouped generation, per-task accuracy and
+skill balance."""
 
 import itertools
 
@@ -84,3 +85,26 @@ def test_sampled_pass_at_k_scores_each_sample_against_its_own_problem(model):
   warm = evaluation.sampled_pass_at_k(graphdef, params, pool, Task(), _decode, temperature=1.0,
                                       **kw)
   assert 0.0 <= warm < cold
+
+
+def test_task_accuracy_weights_the_trained_bins_by_their_problems():
+  accuracy = {"countdown/n3": 0.5, "countdown/n4": 0.2, "countdown/n5": 0.0,
+              "zebra/2x2": 0.9, "zebra/4x4": 0.1, "arc1d/move_10": 0.4}
+  sizes = {"countdown/n3": 30, "countdown/n4": 10, "countdown/n5": 50, "zebra/2x2": 20,
+           "zebra/4x4": 20, "arc1d/move_10": 8}
+  trained = ["countdown/n3", "countdown/n4", "zebra/2x2"]
+  out = evaluation.task_accuracy(accuracy, sizes, trained)
+  # countdown: (0.5 * 30 + 0.2 * 10) / 40; n5 is not trained. zebra: 2x2 alone. arc1d: no trained
+  # bin, so all its evaluated bins.
+  assert out.keys() == {"countdown", "zebra", "arc1d"}
+  np.testing.assert_allclose(out["countdown"], 17 / 40, rtol=1e-12)
+  assert out["zebra"] == 0.9 and out["arc1d"] == 0.4
+  assert evaluation.task_accuracy({"add": 1.0}, {"add": 5}, ["add"]) == {}  # no task names
+
+
+def test_skill_balance_is_the_smallest_gain_and_the_spread():
+  before = {"countdown": 0.2, "zebra": 0.5, "arc1d": 0.1}
+  now = {"countdown": 0.5, "zebra": 0.45, "arc1d": 0.3}
+  balance = evaluation.skill_balance(now, before)
+  np.testing.assert_allclose(balance["min_gain"], -0.05, atol=1e-12)
+  np.testing.assert_allclose(balance["spread"], 0.2, atol=1e-12)

@@ -74,3 +74,27 @@ def test_report_writes_a_real_png_and_html(tmp_path):
   assert width > 500 and height > 400
   assert os.path.getsize(paths["png"]) > 20_000  # four populated panels, not a blank canvas
   assert "+40.0" in open(paths["html"]).read()
+
+
+def test_task_mass_sums_each_tasks_arms():
+  series = [np.array([0.1, 0.2]), np.array([0.3, 0.1]), np.array([0.6, 0.7])]
+  arms = ["countdown/n3", "zebra/2x2", "countdown/n4"]
+  mass = report_lib.task_mass(series, arms, ["countdown", "zebra", "arc1d"])
+  np.testing.assert_allclose(mass[0], [0.7, 0.9], rtol=1e-6)
+  np.testing.assert_allclose(mass[1], [0.3, 0.1], rtol=1e-6)
+  np.testing.assert_array_equal(mass[2], [0.0, 0.0])
+
+
+def test_report_of_several_tasks_draws_tasks(tmp_path):
+  arms = ["countdown/n3", "zebra/2x2", "zebra/2x3"]
+  rows = []
+  for step in range(1, 21):
+    row = {"step": step, "reward_mean": 0.5, "correct_mean": 0.4, "nonzero_adv_frac": 0.5,
+           **{f"curriculum/arm_frac/{k}": 1 / 3 for k in range(3)}}
+    if step % 5 == 0:
+      row.update({"eval/countdown/accuracy": step / 40, "eval/zebra/accuracy": 0.5,
+                  **{f"eval/acc/{a}": 0.5 for a in arms}})
+    rows.append(row)
+  paths = report_lib.write_report(str(tmp_path), rows, bin_names=arms, arm_names=arms,
+                                  tasks=["countdown", "zebra"])
+  assert os.path.getsize(paths["png"]) > 20_000
