@@ -26,10 +26,11 @@ from typing import Optional
 
 import ml_collections
 
+from configs import multitask
 from configs import quickstart
 from configs import toy
 
-VARIANTS = ("quickstart", "countdown", "toy")
+VARIANTS = ("quickstart", "countdown", "countdown_nobonus", "multitask", "toy")
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
@@ -46,17 +47,23 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
     c.eval.every = 2
     c.checkpoint.every = 4
     return c
+  if arg == "multitask":
+    c = multitask.get_config()
+    c.checkpoint.every = 50
+    return c
   c = quickstart.get_config()
   c.rl.steps = 80                   # 80 x 16 prompts x 8 completions = 10,240 rollouts a run
   c.rl.prompts_per_step = 16
   c.eval.every = 10                 # every 1,280 rollouts
   c.eval.batch_size = 256
   c.checkpoint.every = 50
-  if arg == "countdown":
+  if arg in ("countdown", "countdown_nobonus"):
     c.task.name = "countdown"
     c.task.train_bins = (0, 1, 2)   # n3, n4, n5: three to five source numbers
     c.task.eval_bins = (0, 1, 2)    # the task has no out-of-distribution bin
     c.task.eval_per_bin = 128
     c.rl.max_new_tokens = 20        # the answer is an expression over the sources
     c.rl.steps = 100                # 12,800 rollouts a run
+    if arg == "countdown_nobonus":
+      c.task.format_bonus = 0.0     # reward = correctness alone: no signal from formatting
   return c

@@ -15,7 +15,12 @@ as the method it is compared with.
 
 Per method the summary gives: rollouts (and steps) to reach the tuned uniform baseline's final
 held-out accuracy, final per-bin and out-of-distribution accuracy with 95% intervals across
-seeds, the fraction of sampled groups that carried signal (not all equal), and wall time.
+seeds, the area under the held-out accuracy curve (its mean over the run: less fragile than one
+crossing time), the fraction of sampled groups that carried signal (not all equal), and wall
+time; with the standard error of one run's accuracy on each bin's held-out set. On a mixture of
+tasks also the final accuracy per task, the smallest per-task gain over the warm start and the
+spread of the tasks' accuracies (skill balance); "sec_tasks" there is SEC with one arm per task
+(1-D), plain "sec" has one per (task, bin) pair (2-D).
 Outputs OUT/curricula_NAME.{json,md,png}. Finished runs are skipped when the command is run
 again (each run folder also resumes on its own), so a killed comparison continues where it stopped;
 `--analyse_only` rebuilds the summary from the run folders. `--shard=i/n` runs every n-th planned
@@ -80,22 +85,28 @@ def setting_name(config_flag: str) -> str:
 # Names of the recorded comparisons for two methods: the all-equal filter over uniform selection,
 # and the absolute-learning-progress teacher.
 _ALIASES = {"dynamic_filtering": "all_equal", "lp_teacher": "alp_teacher"}
+# Methods over one arm per task of a mixture (`curriculum.arms = "task"`): SEC over tasks alone
+# ("1-D"), where plain "sec" on a mixture has an arm per (task, bin) pair ("2-D").
+_TASK_ARMS = {"sec_tasks": "sec"}
 # A post-rollout filter runs over uniform selection, rolling out twice the prompts it trains on.
 _FILTER_OVERSAMPLE = 2.0
 
 
 def _curriculum_fields(method: str, config) -> dict:
-  """The `config.curriculum` fields one method sets: name, options, filter and oversample.
+  """The `config.curriculum` fields one method sets: name, options, filter, oversample and arms.
 
   A method is a curriculum of `builders.CURRICULA` (SEC keeps the setting's options, every other
   curriculum runs with its constructor's defaults; easy_to_hard's schedule is sized in run_config,
   once the step count is known), a post-rollout filter of `builders.FILTERS` over uniform
-  selection, or an alias of either (`_ALIASES`). GRESO rolls its skipped candidates out to fill the
+  selection, or an alias of either (`_ALIASES`); on a task mixture, "sec_tasks" is SEC with
+  one arm per task (`_TASK_ARMS`). GRESO rolls its skipped candidates out to fill the
   batch (`refill=True`): every method then spends exactly P x G rollouts a step, the comparison's
   unit; its saving (slots left unrolled) shows as `rollouts_saved` in a run of its own.
   """
+  if method in _TASK_ARMS:
+    return dict(_curriculum_fields(_TASK_ARMS[method], config), arms="task")
   method = _ALIASES.get(method, method)
-  plain = dict(options={}, filter="none", oversample=1.0)
+  plain = dict(options={}, filter="none", oversample=1.0, arms="bin")
   if method == "sec":
     return dict(plain, name="sec", options=dict(config.curriculum.options))
   if method == "greso":
@@ -112,7 +123,8 @@ METHODS = ("uniform", "easy_to_hard", "sec", "dump", "dynamic_filtering", "vcrl"
            "adarft", "lp_teacher")
 # Every name --methods accepts.
 ALL_METHODS = tuple(dict.fromkeys(
-    METHODS + tuple(builders.CURRICULA) + tuple(f for f in builders.FILTERS if f != "none")))
+    METHODS + tuple(builders.CURRICULA) + tuple(f for f in builders.FILTERS if f != "none")
+    + tuple(_TASK_ARMS)))
 TUNED = ("uniform", "sec")  # methods run at every learning rate of the sweep
 
 
@@ -126,6 +138,7 @@ def run_config(setting_config, method: str, seed: int, budget: int,
   c.curriculum.options = fields["options"]
   c.curriculum.filter = fields["filter"]
   c.curriculum.oversample = fields["oversample"]
+  c.curriculum.arms = fields["arms"]
   per_step = builders.sampled_prompts(c) * c.rl.group_size
   c.rl.steps = max(budget // per_step, 1)
   if method == "easy_to_hard":  # the schedule covers every arm within the run
@@ -171,6 +184,24 @@ def mean_interval(values: Sequence[float]) -> dict:
   return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": int(x.size)}
 
 
+def curve_area(xs: Sequence[float], ys: Sequence[float]) -> float:
+  """The area under the curve ys(xs) by the trapezoid rule, divided by the span of xs: the mean
+  of the curve over the run (for held-out accuracy against rollouts, the accuracy the run held on
+  average, which rewards reaching a level early without hanging on one crossing time). One point:
+  its y."""
+  x, y = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+  if x.size == 0 or x.shape != y.shape:
+    raise ValueError(f"curve_area needs equal, non-empty xs and ys, got {x.shape}, {y.shape}")
+  if x.size == 1 or x[-1] == x[0]:
+    return float(y[-1])
+  return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2) / (x[-1] - x[0]))
+
+
+def binomial_se(accuracy: float, n: int) -> float:
+  """Standard error of an accuracy measured on n independent problems: sqrt(p (1 - p) / n)."""
+  return math.sqrt(max(accuracy * (1.0 - accuracy), 0.0) / n) if n > 0 else float("nan")
+
+
 def first_reaching(xs: Sequence[float], ys: Sequence[float], target: float) -> Optional[float]:
   """The first x whose y is >= target (curves are evaluated at xs, increasing); None if never."""
   for x, y in zip(xs, ys):
@@ -196,11 +227,24 @@ def _read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[s
   acc = lambda r, names: float(np.mean([r[f"eval/acc/{n}"] for n in names])) if names else 0.0
   train_rows = {r["step"]: r for r in rows if "nonzero_adv_frac" in r}
   last = by_step[steps[-1]]
-  probs = sorted(k for k in rows[-1] if k.startswith("curriculum/probs/"))
+  probs = sorted((k for k in rows[-1] if k.startswith("curriculum/probs/")),
+                 key=lambda k: int(k.rsplit("/", 1)[1]))
+  rollouts = [s * meta["rollouts_per_step"] for s in steps]
+  heldout = [acc(by_step[s], train_bin_names) for s in steps]
+  # A run on several tasks logs eval/<task>/accuracy and its skill balance (eval/skill/...).
+  tasks = sorted(k.split("/")[1] for k in last
+                 if k.startswith("eval/") and k.endswith("/accuracy") and k.count("/") == 2)
   return {
       "steps": steps,
-      "rollouts": [s * meta["rollouts_per_step"] for s in steps],
-      "heldout": [acc(by_step[s], train_bin_names) for s in steps],
+      "rollouts": rollouts,
+      "heldout": heldout,
+      "auc": curve_area(rollouts, heldout),
+      "final_tasks": {t: last[f"eval/{t}/accuracy"] for t in tasks},
+      "start_tasks": ({t: by_step[0][f"eval/{t}/accuracy"] for t in tasks}
+                      if steps[0] == 0 else {}),
+      "min_task_gain": last.get("eval/skill/min_gain"),
+      "task_spread": last.get("eval/skill/spread"),
+      "task_curves": {t: [by_step[s][f"eval/{t}/accuracy"] for s in steps] for t in tasks},
       "final_bins": {k[len("eval/acc/"):]: v for k, v in last.items() if k.startswith("eval/acc/")},
       "start_heldout": acc(by_step[steps[0]], train_bin_names) if steps[0] == 0 else None,
       "final_heldout": acc(last, train_bin_names),
@@ -209,6 +253,24 @@ def _read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[s
       "wall_s": meta["wall_s"],
       "arm_probs": [[train_rows[s][k] for k in probs] for s in sorted(train_rows)] if probs else [],
       "rollouts_per_step": meta["rollouts_per_step"],
+  }
+
+
+def _task_summary(seeds: Sequence[dict]) -> dict:
+  """Per-task numbers of one method's seeds (runs on several tasks; {} otherwise): final accuracy
+  per task, the minimum per-task gain over the warm start and the spread of per-task accuracy
+  (each a mean_interval over seeds), and the mean per-task curve."""
+  if not seeds[0]["final_tasks"] or any(r["min_task_gain"] is None for r in seeds):
+    return {}
+  tasks = sorted(seeds[0]["final_tasks"])
+  return {
+      "final_tasks": {t: mean_interval([r["final_tasks"][t] for r in seeds]) for t in tasks},
+      "gain_tasks": ({t: mean_interval([r["final_tasks"][t] - r["start_tasks"][t] for r in seeds])
+                      for t in tasks} if all(r["start_tasks"] for r in seeds) else None),
+      "min_task_gain": mean_interval([r["min_task_gain"] for r in seeds]),
+      "task_spread": mean_interval([r["task_spread"] for r in seeds]),
+      "task_curves": {t: np.mean([r["task_curves"][t] for r in seeds], axis=0).tolist()
+                      for t in tasks},
   }
 
 
@@ -264,26 +326,37 @@ def summarise(runs: dict, budget: int) -> dict:
                        for b in bins},
         "signal_frac": mean_interval([r["signal_frac"] for r in seeds.values()]),
         "wall_s": mean_interval([r["wall_s"] for r in seeds.values()]),
+        "auc": mean_interval([r["auc"] for r in seeds.values()]),
         "curve": {"rollouts": list(rollouts), "heldout_mean": curve.tolist()},
+        **_task_summary(list(seeds.values())),
         "arm_probs_mean": (np.mean([r["arm_probs"] for r in seeds.values()], axis=0).tolist()
                            if all(r["arm_probs"] for r in seeds.values()) else []),
     }
   goal = None
   if "sec" in methods:
     sec, uni = methods["sec"], methods["uniform"]
+    rollouts_met = bool(sec["rollouts_to_target"] is not None
+                        and sec["seeds_reaching_target"] == len(sec["seeds"])
+                        and sec["rollouts_to_target"]["mean"] <= 0.6 * budget
+                        and uni["rollouts_to_target"] is not None
+                        and sec["rollouts_to_target"]["hi"] < uni["rollouts_to_target"]["lo"])
     goal = {
         "sec_rollouts_fraction_of_budget": sec["rollouts_to_target_fraction"],
         "uniform_rollouts_fraction_of_budget": uni["rollouts_to_target_fraction"],
         "sec_seeds_reaching": sec["seeds_reaching_target"],
-        "met": bool(sec["rollouts_to_target"] is not None
-                    and sec["seeds_reaching_target"] == len(sec["seeds"])
-                    and sec["rollouts_to_target"]["mean"] <= 0.6 * budget
-                    and uni["rollouts_to_target"] is not None
-                    and sec["rollouts_to_target"]["hi"] < uni["rollouts_to_target"]["lo"]),
+        "met": rollouts_met,
         "rule": "every SEC seed reaches the tuned uniform final accuracy, in at most 0.6x the "
                 "budget on average, and SEC's 95% interval of rollouts-to-target lies below "
                 "uniform's",
     }
+    if sec.get("min_task_gain") is not None:  # several tasks: skill balance too
+      best = max(methods, key=lambda m: (methods[m].get("min_task_gain")
+                                          or {"mean": -math.inf})["mean"])
+      goal.update({
+          "rollouts_met": rollouts_met,
+          "best_min_task_gain": best,
+          "met": rollouts_met and best == "sec",
+          "rule": goal["rule"] + "; and SEC has the largest mean minimum per-task gain"})
   starts = [r["start_heldout"] for r in runs.values() if r.get("start_heldout") is not None]
   start = float(np.mean(starts)) if starts else None
   return {"target_heldout": target, "start_heldout": start,
@@ -312,9 +385,9 @@ def markdown(summary: dict, setting: str) -> str:
            f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
            "Intervals: 95% Student-t across seeds.", "",
            "| method | lr | seeds reaching target | rollouts to target (x budget) | "
-           "final held-out % | gain over start, points | final OOD % | groups with signal % | "
-           "wall s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "final held-out % | gain over start, points | area under the curve % | final OOD % | "
+           "groups with signal % | wall s |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   if summary.get("start_heldout") is not None:
     lines[2] += (f" Every run starts from the same warm start, at "
                  f"{summary['start_heldout'] * 100:.1f}%.")
@@ -328,7 +401,7 @@ def markdown(summary: dict, setting: str) -> str:
              f"{_fmt(m['rollouts_to_target'], 1, 0)} ({frac:.2f}x)")
     lines.append(f"| {name} | {m['learning_rate']:g} | {m['seeds_reaching_target']}/"
                  f"{len(m['seeds'])} | {reach} | {_fmt(m['final_heldout'])} | "
-                 f"{_fmt(m['gain_heldout'])} | "
+                 f"{_fmt(m['gain_heldout'])} | {_fmt(m['auc'])} | "
                  f"{_fmt(m['final_ood']) if m['final_ood'] else '-'} | "
                  f"{_fmt(m['signal_frac'])} | "
                  f"{m['wall_s']['mean']:.0f} |")
@@ -341,17 +414,56 @@ def markdown(summary: dict, setting: str) -> str:
   for name, m in summary["methods"].items():
     lines.append(f"| {name} | " + " | ".join(_fmt(m["final_bins"][b], digits=0) for b in bins)
                  + " |")
+  if summary.get("bin_se"):
+    lines += ["", "Standard error of one run's accuracy on a bin's held-out set, sqrt(p (1 - p) "
+              "/ n) at the tuned uniform baseline's final accuracy p (points): " + ", ".join(
+                  f"{b} {se * 100:.1f} (n = {summary['held_out_sizes'][b]})"
+                  for b, se in sorted(summary["bin_se"].items())) + "."]
+  lines += _task_lines(summary)
   goal = summary.get("sec_goal")
   if goal:
     lines += ["", f"SEC goal ({goal['rule']}): **{'met' if goal['met'] else 'not met'}**."]
   return "\n".join(lines) + "\n"
 
 
+def _task_lines(summary: dict) -> list:
+  """The markdown of a comparison on several tasks: per method, the final accuracy of each task,
+  the minimum per-task gain over the warm start and the spread of the tasks' accuracies."""
+  with_tasks = {n: m for n, m in summary["methods"].items() if m.get("final_tasks")}
+  if not with_tasks:
+    return []
+  tasks = sorted(next(iter(with_tasks.values()))["final_tasks"])
+  lines = ["", "Skill balance: final held-out accuracy per task (%), the smallest per-task gain "
+           "over the warm start and the spread (largest minus smallest task accuracy), in "
+           "points; mean [95% interval] over seeds:", "",
+           "| method | " + " | ".join(tasks) + " | min per-task gain | spread |",
+           "|---|" + "---|" * (len(tasks) + 2)]
+  for name, m in with_tasks.items():
+    lines.append(f"| {name} | " + " | ".join(_fmt(m["final_tasks"][t]) for t in tasks)
+                 + f" | {_fmt(m['min_task_gain'])} | {_fmt(m['task_spread'])} |")
+  return lines
+
+
 def plot(summary: dict, path: str, arm_names: Sequence[str], title: str) -> None:
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
+  tasks = sorted(next(iter(summary["methods"].values())).get("task_curves") or {})
+  fig, axes = plt.subplots(1, 3 if tasks else 2, figsize=(19 if tasks else 13, 4.8))
+  ax, bx = axes[0], axes[-1]
+  if tasks:  # per-task curves of uniform and the SEC variants
+    cx = axes[1]
+    colours = plt.get_cmap("tab10")
+    for j, name in enumerate(n for n in ("uniform", "sec", "sec_tasks") if n in summary["methods"]):
+      m = summary["methods"][name]
+      for i, task in enumerate(tasks):
+        cx.plot(m["curve"]["rollouts"], np.asarray(m["task_curves"][task]) * 100,
+                color=colours(i), ls=("-", "--", ":")[j], lw=1.8,
+                label=f"{task}, {name}")
+    cx.set(xlabel="rollouts", ylabel="held-out accuracy (%)",
+           title="Per task (mean over seeds)")
+    cx.grid(alpha=0.3)
+    cx.legend(fontsize=7, ncol=2)
   for name, m in summary["methods"].items():
     style = dict(lw=2.5) if name in ("sec", "uniform") else dict(lw=1.2, alpha=0.8)
     ax.plot(m["curve"]["rollouts"], np.asarray(m["curve"]["heldout_mean"]) * 100,
@@ -455,8 +567,7 @@ def run_all(name: str, base_config, methods: Sequence[str], seeds: int, budget: 
 def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
   """Reads every finished run folder in WORKDIR/NAME of the setting `config`; writes
   OUT/curricula_NAME.*."""
-  from rl_curriculum import tasks  # pylint: disable=import-outside-toplevel
-  task = tasks.get_task(config.task.name, template=config.task.template)
+  task = builders.build_task(config)
   train_names = [task.bin_names[b] for b in config.task.train_bins if b in config.task.eval_bins]
   ood_names = [task.bin_names[b] for b in config.task.eval_bins if b in task.eval_only_bins]
   root = os.path.join(workdir, name)
@@ -464,10 +575,11 @@ def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
              if os.path.exists(os.path.join(root, run, "compare.json"))]
   # Bins whose problem space leaves too few held-out problems are not compared (the runs share
   # the data, so any run's summary says which).
-  small = []
+  small, sizes = [], {}
   if folders:
     with open(os.path.join(folders[0], "summary.json")) as f:
-      small = json.load(f)["small_bins"]
+      first = json.load(f)
+    small, sizes = first["small_bins"], first["held_out_sizes"]
   train_names = [n for n in train_names if n not in small]
   runs = {}
   for folder in folders:
@@ -484,8 +596,11 @@ def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
     raise ValueError(f"no seed has finished every method in {root} yet")
   runs = {k: v for k, v in runs.items() if k[2] in complete}
   summary = summarise(runs, budget)
+  uniform_bins = summary["methods"]["uniform"]["final_bins"]
   summary.update({"setting": name, "train_bins": train_names, "ood_bins": ood_names,
-                  "small_bins_excluded": small,
+                  "small_bins_excluded": small, "held_out_sizes": sizes,
+                  "bin_se": {b: binomial_se(uniform_bins[b]["mean"], sizes[b])
+                             for b in train_names if b in sizes and b in uniform_bins},
                   "date": time.strftime("%Y-%m-%d"),
                   "cpu_affinity": sorted(os.sched_getaffinity(0))})
   os.makedirs(out, exist_ok=True)

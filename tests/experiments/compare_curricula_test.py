@@ -45,13 +45,36 @@ def test_first_reaching():
   assert cc.first_reaching(xs, ys, 0.0) == 0
 
 
-def _run(curve, *, per_step=10, signal=0.5, wall=1.0, ood=0.0):
+def _run(curve, *, per_step=10, signal=0.5, wall=1.0, ood=0.0, tasks=None):
+  """A run's record as `_read_run` gives it; `tasks`: {task: per-task curve} of a run on several
+  tasks."""
   steps = list(range(len(curve)))
-  return {"steps": steps, "rollouts": [s * per_step for s in steps], "heldout": list(curve),
+  rollouts = [s * per_step for s in steps]
+  tasks = tasks or {}
+  now = {t: c[-1] for t, c in tasks.items()}
+  gains = [c[-1] - c[0] for c in tasks.values()]
+  return {"steps": steps, "rollouts": rollouts, "heldout": list(curve),
+          "auc": cc.curve_area(rollouts, curve),
+          "final_tasks": now, "start_tasks": {t: c[0] for t, c in tasks.items()},
+          "min_task_gain": min(gains) if gains else None,
+          "task_spread": max(now.values()) - min(now.values()) if now else None,
+          "task_curves": {t: list(c) for t, c in tasks.items()},
           "final_bins": {"a": curve[-1], "b": 0.0}, "final_heldout": curve[-1],
           "start_heldout": curve[0],
           "final_ood": ood, "signal_frac": signal, "wall_s": wall, "arm_probs": [],
           "rollouts_per_step": per_step}
+
+
+def test_curve_area_is_the_trapezoid_mean_and_binomial_se():
+  # Trapezoids over [0, 10, 30]: (0 + 0.4) / 2 * 10 + (0.4 + 0.8) / 2 * 20 = 14, over 30.
+  assert cc.curve_area([0, 10, 30], [0.0, 0.4, 0.8]) == pytest.approx(14 / 30, abs=1e-12)
+  assert cc.curve_area([5], [0.3]) == 0.3
+  # A method that reaches the same final accuracy sooner holds more area.
+  assert cc.curve_area([0, 1, 2], [0.0, 0.5, 0.5]) > cc.curve_area([0, 1, 2], [0.0, 0.0, 0.5])
+  with pytest.raises(ValueError):
+    cc.curve_area([0, 1], [0.1])
+  assert cc.binomial_se(0.5, 100) == pytest.approx(0.05, abs=1e-12)
+  assert cc.binomial_se(0.0, 100) == 0.0
 
 
 def test_summarise_tunes_the_baseline_and_measures_rollouts_to_its_accuracy():
@@ -105,7 +128,7 @@ def test_a_setting_without_ood_bins_reports_no_ood_accuracy():
   assert s["methods"]["sec"]["final_ood"] is None
   row = next(line for line in cc.markdown(s, "synthetic").splitlines()
              if line.startswith("| sec |"))
-  assert row.split(" | ")[6] == "-"  # the OOD column
+  assert row.split(" | ")[7] == "-"  # the OOD column, after the area under the curve
 
 
 def test_sec_goal_not_met_when_a_seed_falls_short():
@@ -215,6 +238,8 @@ def test_every_curriculum_and_filter_is_a_method_by_name():
   filters = [f for f in builders.FILTERS if f != "none"]
   assert set(builders.CURRICULA) | set(filters) <= set(cc.ALL_METHODS)
   for method in cc.ALL_METHODS:
+    if method == "sec_tasks":  # needs several tasks: test_sec_over_tasks_is_sec_with_an_arm_...
+      continue
     c = cc.run_config(config, method, seed=1, budget=budget)
     builders.validate(c)
     if method in builders.CURRICULA:
@@ -224,3 +249,51 @@ def test_every_curriculum_and_filter_is_a_method_by_name():
       assert c.rl.steps * 2 == 4  # twice the prompts rolled out per step: half the steps
   with pytest.raises(ValueError, match="unknown method 'sudoku'"):
     cc.run_config(config, "sudoku", seed=1, budget=budget)
+
+
+def test_summary_of_several_tasks_reports_skill_balance_and_its_goal():
+  budget = 20
+  runs = {
+      # Uniform improves countdown only: the smallest gain is zebra's 0.
+      ("uniform", 2e-5, 1): _run([0.3, 0.4, 0.5], tasks={"countdown": [0.2, 0.4, 0.6],
+                                                         "zebra": [0.4, 0.4, 0.4]}),
+      ("uniform", 2e-5, 2): _run([0.3, 0.4, 0.5], tasks={"countdown": [0.2, 0.4, 0.6],
+                                                         "zebra": [0.4, 0.4, 0.4]}),
+      # SEC reaches uniform's 0.5 at 10 rollouts and raises both tasks.
+      ("sec", 2e-5, 1): _run([0.3, 0.5, 0.6], tasks={"countdown": [0.2, 0.5, 0.6],
+                                                     "zebra": [0.4, 0.5, 0.6]}),
+      ("sec", 2e-5, 2): _run([0.3, 0.5, 0.6], tasks={"countdown": [0.2, 0.5, 0.6],
+                                                     "zebra": [0.4, 0.6, 0.5]}),
+  }
+  s = cc.summarise(runs, budget)
+  uni, sec = s["methods"]["uniform"], s["methods"]["sec"]
+  assert uni["min_task_gain"]["mean"] == pytest.approx(0.0)
+  assert sec["min_task_gain"]["mean"] == pytest.approx(0.15)  # zebra: +0.2 and +0.1
+  assert sec["final_tasks"]["zebra"]["mean"] == pytest.approx(0.55)
+  assert sec["gain_tasks"]["countdown"]["mean"] == pytest.approx(0.4)
+  assert sec["task_spread"]["mean"] == pytest.approx(0.05)
+  np.testing.assert_allclose(sec["task_curves"]["zebra"], [0.4, 0.55, 0.55])
+  # AUC: uniform (0.3 + 0.4) / 2 + (0.4 + 0.5) / 2 over 2 = 0.4; SEC 0.475.
+  assert uni["auc"]["mean"] == pytest.approx(0.4) and sec["auc"]["mean"] == pytest.approx(0.475)
+  goal = s["sec_goal"]
+  assert goal["rollouts_met"] and goal["best_min_task_gain"] == "sec" and goal["met"]
+  text = cc.markdown(s, "synthetic")
+  assert "min per-task gain" in text and "| sec | 60.0 [60.0, 60.0] | 55.0" in text
+  # Once another method balances the tasks better, the goal is not met.
+  runs[("dump", 2e-5, 1)] = _run([0.3, 0.5, 0.6], tasks={"countdown": [0.2, 0.5, 0.6],
+                                                         "zebra": [0.4, 0.6, 0.7]})
+  runs[("dump", 2e-5, 2)] = runs[("dump", 2e-5, 1)]
+  goal = cc.summarise(runs, budget)["sec_goal"]
+  assert goal["best_min_task_gain"] == "dump" and not goal["met"]
+
+
+def test_sec_over_tasks_is_sec_with_an_arm_per_task():
+  config = compare.get_config("multitask")
+  c = cc.run_config(config, "sec_tasks", seed=1, budget=cc.default_budget(config))
+  assert (c.curriculum.name, c.curriculum.arms) == ("sec", "task")
+  assert dict(c.curriculum.options) == dict(config.curriculum.options)
+  assert cc.run_config(config, "sec", seed=1, budget=1000).curriculum.arms == "bin"
+  builders.validate(c)
+  # On one task there are no tasks to make arms of.
+  with pytest.raises(builders.ConfigError, match="config.curriculum.arms"):
+    builders.validate(cc.run_config(compare.get_config("toy"), "sec_tasks", seed=1, budget=64))
