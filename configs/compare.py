@@ -19,6 +19,12 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
 - countdown: three to five source numbers (no out-of-distribution bin) with the tiny model trained
   here, 20-token completions, 100 steps = 12,800 rollouts a run. Measured the same way: every
   method ends within 1.5 points of 14% (SEC 14.2%, uniform 14.0%); about 6 minutes a run.
+- countdown_nobonus: countdown with task.format_bonus = 0, the reward correctness alone, to see
+  how much of the curricula's signal on countdown was the bonus for a well-formed wrong answer.
+- multitask: configs/multitask.py (countdown, zebra and ARC-1D in eight (task, bin) arms, 900 SFT
+  steps), 64 steps of 16 prompts x 8 = 8,192 rollouts a run, 200 held-out problems per bin
+  evaluated every 2,048 rollouts; "sec" has the eight (task, bin) arms, "sec_tasks" one arm per
+  task. About 7 minutes a run on one core.
 - toy: the toy config, seconds a run and nothing learned; for tests of the script.
 """
 
@@ -49,7 +55,9 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
     return c
   if arg == "multitask":
     c = multitask.get_config()
-    c.checkpoint.every = 50
+    c.rl.steps = 64                 # 64 x 16 prompts x 8 = 8,192 rollouts a run
+    c.eval.every = 16               # every 2,048 rollouts
+    c.checkpoint.every = 32
     return c
   c = quickstart.get_config()
   c.rl.steps = 80                   # 80 x 16 prompts x 8 completions = 10,240 rollouts a run

@@ -45,11 +45,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.task.options = {"arc1d": {"num_shots": 1}}  # one worked row: prompts of 84 tokens, not 174
   c.tokenizer.vocab_size = 512      # the three tasks' words (BPE: whole words, single digits)
   c.tokenizer.model_type = "bpe"
-  c.sft.steps = 2000
+  # A short warm start on purpose: after 900 steps the ARC rules sit at 70% (room for RL to
+  # help); after 1,500 they were at 93-95% and uniform RL moved them by 3 points.
+  c.sft.steps = 900
+  c.sft.batch_size = 32
   c.rl.max_new_tokens = 22          # a 10-cell row is 20 tokens ("0 0 3 3 ..."), then EOS
   c.rl.prompts_per_step = 16
   c.rl.steps = 100                  # 100 x 16 prompts x 8 completions = 12,800 rollouts
-  c.eval.every = 10
+  c.eval.every = 20
   c.eval.batch_size = 256
   c.checkpoint.every = 50
   return c
