@@ -56,6 +56,15 @@ def feedback(correct=None, *, rewards=None, ids=None, arms=None, advantages=None
       valid=None if valid is None else jnp.asarray(valid, bool))
 
 
+def set_fields(config, **fields):
+  """`config` with fields set by name, "section__field" for config.section.field (the ConfigDict
+  is changed in place and returned)."""
+  for path, value in fields.items():
+    section, name = path.split("__")
+    config[section][name] = value
+  return config
+
+
 # The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
 WARM_START = ("warm_start.json", "tokenizer.model", "sft")
 

@@ -18,10 +18,7 @@ def _config(**fields):
   c.task.train_per_bin = 4
   c.eval.every = 100
   c.checkpoint.every = 100
-  for path, value in fields.items():
-    section, name = path.split("__")
-    c[section][name] = value
-  return c
+  return test_util.set_fields(c, **fields)
 
 
 @pytest.fixture(scope="module")

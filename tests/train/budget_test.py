@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_util
 
 from configs import quickstart
 from rl_curriculum import curriculum as cur
@@ -277,10 +278,7 @@ def test_greso_marks_the_slots_it_could_not_fill_inactive():
      "config.curriculum.options: greso: refill must be True or False"),
 ])
 def test_bad_fields_are_named(fields, message):
-  c = quickstart.get_config()
-  for path, value in fields.items():
-    section, name = path.split("__")
-    c[section][name] = value
+  c = test_util.set_fields(quickstart.get_config(), **fields)
   with pytest.raises(builders.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
                      .replace("[", r"\[").replace("]", r"\]")):
     builders.validate(c)

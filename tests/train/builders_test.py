@@ -6,14 +6,12 @@ import pytest
 
 from configs import quickstart
 from rl_curriculum.train import builders, rl_step
+import test_util
 
 
 def _config(**fields):
   c = quickstart.get_config()
-  for path, value in fields.items():
-    section, name = path.split("__")
-    c[section][name] = value
-  return c
+  return test_util.set_fields(c, **fields)
 
 
 def test_the_shipped_config_is_valid():

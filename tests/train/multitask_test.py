@@ -31,10 +31,7 @@ def _config(**fields):
   c.tokenizer.vocab_size = 256
   c.tokenizer.model_type = "bpe"
   c.rl.max_new_tokens = 6
-  for path, value in fields.items():
-    section, name = path.split("__")
-    c[section][name] = value
-  return c
+  return test_util.set_fields(c, **fields)
 
 
 @pytest.fixture(scope="module")
