@@ -250,6 +250,9 @@ def _read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[s
       "final_heldout": acc(last, train_bin_names),
       "final_ood": acc(last, ood_names) if ood_names else None,  # None: no OOD bins
       "signal_frac": float(np.mean([r["nonzero_adv_frac"] for r in train_rows.values()])),
+      # Groups with both right and wrong completions: the curriculum's signal when it learns from
+      # correctness; below signal_frac when a format bonus separates all-wrong completions.
+      "mixed_frac": float(np.mean([r["mixed_correct_frac"] for r in train_rows.values()])),
       "wall_s": meta["wall_s"],
       "arm_probs": [[train_rows[s][k] for k in probs] for s in sorted(train_rows)] if probs else [],
       "rollouts_per_step": meta["rollouts_per_step"],
@@ -325,6 +328,7 @@ def summarise(runs: dict, budget: int) -> dict:
         "final_bins": {b: mean_interval([r["final_bins"][b] for r in seeds.values()])
                        for b in bins},
         "signal_frac": mean_interval([r["signal_frac"] for r in seeds.values()]),
+        "mixed_frac": mean_interval([r["mixed_frac"] for r in seeds.values()]),
         "wall_s": mean_interval([r["wall_s"] for r in seeds.values()]),
         "auc": mean_interval([r["auc"] for r in seeds.values()]),
         "curve": {"rollouts": list(rollouts), "heldout_mean": curve.tolist()},
@@ -386,8 +390,8 @@ def markdown(summary: dict, setting: str) -> str:
            "Intervals: 95% Student-t across seeds.", "",
            "| method | lr | seeds reaching target | rollouts to target (x budget) | "
            "final held-out % | gain over start, points | area under the curve % | final OOD % | "
-           "groups with signal % | wall s |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "groups with signal % | groups with mixed correctness % | wall s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   if summary.get("start_heldout") is not None:
     lines[2] += (f" Every run starts from the same warm start, at "
                  f"{summary['start_heldout'] * 100:.1f}%.")
@@ -403,7 +407,7 @@ def markdown(summary: dict, setting: str) -> str:
                  f"{len(m['seeds'])} | {reach} | {_fmt(m['final_heldout'])} | "
                  f"{_fmt(m['gain_heldout'])} | {_fmt(m['auc'])} | "
                  f"{_fmt(m['final_ood']) if m['final_ood'] else '-'} | "
-                 f"{_fmt(m['signal_frac'])} | "
+                 f"{_fmt(m['signal_frac'])} | {_fmt(m['mixed_frac'])} | "
                  f"{m['wall_s']['mean']:.0f} |")
   lines += ["", "Learning-rate sweep (final held-out accuracy, mean over seeds): " + "; ".join(
       f"{m}: " + ", ".join(f"{lr} -> {v * 100:.1f}%" for lr, v in sorted(s.items()))

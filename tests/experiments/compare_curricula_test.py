@@ -61,7 +61,8 @@ def _run(curve, *, per_step=10, signal=0.5, wall=1.0, ood=0.0, tasks=None):
           "task_curves": {t: list(c) for t, c in tasks.items()},
           "final_bins": {"a": curve[-1], "b": 0.0}, "final_heldout": curve[-1],
           "start_heldout": curve[0],
-          "final_ood": ood, "signal_frac": signal, "wall_s": wall, "arm_probs": [],
+          "final_ood": ood, "signal_frac": signal, "mixed_frac": signal / 2, "wall_s": wall,
+          "arm_probs": [],
           "rollouts_per_step": per_step}
 
 
@@ -217,7 +218,7 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
     assert m["seeds"] == [1, 2]
     ci = m["final_heldout"]
     assert ci["lo"] <= ci["mean"] <= ci["hi"] and 0.0 <= ci["mean"] <= 1.0
-    assert 0.0 <= m["signal_frac"]["mean"] <= 1.0
+    assert 0.0 <= m["mixed_frac"]["mean"] <= m["signal_frac"]["mean"] <= 1.0
   assert summary["methods"]["sec"]["arm_probs_mean"]  # SEC logs its arm probabilities
   assert os.path.getsize(tmp_path / "out" / "curricula_toy.png") > 10_000
   # The two seeds differ in their RL randomness (same warm start, other rollouts).
