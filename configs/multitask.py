@@ -2,10 +2,10 @@
 
   python -m experiments.train --config configs/multitask.py --workdir workdirs/multitask
 
-What it does: one pool holds the three tasks' problems in nine (task, difficulty) bins: countdown
-with 3, 4 and 5 source numbers, zebra puzzles of 2x2, 2x3 and 3x3 houses x attributes, and three
+What it does: one pool holds the three tasks' problems in eight (task, difficulty) bins: countdown
+with 3, 4 and 5 source numbers, zebra puzzles of 2x2 and 2x3 houses x attributes, and three
 ARC-1D rule families on rows of 10 cells. The tokenizer (BPE) and a ~3M-parameter transformer are
-trained here on all of them (SFT warm start), then RLOO trains with SEC over the nine bins as its
+trained here on all of them (SFT warm start), then RLOO trains with SEC over the eight bins as its
 arms (the (task, difficulty) arms of the Self-Evolving Curriculum's multi-domain runs). Each
 problem is scored by its own task's verifier. Held-out greedy accuracy is logged per bin
 (`eval/acc/<task>/<bin>`), per task (`eval/<task>/accuracy`, over the task's held-out problems)

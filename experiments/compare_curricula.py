@@ -422,7 +422,10 @@ def markdown(summary: dict, setting: str) -> str:
     lines += ["", "Standard error of one run's accuracy on a bin's held-out set, sqrt(p (1 - p) "
               "/ n) at the tuned uniform baseline's final accuracy p (points): " + ", ".join(
                   f"{b} {se * 100:.1f} (n = {summary['held_out_sizes'][b]})"
-                  for b, se in sorted(summary["bin_se"].items())) + "."]
+                  for b, se in sorted(summary["bin_se"].items())) + ". At most "
+              f"{50 / math.sqrt(min(summary['held_out_sizes'][b] for b in summary['bin_se'])):.1f} "
+              "points (p = 0.5); "
+              "a bin at 0 of n correct has 3 / n as its 95% upper bound (the rule of three)."]
   lines += _task_lines(summary)
   goal = summary.get("sec_goal")
   if goal:

@@ -280,6 +280,12 @@ def test_summary_of_several_tasks_reports_skill_balance_and_its_goal():
   assert goal["rollouts_met"] and goal["best_min_task_gain"] == "sec" and goal["met"]
   text = cc.markdown(s, "synthetic")
   assert "min per-task gain" in text and "| sec | 60.0 [60.0, 60.0] | 55.0" in text
+  assert "Standard error" not in text  # no held-out sizes, no standard errors
+  s.update(bin_se={"a": cc.binomial_se(0.1, 400), "b": 0.0},
+           held_out_sizes={"a": 400, "b": 100, "unused": 4})
+  text = cc.markdown(s, "synthetic")
+  # sqrt(0.1 * 0.9 / 400) = 1.5 points; the worst case is at p = 0.5 on the smaller set (n = 100).
+  assert "a 1.5 (n = 400), b 0.0 (n = 100). At most 5.0 points (p = 0.5)" in text
   # Once another method balances the tasks better, the goal is not met.
   runs[("dump", 2e-5, 1)] = _run([0.3, 0.5, 0.6], tasks={"countdown": [0.2, 0.5, 0.6],
                                                          "zebra": [0.4, 0.6, 0.7]})
