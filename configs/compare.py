@@ -21,10 +21,13 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
   method ends within 1.5 points of 14% (SEC 14.2%, uniform 14.0%); about 6 minutes a run.
 - countdown_nobonus: countdown with task.format_bonus = 0, the reward correctness alone, to see
   how much of the curricula's signal on countdown was the bonus for a well-formed wrong answer.
+  Not measured yet (its 1,500-step SFT warm start takes about 80 minutes on one core).
 - multitask: configs/multitask.py (countdown, zebra and ARC-1D in eight (task, bin) arms, 900 SFT
   steps), 64 steps of 16 prompts x 8 = 8,192 rollouts a run, 200 held-out problems per bin
   evaluated every 2,048 rollouts; "sec" has the eight (task, bin) arms, "sec_tasks" one arm per
-  task. About 7 minutes a run on one core.
+  task. Measured (3 seeds; uniform at 2e-5 and 4e-5, the others at 2e-5): every run starts at
+  26.9% held-out accuracy; uniform ends at 28.5% [27.4, 29.6], SEC at 29.0% [27.1, 31.0], the
+  others at 27.6-27.9%, all within noise; about 5.5 minutes a run on one core.
 - toy: the toy config, seconds a run and nothing learned; for tests of the script.
 """
 
