@@ -304,3 +304,15 @@ def test_sec_over_tasks_is_sec_with_an_arm_per_task():
   # On one task there are no tasks to make arms of.
   with pytest.raises(builders.ConfigError, match="config.curriculum.arms"):
     builders.validate(cc.run_config(compare.get_config("toy"), "sec_tasks", seed=1, budget=64))
+
+
+@pytest.mark.parametrize("setting", compare.VARIANTS)
+def test_every_setting_is_a_valid_config(setting):
+  builders.validate(compare.get_config(setting))
+
+
+def test_countdown_without_the_bonus_differs_from_countdown_only_in_the_bonus():
+  plain, nobonus = compare.get_config("countdown"), compare.get_config("countdown_nobonus")
+  assert plain.task.format_bonus > 0 and nobonus.task.format_bonus == 0.0
+  nobonus.task.format_bonus = plain.task.format_bonus
+  assert nobonus.to_dict() == plain.to_dict()
