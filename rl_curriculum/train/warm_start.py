@@ -24,13 +24,17 @@ from rl_curriculum.train.data import Pools
 
 __all__ = ["fingerprint", "check_workdir", "sft_params", "attach_lora"]
 
+_RL_ONLY_TASK_FIELDS = ("format_bonus",)  # task fields SFT never reads
+
 
 def fingerprint(config: ml_collections.ConfigDict) -> dict:
   """The config fields that determine the SFT result; a cached warm start must match them.
-  (`rl.seed` is not among them: seeds of an RL comparison share one warm start; nor is
-  `model.lora_merge_every`, which acts in RL only.)"""
+  (`rl.seed` is not among them: seeds of an RL comparison share one warm start; nor are
+  `model.lora_merge_every` and `task.format_bonus`, which act in RL only: SFT imitates reference
+  answers and never scores one.)"""
   model = {k: v for k, v in config.model.to_dict().items() if k != "lora_merge_every"}
-  return {"seed": config.seed, "task": config.task.to_dict(), "model": model,
+  task = {k: v for k, v in config.task.to_dict().items() if k not in _RL_ONLY_TASK_FIELDS}
+  return {"seed": config.seed, "task": task, "model": model,
           "tokenizer": config.tokenizer.to_dict(), "sft": config.sft.to_dict()}
 
 
@@ -47,10 +51,13 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   distributed.sync("warm_start.json: looked")  # process 0 writes it only after every look
   if exists:
     with open(path) as f:
-      if json.load(f) != expected:
-        raise ValueError(f"{workdir} holds a tokenizer and SFT warm start made with other "
-                         f"seed/task/model/tokenizer/sft settings (see {path}); use a fresh "
-                         "--workdir, or delete that file, tokenizer.model and sft/ to rebuild")
+      recorded = json.load(f)
+    for name in _RL_ONLY_TASK_FIELDS:  # files written when these were part of the fingerprint
+      recorded.get("task", {}).pop(name, None)
+    if recorded != expected:
+      raise ValueError(f"{workdir} holds a tokenizer and SFT warm start made with other "
+                       f"seed/task/model/tokenizer/sft settings (see {path}); use a fresh "
+                       "--workdir, or delete that file, tokenizer.model and sft/ to rebuild")
   elif distributed.is_main():
     with open(path, "w") as f:
       json.dump(expected, f, indent=1)
