@@ -25,9 +25,9 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
 - multitask: configs/multitask.py (countdown, zebra and ARC-1D in eight (task, bin) arms, 900 SFT
   steps), 64 steps of 16 prompts x 8 = 8,192 rollouts a run, 200 held-out problems per bin
   evaluated every 2,048 rollouts; "sec" has the eight (task, bin) arms, "sec_tasks" one arm per
-  task. Measured (3 seeds; uniform at 2e-5 and 4e-5, the others at 2e-5): every run starts at
-  26.9% held-out accuracy; uniform ends at 28.5% [27.4, 29.6], SEC at 29.0% [27.1, 31.0], the
-  others at 27.6-27.9%, all within noise; about 5.5 minutes a run on one core.
+  task. Measured (5 seeds; uniform at 2e-5 and 4e-5, the others at 2e-5): every run starts at
+  26.9% held-out accuracy; uniform ends at 28.3% [27.5, 29.2], SEC at 28.7% [27.6, 29.8], the
+  others at 27.7-28.3%, all within noise; about 5 minutes a run on one core.
 - toy: the toy config, seconds a run and nothing learned; for tests of the script.
 """
 
