@@ -409,9 +409,14 @@ def markdown(summary: dict, setting: str) -> str:
                  f"{_fmt(m['final_ood']) if m['final_ood'] else '-'} | "
                  f"{_fmt(m['signal_frac'])} | {_fmt(m['mixed_frac'])} | "
                  f"{m['wall_s']['mean']:.0f} |")
-  lines += ["", "Learning-rate sweep (final held-out accuracy, mean over seeds): " + "; ".join(
-      f"{m}: " + ", ".join(f"{lr} -> {v * 100:.1f}%" for lr, v in sorted(s.items()))
-      for m, s in summary["lr_sweep"].items() if len(s) > 1), ""]
+  swept = {m: s for m, s in summary["lr_sweep"].items() if len(s) > 1}
+  if swept:
+    lines += ["", "Learning-rate sweep (final held-out accuracy, mean over seeds): " + "; ".join(
+        f"{m}: " + ", ".join(f"{lr} -> {v * 100:.1f}%" for lr, v in sorted(s.items()))
+        for m, s in swept.items()), ""]
+  else:
+    lines += ["", "One learning rate per method, no sweep: " + ", ".join(
+        f"{m} {next(iter(s))}" for m, s in summary["lr_sweep"].items()) + ".", ""]
   bins = sorted(next(iter(summary["methods"].values()))["final_bins"])
   lines += ["Final held-out accuracy per bin (%, mean [95% interval]):", "",
             "| method | " + " | ".join(bins) + " |", "|---|" + "---|" * len(bins)]

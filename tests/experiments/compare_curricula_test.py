@@ -114,6 +114,20 @@ def test_summarise_tunes_the_baseline_and_measures_rollouts_to_its_accuracy():
   assert "never" in cc.markdown(s, "synthetic")
 
 
+def test_markdown_reports_the_sweep_only_where_a_method_ran_several_rates():
+  swept = cc.summarise({("uniform", 2e-5, 1): _run([0.0, 0.5]),
+                        ("uniform", 4e-5, 1): _run([0.0, 0.4]),
+                        ("sec", 4e-5, 1): _run([0.0, 0.6])}, 10)
+  text = cc.markdown(swept, "synthetic")
+  assert ("Learning-rate sweep (final held-out accuracy, mean over seeds): "
+          "uniform: 2e-05 -> 50.0%, 4e-05 -> 40.0%\n") in text
+  single = cc.summarise({("uniform", 2e-5, 1): _run([0.0, 0.5]),
+                         ("sec", 4e-5, 1): _run([0.0, 0.6])}, 10)
+  text = cc.markdown(single, "synthetic")
+  assert "Learning-rate sweep" not in text
+  assert "One learning rate per method, no sweep: uniform 2e-05, sec 4e-05." in text
+
+
 def test_a_target_the_warm_start_already_meets_is_flagged():
   runs = {("uniform", 2e-5, 1): _run([0.5, 0.4, 0.5]), ("sec", 2e-5, 1): _run([0.5, 0.6, 0.7])}
   s = cc.summarise(runs, 20)
