@@ -24,7 +24,8 @@ from rl_curriculum.train.data import Pools
 
 __all__ = ["fingerprint", "check_workdir", "sft_params", "attach_lora"]
 
-_RL_ONLY_TASK_FIELDS = ("format_bonus",)  # task fields SFT never reads
+# Fields of the fingerprinted sections that act in RL only (SFT never reads them).
+_RL_ONLY = {"model": ("lora_merge_every",), "task": ("format_bonus",)}
 
 
 def fingerprint(config: ml_collections.ConfigDict) -> dict:
@@ -32,10 +33,16 @@ def fingerprint(config: ml_collections.ConfigDict) -> dict:
   (`rl.seed` is not among them: seeds of an RL comparison share one warm start; nor are
   `model.lora_merge_every` and `task.format_bonus`, which act in RL only: SFT imitates reference
   answers and never scores one.)"""
-  model = {k: v for k, v in config.model.to_dict().items() if k != "lora_merge_every"}
-  task = {k: v for k, v in config.task.to_dict().items() if k not in _RL_ONLY_TASK_FIELDS}
-  return {"seed": config.seed, "task": task, "model": model,
-          "tokenizer": config.tokenizer.to_dict(), "sft": config.sft.to_dict()}
+  return _without_rl_only({"seed": config.seed, "task": config.task.to_dict(),
+                           "model": config.model.to_dict(), "tokenizer": config.tokenizer.to_dict(),
+                           "sft": config.sft.to_dict()})
+
+
+def _without_rl_only(record: dict) -> dict:
+  """`record` (a fingerprint, or one read back from warm_start.json) without the _RL_ONLY fields."""
+  return {section: ({k: v for k, v in fields.items() if k not in _RL_ONLY[section]}
+                    if section in _RL_ONLY else fields)
+          for section, fields in record.items()}
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -50,10 +57,8 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   exists = os.path.exists(path)
   distributed.sync("warm_start.json: looked")  # process 0 writes it only after every look
   if exists:
-    with open(path) as f:
-      recorded = json.load(f)
-    for name in _RL_ONLY_TASK_FIELDS:  # files written when these were part of the fingerprint
-      recorded.get("task", {}).pop(name, None)
+    with open(path) as f:  # older records may still hold an RL-only field: not compared
+      recorded = _without_rl_only(json.load(f))
     if recorded != expected:
       raise ValueError(f"{workdir} holds a tokenizer and SFT warm start made with other "
                        f"seed/task/model/tokenizer/sft settings (see {path}); use a fresh "
