@@ -18,7 +18,7 @@ Qwen2 and Qwen3 families, so there is one table from HF names to parameter paths
 
 Layer layouts. Files always hold per-layer tensors. Paths here are per-layer,
 ("blocks", i, ...); a scanned model's stacked parameters ("blocks", ...) [L, ...] are split into
-them by `per_layer_arrays` (which `hf_tensors` applies), and stacked on load by `pretrained.py`.
+them by `per_layer_arrays` (which `hf_tensors` applies), and stacked on load by `placement.py`.
 """
 
 import glob

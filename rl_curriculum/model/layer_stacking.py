@@ -107,6 +107,15 @@ def stack_variables(variables: Sequence[nnx.Variable]) -> nnx.Variable:
   return first.replace(value, out_sharding=(LAYER_AXIS,) + tuple(axes))
 
 
+def stack_modules(modules: Sequence[nnx.Module]) -> nnx.Module:
+  """L modules of equal structure -> one module of that structure whose every variable is the
+  [L, ...] stack of theirs (`stack_variables`); module l is layer l."""
+  graphdef = nnx.graphdef(modules[0])
+  flats = [dict(nnx.to_flat_state(nnx.state(m))) for m in modules]
+  stacked = {path: stack_variables([f[path] for f in flats]) for path in flats[0]}
+  return nnx.merge(graphdef, nnx.from_flat_state(stacked))
+
+
 def _stack_values(values: Sequence) -> object:
   """The [L, ...] stack of L values of equal shape, of the kind they are: `ShapeDtypeStruct`s,
   NumPy arrays (kept on the host) or JAX arrays."""

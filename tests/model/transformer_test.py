@@ -311,34 +311,6 @@ def test_bfloat16_params_and_activations_give_finite_logits():
   assert err < 0.25
 
 
-def test_positions_from_mask():
-  mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]], bool)
-  expected = np.array([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]])
-  np.testing.assert_array_equal(transformer.positions_from_mask(mask), expected)
-
-
-def test_llama3_rope_scaling_matches_reference():
-  config = ModelConfig.tiny(vocab_size=8, d_model=256, num_heads=2, rope_theta=500_000.0,
-                            rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
-                            rope_high_freq_factor=4.0, rope_original_max_len=8192)
-  d = config.head_dim
-  expected = []
-  for i in range(d // 2):
-    freq = 1.0 / 500_000.0 ** (2 * i / d)
-    wavelen = 2 * np.pi / freq
-    if wavelen < 8192 / 4.0:
-      expected.append(freq)
-    elif wavelen > 8192 / 1.0:
-      expected.append(freq / 8.0)
-    else:
-      smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
-      expected.append((1 - smooth) * freq / 8.0 + smooth * freq)
-  np.testing.assert_allclose(transformer.rope_frequencies(config), expected, rtol=1e-6)
-  unscaled = transformer.rope_frequencies(ModelConfig.tiny(vocab_size=8, d_model=256,
-                                                           num_heads=2, rope_theta=500_000.0))
-  assert unscaled[0] == expected[0] and unscaled[-1] > expected[-1]
-
-
 def test_cache_without_index_raises():
   config = _config("llama_gqa")
   model = transformer.Transformer(config, rngs=nnx.Rngs(0))
