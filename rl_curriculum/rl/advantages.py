@@ -29,6 +29,9 @@ __all__ = [
     "dr_grpo",
     "reinforce_pp",
     "counterfactual",
+    "ESTIMATORS",
+    "GRPO_STDS",
+    "group_advantages",
     "gae",
     "broadcast_to_tokens",
     "sequence_mean",
@@ -207,6 +210,43 @@ def counterfactual(
   chex.assert_type(baseline, float)
   chex.assert_equal(baseline.shape[0], rewards.shape[0])
   return (rewards - baseline.astype(jnp.float32)[:, None]) * w
+
+
+# The group estimators by the name a run's config gives them (`rl.algorithm`); PPO estimates per
+# token instead (`gae` on a value head).
+ESTIMATORS = {
+    "rloo": rloo,
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "reinforce_pp": reinforce_pp,
+    "counterfactual": counterfactual,  # A = r - b[p]: needs a per-prompt baseline
+}
+GRPO_STDS = ("population", "sample")  # grpo's std: divide the variance by n or by n - 1
+
+
+def group_advantages(rewards: jax.Array, valid: jax.Array, estimator: str, *,
+                     grpo_std: str = "population",
+                     baseline: Optional[jax.Array] = None) -> jax.Array:
+  """f32[P, G] advantages of the estimator `ESTIMATORS[estimator]` of rewards f32[P, G]; 0 on
+  the slots that `valid` bool[P, G] marks absent.
+
+  `grpo_std` (one of GRPO_STDS) is the group standard deviation grpo divides by; the other
+  estimators ignore it. counterfactual subtracts `baseline` f32[P] (one value per prompt, from
+  outside the group) instead of a statistic of the group.
+
+  Raises:
+    ValueError: an unknown estimator, or counterfactual without a baseline.
+  """
+  if estimator not in ESTIMATORS:
+    raise ValueError(f"unknown advantage estimator {estimator!r}; choose from "
+                     f"{sorted(ESTIMATORS)}")
+  if estimator == "grpo":
+    return grpo(rewards, valid=valid, unbiased_std=grpo_std == "sample") * valid
+  if estimator == "counterfactual":
+    if baseline is None:
+      raise ValueError("the counterfactual estimator needs a per-prompt baseline f32[P]")
+    return counterfactual(rewards, baseline, valid=valid) * valid
+  return ESTIMATORS[estimator](rewards, valid=valid) * valid
 
 
 def gae(

@@ -175,6 +175,33 @@ def test_counterfactual_matches_reference(use_jit):
   np.testing.assert_allclose(full, rewards - baseline[:, None], **test_util.TOL)
 
 
+@test_util.JIT
+@pytest.mark.parametrize("estimator,grpo_std,ref", [
+    ("rloo", "population", ref_rloo), ("grpo", "population", ref_grpo),
+    ("grpo", "sample", functools.partial(ref_grpo, unbiased=True)),
+    ("dr_grpo", "population", ref_dr_grpo), ("reinforce_pp", "population", ref_reinforce_pp)])
+def test_group_advantages_dispatch_to_the_named_estimator(use_jit, estimator, grpo_std, ref):
+  rng = np.random.default_rng(2)
+  rewards = rng.normal(size=(4, 5)).astype(np.float32)
+  valid = rng.random((4, 5)) < 0.7
+  fn = test_util.maybe_jit(advantages.group_advantages, use_jit, estimator=estimator,
+                           grpo_std=grpo_std)
+  out = fn(jnp.asarray(rewards), jnp.asarray(valid))
+  np.testing.assert_allclose(out, ref(rewards, valid) * valid, **test_util.TOL)
+
+
+def test_group_advantages_counterfactual_subtracts_the_baseline_and_needs_one():
+  rewards = jnp.array([[1.0, 0.0], [0.0, 0.0]])
+  valid = jnp.array([[True, True], [True, False]])
+  out = advantages.group_advantages(rewards, valid, "counterfactual",
+                                    baseline=jnp.array([0.5, 0.25]))
+  np.testing.assert_allclose(out, [[0.5, -0.5], [-0.25, 0.0]], **test_util.TOL)
+  with pytest.raises(ValueError, match="baseline"):
+    advantages.group_advantages(rewards, valid, "counterfactual")
+  with pytest.raises(ValueError, match="unknown advantage estimator"):
+    advantages.group_advantages(rewards, valid, "ppo")
+
+
 def test_rloo_zero_for_single_completion():
   out = advantages.rloo(jnp.array([[3.0], [-1.0]]))
   np.testing.assert_array_equal(out, np.zeros((2, 1)))
