@@ -1,6 +1,6 @@
 """Step time of the sharded learn step and sampler on 1 to 8 fake CPU devices.
 
-  python -m experiments.benchmark_scaling --out results/scaling_cpu.json
+  python -m experiments.benchmark_scaling --out benchmarks/results/scaling_cpu.json
 
 Run from the repository root. Each device count runs in its own process
 (`--xla_force_host_platform_device_count=N` must be set before JAX starts), on meshes (N, 1, 1)
@@ -14,7 +14,6 @@ the partitioning overhead (collectives, smaller per-device kernels, thread conte
 speed-up. Real scaling needs real accelerators.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -33,11 +32,10 @@ from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import builders
 from rl_curriculum.train import examples
-from rl_curriculum.train import rl_step
+from rl_curriculum.train import programs as programs_lib
 
-_OUT = flags.DEFINE_string("out", "results/scaling_cpu.json", "Where the JSON goes.")
+_OUT = flags.DEFINE_string("out", "benchmarks/results/scaling_cpu.json", "Where the JSON goes.")
 _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per measurement (median reported).")
 _CHILD = flags.DEFINE_integer("child", 0, "Internal: measure with this many devices, print JSON.")
@@ -56,7 +54,7 @@ def _median_time(fn, repeats):
   return sorted(times)[len(times) // 2]
 
 
-def _batch() -> rl_step.Batch:
+def _batch():
   """P x G rows with a distinct random prompt per row, -4 sampler log-probs, 3 arms."""
   rng = np.random.default_rng(0)
   rewards = rng.integers(0, 2, (P, G)).astype(np.float32)
@@ -65,42 +63,46 @@ def _batch() -> rl_step.Batch:
   return examples.make_batch(prompt_tokens, tokens, rewards, sampler_logprob=-4.0, num_arms=3)
 
 
+def _config():
+  """The quickstart's learn step (clipping, ratio guard, rollback KL) with two minibatches of
+  the benchmark's P prompts x G completions of T tokens."""
+  config = quickstart.get_config()
+  config.rl.minibatches = 2
+  config.rl.max_new_tokens = T
+  config.rl.learning_rate = 1e-4
+  config.rl.prompts_per_step, config.rl.group_size = P, G
+  return config
+
+
 def measure(num_devices: int, repeats: int) -> list:
   """[{mesh, learn_s, sample_s}] for the data-parallel and the FSDP mesh of `num_devices`."""
   assert jax.device_count() == num_devices, jax.devices()
-  # The quickstart's learn step (clipping, ratio guard, rollback KL) with two minibatches.
-  learn_config = dataclasses.replace(builders.learn_config(quickstart.get_config()),
-                                     minibatches=2, max_tokens=T)
+  config = _config()
   graphdef, params = transformer.init_model(ModelConfig.tiny(vocab_size=V), seed=0)
-  optimizer = builders.build_optimizer(1e-4, max_grad_norm=1.0)
-  curriculum = cur.sec(3, batch_size=P)
+  model = programs_lib.Model(graphdef=graphdef, trainable=params, frozen=None)
+  pool = cur.PromptPool.from_arms(list(range(3)) * 8)
   b = P * G
   batch = _batch()
   out = []
   shapes = [(num_devices, 1, 1)] + ([(1, num_devices, 1)] if num_devices > 1 else [])
   for shape in shapes:
     mesh = mesh_lib.make_mesh(shape)
-    rep = mesh_lib.replicated(mesh)
-    state = rl_step.init_train_state(params, optimizer)
-    state_sh = mesh_lib.tree_shardings(state, mesh)
-    state = distributed.place(state, state_sh)
-    ref = distributed.place(params, mesh_lib.param_shardings(params, mesh))
-    cur_state = curriculum.init(cur.PromptPool.from_arms(list(range(3)) * 8), jax.random.key(0))
-    cur_state = distributed.place(cur_state, jax.tree.map(lambda _: rep, cur_state))
+    programs = programs_lib.build(config, model, mesh, pool,
+                                  programs_lib.TokenIds(eos_id=1, pad_id=0))
+    state = programs_lib.place(programs, programs_lib.init_run_state(
+        config, programs, model, pool, jax.random.key(0)))
     placed = distributed.place(batch, mesh_lib.batch_shardings(batch, mesh, rows=b))
-    learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                               curriculum_update=curriculum.update,
-                               config=learn_config, use_lora=False,
-                               out_shardings=(state_sh, rep, rep))
+    weights = distributed.place(params, mesh_lib.param_shardings(params, mesh))
     holder = {"state": state}
 
     def learn_once():
-      holder["state"], _, metrics = learn(holder["state"], cur_state, placed,
-                                          jax.random.key(1), None, ref)
+      train, _, metrics = programs.learn(*programs_lib.learn_inputs(
+          holder["state"], placed, jax.random.key(1), None))
+      holder["state"] = holder["state"]._replace(train=train)
       return metrics["loss"]
 
     def sample_once():
-      return sampler.sample(graphdef, ref, placed.prompt_tokens, placed.prompt_mask,
+      return sampler.sample(graphdef, weights, placed.prompt_tokens, placed.prompt_mask,
                             jax.random.key(2), max_new_tokens=T, eos_id=1, greedy=True).tokens
 
     out.append({"devices": num_devices, "mesh": list(shape),

@@ -18,7 +18,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
-from rl_curriculum.train import evaluation, loop
+from rl_curriculum.train import evaluation, loop, prepare
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -35,17 +35,18 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   if _K.value > _SAMPLES.value:
     raise app.UsageError(f"--k={_K.value} needs --samples >= k")
-  run = loop.prepare(config, workdir)
+  run = prepare.prepare(config, workdir)
   step, params = loop.restore_params(config, run, workdir)
   tok = run.tokenizer
   kwargs = dict(batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
-  greedy = evaluation.accuracy_by_bin(run.graphdef, params, run.eval_sets, run.task, tok.decode,
-                                      **kwargs)
+  greedy = evaluation.accuracy_by_bin(run.model.graphdef, params, run.eval_sets, run.task,
+                                      tok.decode, **kwargs)
   key = jax.random.PRNGKey(config.seed + 7)
   passk = {name: evaluation.sampled_pass_at_k(
-      run.graphdef, params, pool, run.task, tok.decode, k=_K.value, samples=_SAMPLES.value,
-      temperature=config.rl.temperature, key=jax.random.fold_in(key, i), **kwargs)
+      run.model.graphdef, params, pool, run.task, tok.decode, k=_K.value,
+      samples=_SAMPLES.value, temperature=config.rl.temperature, key=jax.random.fold_in(key, i),
+      **kwargs)
            for i, (name, pool) in enumerate(run.eval_sets.items())}
   print(f"\ncheckpoint step {step} ({'RL' if step else 'starting policy'})")
   print(f"{'bin':<12} {'greedy':>7} {f'pass@{_K.value}':>8}")

@@ -33,8 +33,9 @@ from flax import nnx
 from rl_curriculum.model import hf_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
-from rl_curriculum.train import builders
-from rl_curriculum.train.loop import prepare, restore_params
+from rl_curriculum.train import validation
+from rl_curriculum.train.loop import restore_params
+from rl_curriculum.train.prepare import prepare
 
 FORMATS = ("hf", "peft")
 FLAGS = flags.FLAGS
@@ -135,14 +136,14 @@ def run_policy(config: ml_collections.ConfigDict, workdir: str,
   if step == 0:
     raise ExportError(f"no RL checkpoint of {workdir} could be restored.")
   states = params if isinstance(params, tuple) else (params,)
-  model_config = nnx.merge(run.graphdef, *states).config
+  model_config = nnx.merge(run.model.graphdef, *states).config
   source = config.model.source or None
   lora_config = None
   if config.model.lora_rank > 0:
     lora_config = lora_lib.LoRAConfig(rank=config.model.lora_rank, alpha=config.model.lora_alpha,
                                       targets=tuple(config.model.lora_targets))
   policy = pretrained.Policy(
-      config=model_config, graphdef=run.graphdef, params=params, tokenizer=run.tokenizer,
+      config=model_config, graphdef=run.model.graphdef, params=params, tokenizer=run.tokenizer,
       family=hf_io.family_of(model_config), lora_config=lora_config,
       source=_base_name(source) if source else None,
       context_length=pretrained.checkpoint_context_length(source) if source else 8192)
@@ -158,7 +159,7 @@ def export(workdir: str, out: str, fmt: str = "hf",
 
   Raises:
     ExportError: input that cannot be exported (see `read_run_config`, `check_exportable`).
-    builders.ConfigError: the run's config no longer passes its checks (e.g. model.source moved).
+    validation.ConfigError: the run's config no longer passes its checks (e.g. model.source moved).
   """
   config = read_run_config(workdir)
   check_exportable(config, workdir, out, fmt)
@@ -188,7 +189,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # library INFO lines (checkpoint I/O)
   try:
     export(FLAGS.workdir, FLAGS.out, FLAGS.format)
-  except (ExportError, builders.ConfigError) as e:  # bad input: one line, no traceback
+  except (ExportError, validation.ConfigError) as e:  # bad input: one line, no traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 

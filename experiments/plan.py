@@ -51,7 +51,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import builders  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import validation  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
   if jax.device_count() != _DEVICES.value:
     raise app.UsageError(f"JAX sees {jax.device_count()} devices, not {_DEVICES.value}: run this "
@@ -59,7 +59,7 @@ def main(argv):
   try:
     report = plan.plan(_CONFIG.value, hbm_gib=_HBM.value, prompt_len=_PROMPT_LEN.value,
                        programs=tuple(_PROGRAMS.value), num_layers=_LAYERS.value or None)
-  except builders.ConfigError as e:
+  except validation.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(plan.describe(report))

@@ -16,7 +16,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from rl_curriculum.train import builders
+from rl_curriculum.train import validation
 from rl_curriculum.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -52,7 +52,7 @@ def main(argv):
     if not _WORKDIR.value:
       raise app.UsageError("--workdir is required (except with --plan_only)")
     loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except builders.ConfigError as e:  # a bad field: one line naming it, no traceback
+  except validation.ConfigError as e:  # a bad field: one line naming it, no traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 

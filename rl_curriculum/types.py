@@ -15,25 +15,26 @@ import jax
 
 
 class Selection(NamedTuple):
-  """What a curriculum chose for one step."""
-  prompt_ids: jax.Array  # i32[P] indices into the prompt pool
-  arms: jax.Array        # i32[P] arm (category) of each chosen prompt
-  active: Optional[jax.Array] = None  # bool[P] prompts to roll out; None = all (a pre-rollout
+  """What a curriculum chose for one step: the S prompts to sample."""
+  prompt_ids: jax.Array  # i32[S] indices into the prompt pool
+  arms: jax.Array        # i32[S] arm (category) of each chosen prompt
+  active: Optional[jax.Array] = None  # bool[S] prompts to roll out; None = all (a pre-rollout
                                       # skip leaves its slot without completions)
 
 
 class Feedback(NamedTuple):
-  """What a step taught about the prompts it used; the input of `Curriculum.update`."""
-  prompt_ids: jax.Array  # i32[P] indices into the prompt pool
-  arms: jax.Array        # i32[P] arm of each prompt
-  rewards: jax.Array     # f32[P, G] shaped scalar reward per completion
-  correct: jax.Array     # bool[P, G] raw correctness (never the shaped reward)
-  advantages: jax.Array  # f32[P, G] per-completion advantage (masked token mean if token-level)
-  valid: Optional[jax.Array] = None  # bool[P, G] completion slots that exist; None = all
+  """What a step taught about the S prompts it sampled (every one, trained on or filtered out);
+  the input of `Curriculum.update`."""
+  prompt_ids: jax.Array  # i32[S] indices into the prompt pool
+  arms: jax.Array        # i32[S] arm of each prompt
+  rewards: jax.Array     # f32[S, G] shaped scalar reward per completion
+  correct: jax.Array     # bool[S, G] raw correctness (never the shaped reward)
+  advantages: jax.Array  # f32[S, G] per-completion advantage (masked token mean if token-level)
+  valid: Optional[jax.Array] = None  # bool[S, G] completion slots that exist; None = all
 
 
 class Rollout(NamedTuple):
-  """Sampler output for B = P * G rows."""
+  """Sampler output for B = S * G rows."""
   prompt_tokens: jax.Array  # i32[B, Tp] left-padded prompts
   tokens: jax.Array         # i32[B, T] completion tokens (pad after a row stops)
   logprobs: jax.Array       # f32[B, T] log-prob of each sampled token under the policy

@@ -15,7 +15,7 @@ from rl_curriculum import curriculum
 from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.examples import target_success as example
-from rl_curriculum.train import builders
+from rl_curriculum.train import builders, validation
 import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,13 +112,13 @@ def test_target_success_plugs_into_the_trainer_config(monkeypatch):
   c = quickstart.get_config()
   c.curriculum.name = "target_success"
   c.curriculum.options = ml_collections.ConfigDict(dict(temperature=0.1))
-  builders.validate(c)
+  validation.validate(c)
   cur = builders.build_curriculum(c, PromptPool.from_arms([0, 1, 2, 2]), batch_size=2)
   state = cur.init(PromptPool.from_arms([0, 1, 2, 2]), jax.random.key(0))
   assert state.success.shape == (3,)
   c.curriculum.options = ml_collections.ConfigDict(dict(alpha=0.5))  # an SEC option
-  with pytest.raises(builders.ConfigError, match="alpha"):
-    builders.validate(c)
+  with pytest.raises(validation.ConfigError, match="alpha"):
+    validation.validate(c)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ from ml_collections import config_flags
 import numpy as np
 import pytest
 
-from rl_curriculum.train import budget, builders, loop, warm_start
+from rl_curriculum.train import budget, builders, loop, rl_types, validation
 from rl_curriculum.train.metrics import read_jsonl
+import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "docs", "methods.md")
@@ -88,7 +89,7 @@ def config_with(overrides) -> ml_collections.ConfigDict:
 
 
 def test_table_has_rows_with_flags_and_tests():
-  assert len(ROWS) >= len(builders.CURRICULA) + len(builders.ALGORITHMS)
+  assert len(ROWS) >= len(builders.CURRICULA) + len(rl_types.ALGORITHMS)
   for row in ROWS:
     assert row.flags, f"{row.method}: no `--config.<field>=<value>` flag"
     assert row.tests, f"{row.method}: no test named"
@@ -99,7 +100,7 @@ def test_table_has_rows_with_flags_and_tests():
 @pytest.mark.parametrize("row", _params(ROWS))
 def test_row_flags_make_a_valid_toy_config(row):
   config = config_with(row.flags)
-  builders.validate(config)
+  validation.validate(config)
   for flag in row.flags:  # the flag took effect (a typo in a value would fail to parse anyway)
     assert has_field(config, field_of(flag)), flag
 
@@ -116,7 +117,7 @@ def test_every_curriculum_filter_and_algorithm_has_a_row():
   assert not set(builders.CURRICULA) - curricula, "curricula without a row in docs/methods.md"
   # "none" is the absence of a filter, not a method.
   assert not set(builders.FILTERS) - {"none"} - filters, "filters without a row"
-  assert not set(builders.ALGORITHMS) - algorithms, "algorithms without a row"
+  assert not set(rl_types.ALGORITHMS) - algorithms, "algorithms without a row"
   allocations = _rows_setting("--config.rl.allocation=")
   assert not set(budget.ALLOCATIONS) - {"none"} - allocations, "allocations without a row"
 
@@ -164,26 +165,17 @@ def test_config_with_parses_values_as_the_command_line_does():
 # Every row trains for one RL step with its flags as written (about 20 s a row on a 2-core CPU).
 # ------------------------------------------------------------------------------------------------
 
-_SHARED = ("tokenizer.model", "sft", "warm_start.json")  # what loop.prepare caches in a workdir
-
-
-@pytest.fixture(scope="module")
-def warm_start_dir(tmp_path_factory):
-  """One toy tokenizer and SFT warm start for the rows that leave the fields behind it
-  (`warm_start.fingerprint`: seed, task, model, tokenizer, sft) unchanged."""
-  base = str(tmp_path_factory.mktemp("warm_start"))
-  loop.prepare(config_with(["--config.rl.steps=1"]), base, log=lambda _: None)
-  return base
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("row", _params(ROWS))
-def test_row_trains_one_rl_step(row, warm_start_dir, tmp_path):
+def test_row_trains_one_rl_step(row, tmp_path):
+  """The row's flags as written train one RL step, from the test run's shared warm start of the
+  row's settings (rows that change the model, e.g. LoRA, share theirs with each other)."""
   config = config_with([*row.flags, "--config.rl.steps=1"])
-  if warm_start.fingerprint(config) == warm_start.fingerprint(config_with(["--config.rl.steps=1"])):
-    for name in _SHARED:  # a row that changes the model (LoRA) builds its own warm start
-      os.symlink(os.path.join(warm_start_dir, name), os.path.join(tmp_path, name))
-  loop.train_and_evaluate(config, str(tmp_path))
-  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  workdir = str(tmp_path / "run")
+  test_util.copy_warm_start(test_util.shared_warm_start(config), workdir)
+  loop.train_and_evaluate(config, workdir)
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1]
   assert np.isfinite(rows[-1]["loss"]) and rows[-1]["skipped_total"] == 0

@@ -1,12 +1,18 @@
-"""Helpers shared by the test files: tolerances, the jit/no-jit parametrization, feedback batches.
+"""Helpers shared by the test files: tolerances, the jit/no-jit parametrization, feedback batches,
+the learn step's tiny model and static config, and end-to-end runs that share a warm start.
 
 Test files import it as `import test_util` (pyproject.toml's pytest `pythonpath` puts tests/ on
 sys.path).
 """
 
+import dataclasses
+import fcntl
 import functools
+import hashlib
+import json
 import os
 import shutil
+import tempfile
 from typing import Callable, Optional
 
 import hypothesis
@@ -15,6 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import quickstart
+from rl_curriculum.model import transformer
+from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.train import builders, warm_start
+from rl_curriculum.train.rl_types import LearnConfig
 from rl_curriculum.types import Feedback
 
 # Tolerance of float32 kernels checked against float64 references.
@@ -29,6 +40,31 @@ def maybe_jit(fn: Callable, use_jit: bool, **kwargs) -> Callable:
   """`fn` with `kwargs` bound (as static values), jitted when `use_jit`."""
   fn = functools.partial(fn, **kwargs)
   return jax.jit(fn) if use_jit else fn
+
+
+# The folder a test run shares between its processes (conftest.py).
+SHARED = "RL_CURRICULUM_TEST_SHARED"
+
+# The learn step's unit tests share one tiny model and one batch shape, so that the programs they
+# compile are alike across test files (and the compilation cache serves them): P prompts x G
+# completions, prompts of TP tokens, completions of T tokens, a vocabulary of V.
+P, G, TP, T, V = 4, 4, 5, 3, 16
+
+
+def tiny_model(dtype: str = "float32"):
+  """(graphdef, params) of a one-layer transformer over the V-token vocabulary, seed 0."""
+  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                            mlp_dim=64, dtype=dtype)
+  return transformer.init_model(config, seed=0)
+
+
+def learn_config(**overrides) -> LearnConfig:
+  """The quickstart's learn config at the shared sizes: two minibatches, Clip-Higher off
+  (eps_high 0.2), no ratio guard, no rollback on KL, completions of T tokens; `overrides` set
+  any field."""
+  base = builders.learn_config(quickstart.get_config())
+  small = dict(minibatches=2, eps_high=0.2, ratio_guard=0.0, max_kl=None, max_tokens=T)
+  return dataclasses.replace(base, **{**small, **overrides})
 
 
 def feedback(correct=None, *, rewards=None, ids=None, arms=None, advantages=None,
@@ -65,22 +101,56 @@ def set_fields(config, **fields):
   return config
 
 
-# The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
-WARM_START = ("warm_start.json", "tokenizer.model", "sft")
+def device_env(devices: int, **extra) -> dict:
+  """The environment of a subprocess that sees `devices` fake CPU devices (and the test run's
+  compilation cache), with `extra` variables set. Its XLA flags are the device count alone: the
+  fake devices' collectives wait at most 40 s for each other, which fully optimised code meets
+  on two busy cores."""
+  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+          **extra}
 
 
-def run_rl(config, workdir: str, warm_from: Optional[str] = None) -> list[dict]:
+def shared_warm_start(config) -> str:
+  """A workdir holding the tokenizer and SFT warm start of `config` (`warm_start.CACHES`), made
+  once per test run for each `warm_start.fingerprint` and shared by every test and xdist worker:
+  the first to ask builds it under a file lock, the others wait and reuse it. It lives in the
+  run's shared folder (conftest.py), or in a fresh temporary folder outside a test run."""
+  from rl_curriculum.train import prepare  # pylint: disable=import-outside-toplevel
+  if SHARED not in os.environ:
+    os.environ[SHARED] = tempfile.mkdtemp(prefix="rl_curriculum_tests_")
+  root = os.path.join(os.environ[SHARED], "warm_starts")
+  os.makedirs(root, exist_ok=True)
+  record = json.dumps(warm_start.fingerprint(config), sort_keys=True, default=str)
+  folder = os.path.join(root, hashlib.sha256(record.encode()).hexdigest()[:16])
+  with open(folder + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not os.path.exists(os.path.join(folder, "ready")):
+      shutil.rmtree(folder, ignore_errors=True)
+      prepare.prepare(config, folder, log=lambda _: None)
+      open(os.path.join(folder, "ready"), "w").close()
+  return folder
+
+
+def copy_warm_start(source: str, workdir: str) -> None:
+  """Copies the tokenizer and SFT caches of workdir `source` into a new `workdir`."""
+  os.makedirs(workdir)
+  for name in warm_start.CACHES:
+    path = os.path.join(source, name)
+    copy = shutil.copytree if os.path.isdir(path) else shutil.copy
+    copy(path, os.path.join(workdir, name))
+
+
+def run_rl(config, workdir: str, warm_from: Optional[str] = "shared") -> list[dict]:
   """Rows of metrics.jsonl of the RL steps (step >= 1) of `loop.train_and_evaluate(config,
-  workdir)`; with `warm_from`, the run starts from that workdir's tokenizer and SFT caches (made
-  with the same task, model and SFT settings)."""
+  workdir)`. The run starts from a copy of a tokenizer and SFT warm start made with the same
+  task, model and SFT settings: by default the test run's shared one (`shared_warm_start`),
+  else that of workdir `warm_from`; with `warm_from=None` it makes its own."""
   from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
+  if warm_from == "shared":
+    warm_from = shared_warm_start(config)
   if warm_from is not None:
-    os.makedirs(workdir)
-    for name in WARM_START:
-      source = os.path.join(warm_from, name)
-      copy = shutil.copytree if os.path.isdir(source) else shutil.copy
-      copy(source, os.path.join(workdir, name))
+    copy_warm_start(warm_from, workdir)
   loop.train_and_evaluate(config, workdir)
   rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
   assert [r["step"] for r in rows] == list(range(1, config.rl.steps + 1))

@@ -31,6 +31,8 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import PRESETS
 from rl_curriculum.sampling import sampler
 from rl_curriculum.train import rl_step
+from rl_curriculum.train.rl_types import Batch, LearnConfig
+from rl_curriculum.train.state import init_train_state
 
 GIB = 1024 ** 3
 # Dense bfloat16 peak, FLOP/s, by device kind (vendor data sheets).
@@ -48,7 +50,7 @@ def _peak_flops(kind: str):
 
 
 def _learn_config(T):
-  return rl_step.LearnConfig(
+  return LearnConfig(
       algorithm="rloo", epochs=1, minibatches=2, microbatches=4, logits_chunk=128, eps_low=0.2,
       eps_high=0.28, level="token", aggregation="token_mean", max_tokens=T, temperature=1.0,
       kl_coef=0.0, kl_estimator="k3", ratio_guard=0.0, max_kl=None, whiten_rewards=False,
@@ -94,7 +96,7 @@ def measure(preset: str, sizes=(P, G, TP, T)) -> dict:
   graphdef, params = transformer.init_model(config, seed=0)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6, b1=0.9, b2=0.99,
                                                                        weight_decay=0.0))
-  state = rl_step.init_train_state(params, optimizer)
+  state = init_train_state(params, optimizer)
   del params
   curriculum = cur.sec(3, batch_size=P)
   pool = cur.PromptPool.from_arms(np.arange(3 * 64) % 3)
@@ -112,7 +114,7 @@ def measure(preset: str, sizes=(P, G, TP, T)) -> dict:
   sample_s = _timed(sample)
   sample_peak = _peak_in_use(gpu)
   rewards = rng.integers(0, 2, (P, G)).astype(np.float32)
-  batch = rl_step.Batch(
+  batch = Batch(
       prompt_tokens=prompts, prompt_mask=prompt_mask,
       tokens=jnp.asarray(rng.integers(10, config.vocab_size, (rows, T)), jnp.int32),
       mask=jnp.ones((rows, T), jnp.float32), sampler_logprobs=jnp.full((rows, T), -3.0),

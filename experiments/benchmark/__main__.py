@@ -24,7 +24,7 @@ is reported separately):
                        forward over the prompt with use_cache (prefill), model.generate(...,
                        use_cache=True, do_sample=False, min_new_tokens = max_new_tokens = N)
                        (whole call; decode = generate - prefill).
-  learn                rl_step.make_learn as the trainer builds it (RLOO, one epoch, one
+  learn                the learn program as the trainer builds it (programs.build; RLOO, one epoch, one
                        minibatch, kl_coef 0, no rollback-KL pass (max_kl 0: the peers have
                        none), SEC update inside) on a fixed scored batch of P
                        prompts x G completions, prompt Tp, completion T; full fine-tuning and

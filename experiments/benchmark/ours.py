@@ -19,11 +19,11 @@ from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import builders
 from rl_curriculum.train import examples
 from rl_curriculum.train import loop
-from rl_curriculum.train import rl_step
+from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train.metrics import read_jsonl
 from rl_curriculum.types import Feedback
 
@@ -103,48 +103,53 @@ def learn_flops(config, p: int, g: int, tp: int, t: int, mode: str) -> float:
 
 def learn_setup(policy, mode: str, p: int, g: int, tp: int, t: int, num_arms: int = 6,
                 lr: float = 1e-6):
-  """The learn step as the trainer builds it, on the quickstart config's settings.
+  """The RL programs as the trainer builds them (`programs.build`), on the quickstart config's
+  settings.
 
   One minibatch, T new tokens, no rollback-KL pass (max_kl 0: the peers' steps have none), SEC
   over `num_arms` arms updated inside the step; LoRA (rank 8 on every projection) when `mode` is
-  "lora".
+  "lora"; a one-device mesh.
 
   Returns:
-    (learn fn, train state, curriculum state, example batch, frozen params, reference params,
-    the policy trained (with adapters under LoRA)).
+    (programs, placed run state, example batch, the policy trained (with adapters under LoRA)).
   """
+  config = quickstart.get_config()
   if mode == "lora":
     policy = pretrained.attach_lora(policy, lora_lib.LoRAConfig(
         rank=LORA_RANK, alpha=16.0, targets=LORA_TARGETS), seed=1)
     trainable, frozen = policy.params
-    ref = None
+    config.model.lora_rank, config.model.lora_targets = LORA_RANK, LORA_TARGETS
   else:
-    trainable, frozen, ref = policy.params, None, policy.params
-  config = quickstart.get_config()
+    trainable, frozen = policy.params, None
   config.rl.minibatches = 1
   config.rl.max_new_tokens = t
   config.rl.max_kl = 0.0  # no rollback pass after the update: the peers' steps have none
-  optimizer = builders.build_optimizer(lr, max_grad_norm=1.0)
+  config.rl.learning_rate = lr
+  config.rl.prompts_per_step, config.rl.group_size = p, g
   pool = cur.PromptPool.from_arms(np.arange(num_arms * 100) % num_arms)
-  curriculum = cur.sec(pool, batch_size=p, alpha=0.5, temperature=0.2)
-  learn = rl_step.make_learn(graphdef=policy.graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update,
-                             config=builders.learn_config(config), use_lora=mode == "lora")
-  state = rl_step.init_train_state(trainable, optimizer)
-  cur_state = curriculum.init(pool, jax.random.PRNGKey(0))
+  model = programs_lib.Model(graphdef=policy.graphdef, trainable=trainable, frozen=frozen)
+  programs = programs_lib.build(config, model, mesh_lib.make_mesh((1, 1, 1)), pool,
+                                programs_lib.TokenIds(eos_id=STOP_ID, pad_id=0))
+  state = programs_lib.place(programs, programs_lib.init_run_state(
+      config, programs, model, pool, jax.random.PRNGKey(0)))
   batch = examples.example_batch(p, g, tp, t, policy.config.vocab_size, num_arms=num_arms)
-  return learn, state, cur_state, batch, frozen, ref, policy
+  return programs, state, batch, policy
+
+
+def _learn(programs, state, batch, key):
+  """The run state after one learn step on `batch`, and the step's metrics."""
+  train, curriculum, metrics = programs.learn(*programs_lib.learn_inputs(state, batch, key, None))
+  return state._replace(train=train, curriculum=curriculum), metrics
 
 
 def learn_ours(policy, mode: str, p: int, g: int, tp: int, t: int, repeats: int,
                peak_gflops: float) -> dict:
   """Our learn step: tokens/s and model-FLOPs utilisation against the measured peak."""
-  learn, state, cur_state, batch, frozen, ref, _ = learn_setup(policy, mode, p, g, tp, t)
+  programs, state, batch, _ = learn_setup(policy, mode, p, g, tp, t)
   holder = {"state": state}
 
   def once():
-    holder["state"], _, metrics = learn(holder["state"], cur_state, batch, jax.random.PRNGKey(1),
-                                        frozen, ref)
+    holder["state"], metrics = _learn(programs, holder["state"], batch, jax.random.PRNGKey(1))
     return jax.block_until_ready(metrics["loss"])
 
   peak_before = peak.quick_peak()
@@ -164,15 +169,15 @@ def learn_ours(policy, mode: str, p: int, g: int, tp: int, t: int, repeats: int,
 
 def rl_step_ours(policy, p: int, g: int, tp: int, t: int, repeats: int) -> dict:
   """Ours end to end at the learn sizes: sample (temperature 1) + score (host) + learn (full)."""
-  learn, state, cur_state, batch, frozen, ref, policy = learn_setup(policy, "full", p, g, tp, t)
+  programs, state, batch, policy = learn_setup(policy, "full", p, g, tp, t)
   holder = {"state": state}
   splits = []
 
   def once():
     t0 = time.perf_counter()
-    rollout = sampler.sample(policy.graphdef, holder["state"].params, batch.prompt_tokens,
-                             batch.prompt_mask, jax.random.PRNGKey(2), max_new_tokens=t,
-                             eos_id=STOP_ID, temperature=1.0, group=g)
+    rollout = programs_lib.sample(programs, programs_lib.policy(holder["state"]),
+                                  batch.prompt_tokens, batch.prompt_mask, jax.random.PRNGKey(2),
+                                  temperature=1.0)
     jax.block_until_ready(rollout.tokens)
     t1 = time.perf_counter()
     tokens = np.asarray(rollout.tokens)
@@ -181,8 +186,7 @@ def rl_step_ours(policy, p: int, g: int, tp: int, t: int, repeats: int) -> dict:
     scored = batch._replace(tokens=rollout.tokens, mask=rollout.mask,
                             sampler_logprobs=rollout.logprobs, rewards=jnp.asarray(rewards),
                             correct=jnp.asarray(rewards > 0.5))
-    holder["state"], _, metrics = learn(holder["state"], cur_state, scored,
-                                        jax.random.PRNGKey(1), frozen, ref)
+    holder["state"], metrics = _learn(programs, holder["state"], scored, jax.random.PRNGKey(1))
     jax.block_until_ready(metrics["loss"])
     t3 = time.perf_counter()
     splits.append({"sample_s": t1 - t0, "score_s": t2 - t1, "learn_s": t3 - t2})

@@ -19,7 +19,7 @@ Example:
   store = prompt_stats.update(store, feedback, step=0)
 """
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Union
 
 import chex
 import jax
@@ -149,10 +149,3 @@ def decay_beta(store: PromptStats, factor: Union[float, jax.Array]) -> PromptSta
       beta_a=store.prior_a + factor * (store.beta_a - store.prior_a),
       beta_b=store.prior_b + factor * (store.beta_b - store.prior_b),
   )
-
-
-def observed_accuracy(store: PromptStats, default: Optional[float] = None) -> jax.Array:
-  """f32[N] empirical accuracy successes / attempts; `default` (or NaN) where never observed."""
-  fill = jnp.nan if default is None else default
-  return jnp.where(store.attempts > 0,
-                   store.successes / jnp.maximum(store.attempts, 1), fill).astype(jnp.float32)

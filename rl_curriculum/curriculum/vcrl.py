@@ -41,22 +41,6 @@ class VCRLState(NamedTuple):
   step: jax.Array                  # i32[] updates applied so far
 
 
-def variance_score(values: jax.Array, valid: jax.Array, var_max: float = 0.25) -> jax.Array:
-  """f32[P] normalised group variance p = Var(r) / Var_max over the valid completions.
-
-  Args:
-    values: f32[P, G] outcomes r (0/1 correctness or rewards).
-    valid: bool[P, G] completions that count; a group without any gets p = 0.
-    var_max: Var_max > 0, the largest possible variance of r (0.25 for outcomes in {0, 1}).
-  """
-  values = jnp.asarray(values, jnp.float32)
-  w = jnp.asarray(valid, jnp.float32)
-  n = w.sum(axis=1)
-  mean = (w * values).sum(axis=1) / jnp.maximum(n, 1.0)
-  var = (w * (values - mean[:, None]) ** 2).sum(axis=1) / jnp.maximum(n, 1.0)
-  return jnp.where(n > 0, var / var_max, 0.0)
-
-
 def vcrl(pool: checks.PoolOrNumArms, *, batch_size: int, memory_size: Optional[int] = None,
          replay_fraction: float = 0.25, threshold: float = 0.5, var_max: float = 0.25,
          score_on: str = "correct", max_age: Optional[int] = None) -> Curriculum:

@@ -247,7 +247,7 @@ def constrain_rows(tree: Any, mesh: Optional[Mesh], axis: int = 0) -> Any:
 
 def batch_shardings(tree: Any, mesh: Mesh, rows: int,
                     rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
-  """Shardings of a batch pytree (e.g. `rl_step.Batch`, `types.Rollout`): every array whose
+  """Shardings of a batch pytree (e.g. `rl_types.Batch`, `types.Rollout`): every array whose
   leading dimension is `rows` is split by rows over the batch axes; the rest (rewards [P, G],
   prompt ids [P], ...) is replicated.
 
@@ -283,14 +283,16 @@ def kv_cache_shardings(cache: Any, mesh: Mesh,
   return jax.tree.map(lambda x: kv_cache_sharding(mesh, x.shape, rules), cache)
 
 
-def bytes_per_device(tree: Any) -> dict:
-  """{device: bytes of `tree`'s shards it holds} over the addressable devices (for memory
-  checks; counts each device's own shard once)."""
-  out: dict = {}
+def shard_bytes(tree: Any) -> int:
+  """Bytes one device holds of `tree`'s arrays (or `jax.ShapeDtypeStruct`s), each leaf's shard
+  shape from its sharding (a leaf without one counts whole). The memory planner's and the loop's
+  measure of what a program's inputs occupy per device."""
+  total = 0
   for x in jax.tree.leaves(tree):
-    for shard in x.addressable_shards:
-      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
-  return out
+    sharding = getattr(x, "sharding", None)
+    shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+    total += int(np.prod(shape, dtype=np.int64)) * x.dtype.itemsize
+  return total
 
 
 def describe(mesh: Mesh) -> str:

@@ -95,7 +95,7 @@ def slot_mask(config: ml_collections.ConfigDict, selection: Selection,
 
 def observe(stats: Optional[prompt_stats.PromptStats], batch,
             step: int) -> Optional[prompt_stats.PromptStats]:
-  """The store after the sampled completions of `batch` (an `rl_step.Batch`), or None."""
+  """The store after the sampled completions of `batch` (an `rl_types.Batch`), or None."""
   if stats is None:
     return None
   return _update(stats, np.asarray(batch.prompt_ids), np.asarray(batch.correct),

@@ -42,8 +42,10 @@ from rl_curriculum.train import sft
 
 __all__ = ["SEED_BASE", "BIN_STRIDE", "ARM_LAYOUTS", "Arms", "arms_of", "pool_sizes",
            "HeldOutSize", "Splits", "held_out", "problems", "make_splits", "Pools", "make_pools",
-           "prompt_text", "tokenizer_corpus", "workdir_tokenizer"]
+           "prompt_text", "tokenizer_corpus", "workdir_tokenizer", "TOKENIZER_FILE"]
 
+# The file a run from scratch keeps its SentencePiece tokenizer in, in its workdir.
+TOKENIZER_FILE = "tokenizer.model"
 # Seed offsets that give the RL pool, the SFT set and the held-out sets their own seeds; a bin's
 # seeds start BIN_STRIDE * bin above its split's base.
 SEED_BASE = {"rl": 0, "sft": 10_000_000, "eval": 20_000_000}
@@ -282,7 +284,7 @@ def workdir_tokenizer(workdir: str, corpus: Sequence[str], vocab_size: int,
   """The SentencePiece tokenizer of `workdir/tokenizer.model`, trained on `corpus` first if the
   file does not exist (by process 0; every process then loads the same file). `model_type`:
   "unigram" or "bpe" (`train_sentencepiece`)."""
-  path = os.path.join(workdir, "tokenizer.model")
+  path = os.path.join(workdir, TOKENIZER_FILE)
   exists = os.path.exists(path)
   distributed.sync("tokenizer: looked")  # every process sees the same `exists`
   if exists:

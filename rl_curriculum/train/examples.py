@@ -1,4 +1,4 @@
-"""Example scored rollouts: `rl_step.Batch`es of given shapes, for benchmarks and tests.
+"""Example scored rollouts: `Batch`es of given shapes, for benchmarks and tests.
 
 `make_batch` assembles a batch from the arrays a caller cares about and fills the rest the way a
 plain rollout would (every token counts, every completion exists, every group is trained on, a
@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_curriculum.train import rl_step
+from rl_curriculum.rl import rewards as rewards_lib
+from rl_curriculum.train.rl_types import Batch
 
 
 def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0,
@@ -33,7 +34,7 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
                sampler_logprob: float = 0.0, correct=None, num_arms: int = 1,
                train_groups: Optional[jax.Array] = None,
                train_valid: Optional[jax.Array] = None,
-               stop_ids: Sequence[int] = ()) -> rl_step.Batch:
+               stop_ids: Sequence[int] = ()) -> Batch:
   """A `Batch` of S groups x G completions from its token arrays and rewards.
 
   Args:
@@ -48,10 +49,10 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
     train_groups: i32[P] groups the policy trains on; None: all S in order.
     train_valid: bool[P]; None: every slot is a real group.
     stop_ids: the tokens that end a completion: one whose last slot counts and holds none of
-      them was cut at the length cap (`Batch.truncated`, `rl_step.truncated_completions`).
+      them was cut at the length cap (`Batch.truncated`, `rewards.truncated_completions`).
 
   Returns:
-    An `rl_step.Batch` of JAX arrays, every completion valid.
+    A `Batch` of JAX arrays, every completion valid.
   """
   rewards = jnp.asarray(rewards, jnp.float32)
   s = rewards.shape[0]
@@ -60,7 +61,7 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
   mask = jnp.ones(tokens.shape, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
   train_groups = (jnp.arange(s, dtype=jnp.int32) if train_groups is None
                   else jnp.asarray(train_groups, jnp.int32))
-  return rl_step.Batch(
+  return Batch(
       prompt_tokens=prompt_tokens,
       prompt_mask=(jnp.ones(prompt_tokens.shape, bool) if prompt_mask is None
                    else jnp.asarray(prompt_mask, bool)),
@@ -75,12 +76,12 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
       train_groups=train_groups,
       train_valid=(jnp.ones(train_groups.shape, bool) if train_valid is None
                    else jnp.asarray(train_valid, bool)),
-      truncated=rl_step.truncated_completions(tokens, mask, stop_ids).reshape(rewards.shape))
+      truncated=rewards_lib.truncated_completions(tokens, mask, stop_ids).reshape(rewards.shape))
 
 
 def example_batch(prompts: int, group: int, prompt_len: int, completion_len: int,
                   vocab_size: int, *, seed: int = 0, low: int = 3,
-                  num_arms: int = 6) -> rl_step.Batch:
+                  num_arms: int = 6) -> Batch:
   """A random scored batch of P prompts x G completions, deterministic in `seed`.
 
   The prompts are `random_prompts(P, Tp, V, seed, low)`, the ones a sampler benchmark at batch P
@@ -99,7 +100,7 @@ def example_batch(prompts: int, group: int, prompt_len: int, completion_len: int
     num_arms: prompt p belongs to arm p % num_arms.
 
   Returns:
-    An `rl_step.Batch` with R = P G rows.
+    A `Batch` with R = P G rows.
   """
   rng = np.random.default_rng(seed)
   rewards = rng.integers(0, 2, (prompts, group)).astype(np.float32)

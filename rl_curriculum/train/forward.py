@@ -36,7 +36,6 @@ from rl_curriculum.rl import logprobs as logprobs_lib
 __all__ = [
     "model_params",
     "completion_hidden",
-    "completion_logits",
     "completion_logprobs",
     "head_logprobs",
     "in_row_blocks",
@@ -98,14 +97,6 @@ def scaled_logits(graphdef, params, hidden: jax.Array,
   if not isinstance(temperature, (int, float)) or temperature != 1.0:
     logits = logits / jnp.asarray(temperature, logits.dtype)
   return logits
-
-
-def completion_logits(graphdef, params, prompt_tokens, prompt_mask, tokens, group: int = 1,
-                      temperature: float = 1.0) -> jax.Array:
-  """Logits [B, T, V] predicting each completion token, divided by `temperature` (see
-  `completion_hidden` for `group`)."""
-  hidden = completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens, group)
-  return scaled_logits(graphdef, params, hidden, temperature)
 
 
 def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, group: int = 1,

@@ -2,9 +2,10 @@
 
   report = plan.plan(config, hbm_gib=80.0, prompt_len=256)   # on N devices (fake CPU ones too)
 
-`plan` builds the run's mesh over the devices JAX sees, describes every input of the sampler
-(prefill and decode) and of the learn step as an abstract array (`jax.ShapeDtypeStruct` with the
-sharding the run gives it), compiles each program with `jit(...).lower(...).compile()`, and reads
+`plan` builds the run's mesh over the devices JAX sees and the run's programs with the loop's own
+builder (`programs.build`), describes every input of the sampler (prefill and decode) and of the
+learn step as an abstract array (`jax.ShapeDtypeStruct` with the sharding the loop places it
+with, `programs.abstract`), compiles each program with `jit(...).lower(...).compile()`, and reads
 XLA's per-device memory analysis. Nothing is allocated and no checkpoint is read: the model's
 shape comes from `config.model.preset`, or from the `config.json` of an HF folder in
 `config.model.source`. On a laptop, `--xla_force_host_platform_device_count=N` gives N fake CPU
@@ -16,8 +17,10 @@ Per program (all per device, GiB):
   alias      outputs written into donated inputs (counted once)
   temp       XLA's temporaries (activations, logits chunks, gradients, collectives' buffers)
   peak       argument + output - alias + temp, plus `resident`
-  resident   what the run keeps on the device during the program without passing it in: the
-             optimizer state, the reference model and the frozen base weights while sampling
+  resident   what the run keeps on the device during the program without passing it in: while
+             sampling, the run state but the policy (optimizer state, curriculum state) and the
+             KL reference's weights when the run keeps them (`programs.needs_reference`); the
+             learn step takes everything as an argument
 A program FITS when its peak is at most the budget; the config fits when every program does.
 XLA's CPU memory analysis is what is measured; an accelerator's compiler fuses and schedules
 differently, so the numbers are an estimate of the same program's needs (`docs/scaling.md`
@@ -29,7 +32,7 @@ import json
 import os
 import re
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +47,8 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import budget, builders, rl_step
+from rl_curriculum.train import budget, builders, programs as programs_lib, validation
+from rl_curriculum.train.rl_types import Batch
 
 GIB = 1024 ** 3
 
@@ -60,30 +64,16 @@ def model_shape(config: ml_collections.ConfigDict, vocab_size: Optional[int] = N
       shape, _ = hf_io.config_from_hf(json.load(f))
     return dataclasses.replace(shape, **builders.model_numerics(config))
   if source:
-    raise builders.ConfigError(
+    raise validation.ConfigError(
         f"config.model.source: {config.model.source!r} has no config.json; planning reads an HF "
         "folder's config.json (for other sources set model.preset to the model's shape and "
         "source to '')")
   return builders.model_config(config, vocab_size or config.tokenizer.vocab_size)
 
 
-def _abstract(tree: Any, shardings: Any) -> Any:
-  """ShapeDtypeStructs of `tree` carrying `shardings` (same structure, nnx Variables kept)."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
-
-
-def _bytes_per_device(tree: Any) -> int:
-  total = 0
-  for x in jax.tree.leaves(tree):
-    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += int(np.prod(shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
-  return total
-
-
-def abstract_model(config: ml_collections.ConfigDict, shape: ModelConfig):
-  """(graphdef, trainable, frozen): abstract parameters (the LoRA adapters and the frozen base
-  under LoRA; all parameters and None without)."""
+def abstract_model(config: ml_collections.ConfigDict, shape: ModelConfig) -> programs_lib.Model:
+  """The policy's abstract parameters (the LoRA adapters and the frozen base under LoRA; all
+  parameters and no frozen part without)."""
 
   def build():
     model = transformer.Transformer(shape, rngs=nnx.Rngs(0))
@@ -95,10 +85,9 @@ def abstract_model(config: ml_collections.ConfigDict, shape: ModelConfig):
 
   model = nnx.eval_shape(build)
   if config.model.lora_rank > 0:
-    graphdef, trainable, frozen = lora_lib.split(model)
-    return graphdef, trainable, frozen
+    return programs_lib.Model(*lora_lib.split(model))
   graphdef, params = nnx.split(model)
-  return graphdef, params, None
+  return programs_lib.Model(graphdef=graphdef, trainable=params, frozen=None)
 
 
 _HLO_VALUE = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+) = ((?:f32|bf16|f16|s32|u32|pred|s8|u8)"
@@ -141,62 +130,60 @@ def _measure(lowered_fn, resident_bytes: int = 0) -> tuple[dict, Any]:
 
 
 def _pool(config: ml_collections.ConfigDict) -> cur.PromptPool:
-  """A stand-in RL pool: train_per_bin prompts in each of the config's arms."""
+  """A stand-in RL pool: train_per_bin prompts in each of the config's arms, with one stand-in
+  feature per prompt (PCL's value model reads features; other curricula ignore them)."""
   arms = builders.num_arms(config)
-  return cur.PromptPool.from_arms(np.repeat(np.arange(arms), config.task.train_per_bin))
+  pool = cur.PromptPool.from_arms(np.repeat(np.arange(arms), config.task.train_per_bin))
+  return pool.with_features(np.zeros((len(pool.arms), 1), np.float32))
 
 
-class _Abstract(NamedTuple):
+class Inputs(NamedTuple):
   """A planned run's abstract inputs (shapes and shardings, no values)."""
-  graphdef: Any
-  policy: Any        # what the sampler reads: the parameters, or (adapters, frozen base)
-  frozen: Any
-  ref: Any
-  state: Any         # the train state
+  programs: programs_lib.Programs
+  state: Any         # the run state (`programs.abstract`)
+  ref: Any           # the KL reference's weights, or None
   key: Any
-  row: Callable      # row(*dims, dtype): a [rows, *dims] array over the batch axes
-  small: Callable    # small(dims, dtype): a replicated array
-  mesh: Any
+  prompt_len: int
 
 
-def _plan_sampler(config: ml_collections.ConfigDict, a: _Abstract, *, prompt_len: int,
-                  other_bytes: int) -> tuple[dict, dict]:
-  """(the larger-peak of prefill and decode, both) of the run's sampler."""
-  n_new, g = config.rl.max_new_tokens, budget.group_slots(config)
-  prompts = a.row(prompt_len, dtype=jnp.int32)
-  prompt_mask = a.row(prompt_len, dtype=jnp.bool_)
-  pre, pre_compiled = _measure(lambda: sampler.prefill.lower(
-      a.graphdef, a.policy, prompts, prompt_mask, a.key, max_new_tokens=n_new, pad_id=0,
-      group=g, mesh=a.mesh),
-      other_bytes)
-  out_state = jax.eval_shape(lambda p, t, m, k: sampler.prefill(
-      a.graphdef, p, t, m, k, max_new_tokens=n_new, pad_id=0, group=g, mesh=a.mesh),
-      a.policy, prompts, prompt_mask, a.key)
-  out_state = _abstract(out_state, pre_compiled.output_shardings)
-  dec, _ = _measure(lambda: sampler.decode.lower(
-      a.graphdef, a.policy, out_state, a.small((), jnp.float32), stop_ids=(1,), pad_id=0,
-      mesh=a.mesh),
-      other_bytes)
-  parts = {"prefill": pre, "decode": dec}
-  return max(parts.values(), key=lambda p: p["peak_gib"]), parts
+def abstract_inputs(config: ml_collections.ConfigDict, model: programs_lib.Model, mesh, *,
+                    prompt_len: int) -> Inputs:
+  """The run's programs (`programs.build`, as the loop builds them) and the abstract run state
+  and reference they take, laid out as the loop places them."""
+  pool = _pool(config)
+  programs = programs_lib.build(config, model, mesh, pool,
+                                programs_lib.TokenIds(eos_id=1, pad_id=0))
+  state = jax.eval_shape(
+      lambda trainable, frozen: programs_lib.init_run_state(
+          config, programs, model._replace(trainable=trainable, frozen=frozen), pool,
+          jax.random.key(0))._replace(health=None),
+      model.trainable, model.frozen)
+  ref = programs_lib.reference(config, model)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  return Inputs(programs=programs, state=programs_lib.abstract(programs, state),
+                ref=programs_lib.abstract_tree(ref, programs.ref_shardings),
+                key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=programs.replicated),
+                prompt_len=prompt_len)
 
 
-def _plan_learn(config: ml_collections.ConfigDict, a: _Abstract, optimizer, *, use_lora: bool,
-                prompt_len: int) -> dict:
-  """The memory of the run's learn step."""
-  s, g = builders.sampled_prompts(config), budget.group_slots(config)
-  n_new = config.rl.max_new_tokens
-  rep = mesh_lib.replicated(a.mesh)
-  pool = _pool(config)  # with stand-in features for PCL (other curricula ignore them)
-  pool = pool.with_features(np.zeros((len(pool.arms), 1), np.float32))
-  curriculum = builders.build_curriculum(config, pool, s)
-  cur_state = jax.eval_shape(curriculum.init, pool, jax.random.key(0))
-  cur_state = _abstract(cur_state, jax.tree.map(lambda _: rep, cur_state))
-  p = config.rl.prompts_per_step
-  row, small = a.row, a.small
-  batch = rl_step.Batch(
-      prompt_tokens=row(prompt_len, dtype=jnp.int32), prompt_mask=row(prompt_len,
-                                                                      dtype=jnp.bool_),
+def _rows(inputs: Inputs, rows: int, *dims, dtype) -> jax.ShapeDtypeStruct:
+  """An abstract [rows, *dims] array with its rows over the batch axes."""
+  return jax.ShapeDtypeStruct((rows,) + dims, dtype, sharding=mesh_lib.batch_sharding(
+      inputs.programs.mesh, 1 + len(dims)))
+
+
+def _small(inputs: Inputs, dims: tuple, dtype) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(dims, dtype, sharding=inputs.programs.replicated)
+
+
+def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
+  """The learn step's abstract batch: S sampled prompts x G completion slots, P trained groups."""
+  s, g, p = builders.sampled_prompts(config), budget.group_slots(config), config.rl.prompts_per_step
+  rows, n_new, tp = s * g, config.rl.max_new_tokens, inputs.prompt_len
+  row = lambda *dims, dtype: _rows(inputs, rows, *dims, dtype=dtype)
+  small = lambda dims, dtype: _small(inputs, dims, dtype)
+  return Batch(
+      prompt_tokens=row(tp, dtype=jnp.int32), prompt_mask=row(tp, dtype=jnp.bool_),
       tokens=row(n_new, dtype=jnp.int32), mask=row(n_new, dtype=jnp.float32),
       sampler_logprobs=row(n_new, dtype=jnp.float32),
       prompt_ids=small((s,), jnp.int32), arms=small((s,), jnp.int32),
@@ -204,12 +191,40 @@ def _plan_learn(config: ml_collections.ConfigDict, a: _Abstract, optimizer, *, u
       valid=small((s, g), jnp.bool_), train_groups=small((p,), jnp.int32),
       train_valid=small((p,), jnp.bool_), truncated=small((s, g), jnp.bool_),
       baseline=(small((s,), jnp.float32) if config.rl.algorithm == "counterfactual" else None))
-  state_shardings = jax.tree.map(lambda x: x.sharding, a.state)
-  learn = rl_step.make_learn(graphdef=a.graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update,
-                             config=builders.learn_config(config), use_lora=use_lora,
-                             out_shardings=(state_shardings, rep, rep), mesh=a.mesh)
-  measured, _ = _measure(lambda: learn.lower(a.state, cur_state, batch, a.key, a.frozen, a.ref))
+
+
+def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:
+  """(the larger-peak of prefill and decode, both) of the run's sampler. Resident while
+  sampling: the run state and the reference, but for the policy the sampler takes."""
+  options = inputs.programs.sampler
+  rows = builders.sampled_prompts(config) * options["group"]
+  policy = programs_lib.policy(inputs.state)
+  resident = (mesh_lib.shard_bytes(inputs.state) + mesh_lib.shard_bytes(inputs.ref)
+              - mesh_lib.shard_bytes(policy))
+  prompts = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.int32)
+  prompt_mask = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.bool_)
+  prefill_options = {k: options[k] for k in ("max_new_tokens", "pad_id", "group", "mesh")}
+  graphdef = inputs.programs.graphdef
+  pre, pre_compiled = _measure(lambda: sampler.prefill.lower(
+      graphdef, policy, prompts, prompt_mask, inputs.key, **prefill_options), resident)
+  out_state = jax.eval_shape(lambda p, t, m, k: sampler.prefill(graphdef, p, t, m, k,
+                                                                **prefill_options),
+                             policy, prompts, prompt_mask, inputs.key)
+  out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
+  stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
+  dec, _ = _measure(lambda: sampler.decode.lower(
+      graphdef, policy, out_state, _small(inputs, (), jnp.float32), stop_ids=stop_ids,
+      pad_id=options["pad_id"], mesh=options["mesh"]), resident)
+  parts = {"prefill": pre, "decode": dec}
+  return max(parts.values(), key=lambda p: p["peak_gib"]), parts
+
+
+def _plan_learn(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
+  """The memory of the run's learn step (every input is an argument: nothing else resident)."""
+  learn_args = programs_lib.learn_inputs(inputs.state, abstract_batch(config, inputs),
+                                         inputs.key, inputs.ref)
+  measured, _ = _measure(lambda: inputs.programs.learn.lower(*learn_args))
+  measured["argument_bytes"] = mesh_lib.shard_bytes(learn_args)
   return measured
 
 
@@ -230,14 +245,16 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
 
   Returns:
     {"devices", "mesh", "hbm_gib", "fits", "model": {...}, "workload": {...},
-     "programs": {"sampler": {...}, "learn": {...}}} (numbers in GiB and seconds); the sampler
-    entry is the larger-peak of prefill and decode, both listed under "sampler_parts".
+     "programs": {"sampler": {...}, "learn": {...}}} (numbers in GiB and seconds; the learn
+    step's "argument_bytes", the bytes per device of its inputs, as `programs.learn_inputs` lays
+    them out); the sampler entry is the larger-peak of prefill and decode, both listed under
+    "sampler_parts".
 
   Raises:
-    builders.ConfigError: the config is invalid, its rows do not split over the mesh, or
+    validation.ConfigError: the config is invalid, its rows do not split over the mesh, or
       `model.source` names something without a config.json.
   """
-  builders.validate(config, check_source=False)
+  validation.validate(config, check_source=False)
   mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))
   shape = model_shape(config, vocab_size)
   if num_layers:
@@ -246,28 +263,10 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
   rows, n_new = s * g, config.rl.max_new_tokens
   shards = mesh_lib.batch_size_of(mesh)
   if rows % shards:
-    raise builders.ConfigError(
+    raise validation.ConfigError(
         f"config.parallel.mesh_shape: {rows} rollout rows do not split over data x fsdp = "
         f"{shards} devices")
-  graphdef, trainable, frozen = abstract_model(config, shape)
-  use_lora = frozen is not None
-  optimizer = builders.build_optimizer(config.rl.learning_rate,
-                                       max_grad_norm=config.rl.max_grad_norm)
-  value = rl_step.init_value_head(shape.d_model) if config.rl.algorithm == "ppo" else None
-  state = jax.eval_shape(lambda p, v: rl_step.init_train_state(p, optimizer, v), trainable, value)
-  state = _abstract(state, mesh_lib.tree_shardings(state, mesh))
-  frozen = None if frozen is None else _abstract(frozen, mesh_lib.param_shardings(frozen, mesh))
-  policy = state.params if frozen is None else (state.params, frozen)
-  ref = None
-  if config.rl.kl_coef and not use_lora:
-    ref = state.params  # same shapes and layout as the policy
-  rep = mesh_lib.replicated(mesh)
-  row = lambda *dims, dtype: jax.ShapeDtypeStruct(
-      (rows,) + dims, dtype, sharding=mesh_lib.batch_sharding(mesh, 1 + len(dims)))
-  small = lambda dims, dtype: jax.ShapeDtypeStruct(dims, dtype, sharding=rep)
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
-
+  inputs = abstract_inputs(config, abstract_model(config, shape), mesh, prompt_len=prompt_len)
   report = {"devices": jax.device_count(), "mesh": dict(mesh.shape), "hbm_gib": hbm_gib,
             "model": {"layers": shape.num_layers, "d_model": shape.d_model,
                       "vocab": shape.vocab_size, "params": shape.num_params,
@@ -279,17 +278,11 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
                          "microbatches": config.rl.microbatches,
                          "logits_chunk": config.rl.logits_chunk},
             "programs": {}}
-  state_bytes = _bytes_per_device(state)
-  other_bytes = _bytes_per_device(state.opt_state) + _bytes_per_device(ref)
-  args = _Abstract(graphdef=graphdef, policy=policy, frozen=frozen, ref=ref, state=state,
-                   key=key, row=row, small=small, mesh=mesh)
   if "sampler" in programs:
-    report["programs"]["sampler"], report["sampler_parts"] = _plan_sampler(
-        config, args, prompt_len=prompt_len, other_bytes=other_bytes)
+    report["programs"]["sampler"], report["sampler_parts"] = _plan_sampler(config, inputs)
   if "learn" in programs:
-    report["programs"]["learn"] = _plan_learn(config, args, optimizer, use_lora=use_lora,
-                                              prompt_len=prompt_len)
-  report["state_gib"] = state_bytes / GIB
+    report["programs"]["learn"] = _plan_learn(config, inputs)
+  report["state_gib"] = mesh_lib.shard_bytes(inputs.state.train) / GIB
   report["fits"] = all(p["peak_gib"] <= hbm_gib for p in report["programs"].values())
   return report
 

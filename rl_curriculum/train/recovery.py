@@ -26,22 +26,23 @@ streak's start, which the checkpoint before it already holds; a resumed run repl
 exactly): otherwise `checkpoint.keep` would soon hold only the failing state. The final and the
 preemption checkpoints are written regardless, marked with their streak.
 
-  health = recovery.after_update(health, step, skipped)
-  if recovery.due(health, config.checkpoint.rollback_after):
-    state, health = recovery.roll_back(manager, state, health, log)
+  state = state._replace(health=recovery.after_update(state.health, step, skipped))
+  state = recovery.roll_back_if_due(config, manager, state, log)
 
-`Health` is host-side (Python ints); every checkpoint's metadata holds it (`meta`), and a resumed
-run continues from it (`from_meta`).
+`Health` is host-side (Python ints) and a field of the run state (`state.RunState`); every
+checkpoint's metadata holds it (`meta`), and a resumed run continues from it (`from_meta`).
 """
 
 from typing import Callable, NamedTuple, Optional
 
+import ml_collections
 import orbax.checkpoint as ocp
 
 from rl_curriculum.train import checkpointing
+from rl_curriculum.train.state import RunState, checkpoint_tree, with_checkpoint
 
 __all__ = ["Health", "from_meta", "meta", "after_update", "due", "may_save", "target",
-           "roll_back", "metrics"]
+           "roll_back", "roll_back_if_due", "metrics"]
 
 
 class Health(NamedTuple):
@@ -89,28 +90,40 @@ def target(metas: dict[int, dict], origin: int) -> Optional[int]:
   return max(good) if good else None
 
 
-def roll_back(manager: ocp.CheckpointManager, state: dict, health: Health,
-              log: Callable[[str], None]) -> tuple[dict, Health]:
-  """(state, health) after a rollback from `state` (the loop's checkpoint state: {"train":
-  TrainState, "curriculum": ..., optionally "base": ...}).
+def roll_back(manager: ocp.CheckpointManager, config: ml_collections.ConfigDict,
+              state: RunState, log: Callable[[str], None]) -> RunState:
+  """The run state after a rollback from `state`.
 
-  Restores the `target` checkpoint into `state`'s structure and shardings, keeping the current
-  `step` and `skipped` counters of the train state; the streak ends and `rollbacks` counts one
-  more. Without a target the state stays, the streak ends, and a line says so.
+  Restores the `target` checkpoint into `state`'s structure and shardings
+  (`state.checkpoint_tree`: the train and curriculum states, and what else the run checkpoints),
+  keeping the current `step` and `skipped` counters of the train state; the streak ends and
+  `rollbacks` counts one more. Without a target the state stays, the streak ends, and a line says
+  so.
   """
   manager.wait_until_finished()
+  health = state.health
   step = target(checkpointing.metadata(manager), health.origin)
   if step is None:
     log(f"{health.streak} updates in a row skipped; no healthy checkpoint from before step "
         f"{health.origin} to roll back to: continuing")
-    return state, health._replace(streak=0)
-  _, restored, restored_meta = checkpointing.restore(manager, step, state)
-  train = restored["train"]._replace(step=state["train"].step, skipped=state["train"].skipped)
+    return state._replace(health=health._replace(streak=0))
+  _, restored, restored_meta = checkpointing.restore(manager, step,
+                                                     checkpoint_tree(config, state))
+  train = restored["train"]._replace(step=state.train.step, skipped=state.train.skipped)
   origin = from_meta(restored_meta, step).origin
   log(f"{health.streak} updates in a row skipped: rolled back to the checkpoint of step {step} "
       f"(its state from step {origin}); rollback {health.rollbacks + 1}")
-  return {**restored, "train": train}, Health(streak=0, origin=origin,
-                                              rollbacks=health.rollbacks + 1)
+  return with_checkpoint(state, {**restored, "train": train})._replace(
+      health=Health(streak=0, origin=origin, rollbacks=health.rollbacks + 1))
+
+
+def roll_back_if_due(config: ml_collections.ConfigDict, manager: ocp.CheckpointManager,
+                     state: RunState, log: Callable[[str], None]) -> RunState:
+  """`roll_back` after `checkpoint.rollback_after` skipped updates in a row (`due`), else
+  `state` as it is."""
+  if not due(state.health, config.checkpoint.rollback_after):
+    return state
+  return roll_back(manager, config, state, log)
 
 
 def metrics(health: Health) -> dict:

@@ -5,14 +5,14 @@ arXiv:2307.05695. Each merge folds the adapters' rank-r update into the base wei
 new adapters, so the updates of successive periods add up to a change of rank above r.
 
   merge = relora.make_merge(optimizer, state_shardings, base_shardings)
-  train_state, frozen, metrics = relora.maybe_merge(config, step, root, train_state, frozen, merge)
+  state, metrics = relora.maybe_merge(config, step, root, state, merge)   # state: a RunState
 
 What a merge changes, and what it keeps:
 
   function    unchanged: W x + s (x A) B with W' = W + s A B and B = 0 afterwards
               (`lora.merge_and_reinit`); A is redrawn from its initial distribution.
   base        the targeted kernels hold the merged weights. Checkpoints then hold the base
-              (`loop.checkpoint_state`), and a resumed run restores it instead of rebuilding it
+              (`state.checkpoint_tree`), and a resumed run restores it instead of rebuilding it
               from the warm start.
   optimizer   restarted, as in ReLoRA: the Adam moments of the old A and B describe directions
               that no longer exist, so the whole optax state (step count included) is
@@ -36,7 +36,7 @@ import optax
 from flax import nnx
 
 from rl_curriculum.model import lora as lora_lib
-from rl_curriculum.train.rl_types import TrainState
+from rl_curriculum.train.state import RunState, TrainState
 
 __all__ = ["MERGE_STREAM", "due", "merge_key", "merge", "make_merge", "maybe_merge"]
 
@@ -81,14 +81,15 @@ def make_merge(optimizer: optax.GradientTransformation, state_shardings: Any,
   return jax.jit(fn, donate_argnums=(0, 1), out_shardings=(state_shardings, base_shardings))
 
 
-def maybe_merge(config: ml_collections.ConfigDict, step: int, root: jax.Array,
-                train_state: TrainState, base: Any, merge_fn: Callable
-                ) -> tuple[TrainState, Any, dict]:
-  """(train_state, base, metrics) after step `step`: merged by `merge_fn` when `due`. The metric
-  "lora_merged" (1.0 on a step that merged, else 0.0) exists when merging is configured."""
+def maybe_merge(config: ml_collections.ConfigDict, step: int, root: jax.Array, state: RunState,
+                merge_fn: Callable) -> tuple[RunState, dict]:
+  """(state, metrics) after step `step`: the train state and the base merged by `merge_fn` when
+  `due`. The metric "lora_merged" (1.0 on a step that merged, else 0.0) exists when merging is
+  configured."""
   if config.model.lora_merge_every <= 0:
-    return train_state, base, {}
+    return state, {}
   merged = due(config, step)
   if merged:
-    train_state, base = merge_fn(train_state, base, merge_key(root, step))
-  return train_state, base, {"lora_merged": float(merged)}
+    train, base = merge_fn(state.train, state.base, merge_key(root, step))
+    state = state._replace(train=train, base=base)
+  return state, {"lora_merged": float(merged)}

@@ -67,15 +67,8 @@ def accuracy_table(before: Mapping[str, float], after: Mapping[str, float],
   return "\n".join(lines)
 
 
-def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str],
-                 arm_names: Sequence[str], title: str = "rl_curriculum run",
-                 table: Optional[str] = None, tasks: Sequence[str] = ()) -> dict:
-  """Writes workdir/report.png and workdir/report.html; returns their paths. With `tasks` (a run
-  on several tasks) the accuracy and curriculum panels show tasks instead of bins and arms."""
-  fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
-  cmap = plt.get_cmap("viridis")
-
-  ax = axes[0, 0]
+def _accuracy_panel(ax, rows, bin_names, tasks, cmap) -> None:
+  """Held-out accuracy per bin (or per task of a mixture) over the run."""
   curves = ([(f"eval/{t}/accuracy", t) for t in tasks] if tasks else
             [(f"eval/acc/{name}", name) for name in bin_names])
   for i, (key, label) in enumerate(curves):
@@ -88,7 +81,9 @@ def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str]
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
-  ax = axes[0, 1]
+
+def _curriculum_panel(ax, rows, arm_names, tasks, cmap) -> None:
+  """The curriculum's probability (or batch share) per arm, or per task of a mixture, stacked."""
   has_probs = any("curriculum/probs/0" in r for r in rows)
   key = "curriculum/probs" if has_probs else "curriculum/arm_frac"
   curves = [_series(rows, f"{key}/{k}") for k in range(len(arm_names))]
@@ -107,7 +102,9 @@ def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str]
          f"Curriculum: batch share per {unit}", xlabel="RL step", ylabel="probability")
   ax.legend(fontsize=7, loc="upper right")
 
-  ax = axes[1, 0]
+
+def _reward_panel(ax, rows) -> None:
+  """The batch's mean reward and correctness, raw and smoothed."""
   for name, label in [("reward_mean", "reward"), ("correct_mean", "correct")]:
     steps, values = _series(rows, name)
     if steps.size:
@@ -117,7 +114,9 @@ def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str]
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
 
-  ax = axes[1, 1]
+
+def _signal_panel(ax, rows) -> None:
+  """The share of groups with a nonzero advantage, and the KL to the reference when measured."""
   steps, values = _series(rows, "nonzero_adv_frac")
   if steps.size:
     ax.plot(steps, values, alpha=0.25, color="tab:red")
@@ -131,6 +130,18 @@ def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str]
          ylim=(-0.02, 1.02))
   ax.grid(alpha=0.3)
 
+
+def write_report(workdir: str, rows: Sequence[dict], *, bin_names: Sequence[str],
+                 arm_names: Sequence[str], title: str = "rl_curriculum run",
+                 table: Optional[str] = None, tasks: Sequence[str] = ()) -> dict:
+  """Writes workdir/report.png and workdir/report.html; returns their paths. With `tasks` (a run
+  on several tasks) the accuracy and curriculum panels show tasks instead of bins and arms."""
+  fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+  cmap = plt.get_cmap("viridis")
+  _accuracy_panel(axes[0, 0], rows, bin_names, tasks, cmap)
+  _curriculum_panel(axes[0, 1], rows, arm_names, tasks, cmap)
+  _reward_panel(axes[1, 0], rows)
+  _signal_panel(axes[1, 1], rows)
   fig.suptitle(title)
   fig.tight_layout()
   png = os.path.join(workdir, "report.png")

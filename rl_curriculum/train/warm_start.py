@@ -2,7 +2,7 @@
 
   check_workdir(config, workdir)               # refuse caches made with other settings
   params = sft_params(config, workdir, graphdef, params, pools, mesh, log)
-  graphdef, trainable, frozen, ref_params = attach_lora(config, graphdef, params)
+  graphdef, trainable, frozen = attach_lora(config, graphdef, params)
 
 A workdir caches the run's tokenizer and SFT warm start, so a resumed run, a second seed of a
 comparison or an evaluation skips them. `warm_start.json` records the settings behind the caches
@@ -20,9 +20,16 @@ from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.train import builders, checkpointing, sft
-from rl_curriculum.train.data import Pools
+from rl_curriculum.train.data import TOKENIZER_FILE, Pools
 
-__all__ = ["fingerprint", "check_workdir", "sft_params", "attach_lora"]
+__all__ = ["RECORD", "SFT_DIR", "CACHES", "fingerprint", "check_workdir", "sft_params",
+           "attach_lora"]
+
+RECORD = "warm_start.json"  # the settings behind a workdir's caches (`fingerprint`)
+SFT_DIR = "sft"             # the SFT warm start's checkpoint
+# Everything a workdir caches for the runs that start from it: a run with the same fingerprint
+# may start from copies of these (seeds of a comparison share one warm start).
+CACHES = (RECORD, TOKENIZER_FILE, SFT_DIR)
 
 # Fields of the fingerprinted sections that act in RL only (SFT never reads them).
 _RL_ONLY = {"model": ("lora_merge_every",), "task": ("format_bonus",)}
@@ -52,7 +59,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   Raises:
     ValueError: the workdir was made with different seed/task/model/tokenizer/SFT settings.
   """
-  path = os.path.join(workdir, "warm_start.json")
+  path = os.path.join(workdir, RECORD)
   expected = json.loads(json.dumps(fingerprint(config)))  # tuples as lists, like JSON
   exists = os.path.exists(path)
   distributed.sync("warm_start.json: looked")  # process 0 writes it only after every look
@@ -72,7 +79,7 @@ def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params
                pools: Pools, mesh, log: Callable[[str], None]) -> Any:
   """The SFT warm start of `params` on `pools.sft` (config.sft), restored from workdir/sft when
   present, trained and saved there otherwise."""
-  folder = os.path.join(workdir, "sft")
+  folder = os.path.join(workdir, SFT_DIR)
   params = distributed.place(params, mesh_lib.param_shardings(params, mesh))
   manager = checkpointing.make_manager(folder, max_to_keep=1, enable_async=False)
   restored = checkpointing.restore_latest(manager, params)
@@ -93,19 +100,18 @@ def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params
 
 
 def attach_lora(config: ml_collections.ConfigDict, graphdef, params: Any) -> tuple:
-  """(graphdef, trainable, frozen, ref_params) of the RL policy.
+  """(graphdef, trainable, frozen) of the RL policy.
 
   With `config.model.lora_rank` > 0: adapters on `model.lora_targets` (seeded by config.seed + 1)
-  are the trainable parameters, the base is frozen, and there is no separate KL reference (it is
-  the same model with its adapters switched off). Otherwise every parameter trains, nothing is
-  frozen, and the reference is the warm-started model itself.
+  are the trainable parameters and the base is frozen (the KL reference is the same model with
+  its adapters switched off). Otherwise every parameter trains and nothing is frozen (the KL
+  reference, when a run needs one, is a copy of these starting weights: `programs.reference`).
   """
   if config.model.lora_rank <= 0:
-    return graphdef, params, None, params
+    return graphdef, params, None
   model = nnx.merge(graphdef, params)
   lora_lib.attach(model, lora_lib.LoRAConfig(rank=config.model.lora_rank,
                                              alpha=config.model.lora_alpha,
                                              targets=tuple(config.model.lora_targets)),
                   rngs=nnx.Rngs(config.seed + 1))
-  graphdef, trainable, frozen = lora_lib.split(model)
-  return graphdef, trainable, frozen, None
+  return lora_lib.split(model)

@@ -115,13 +115,6 @@ def test_decay_beta_moves_toward_prior():
   np.testing.assert_allclose(out.beta_b, [2.0, 2.0 + 0.9 * 8.0], rtol=1e-6)
 
 
-def test_observed_accuracy():
-  fb = test_util.feedback([[1, 0, 0, 0], [1, 1, 1, 1]], ids=[0, 2])
-  store = prompt_stats.update(prompt_stats.init(3), fb, 0)
-  acc = prompt_stats.observed_accuracy(store, default=-1.0)
-  np.testing.assert_allclose(acc, [0.25, -1.0, 1.0])
-
-
 def test_init_rejects_bad_arguments():
   with pytest.raises(ValueError, match="num_prompts"):
     prompt_stats.init(0)

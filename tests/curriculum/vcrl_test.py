@@ -7,7 +7,7 @@ import pytest
 
 from rl_curriculum.curriculum import prompt_level
 from rl_curriculum.curriculum.base import PromptPool
-from rl_curriculum.curriculum.vcrl import variance_score, vcrl
+from rl_curriculum.curriculum.vcrl import vcrl
 import test_util
 
 EMPTY = prompt_level.EMPTY
@@ -15,18 +15,30 @@ POOL = PromptPool.from_arms(np.arange(20) % 2)
 
 
 
+def _scores(values, valid, *, var_max=0.25, score_on="correct", use_jit=True):
+  """The update's normalised group variances p = Var(r) / Var_max of distinct prompts."""
+  p = len(values)
+  pool = PromptPool.from_arms(np.zeros(2 * p, int))
+  cur = vcrl(pool, batch_size=p, var_max=var_max, score_on=score_on)
+  update = jax.jit(cur.update) if use_jit else cur.update
+  values = np.asarray(values, np.float32)
+  fb = test_util.feedback(values > 0.5, rewards=values, valid=valid)
+  return update(cur.init(pool, jax.random.key(0)), fb)[1]
+
+
 @test_util.JIT
-def test_variance_score_hand_values(use_jit):
-  fn = jax.jit(variance_score) if use_jit else variance_score
-  r = jnp.array([[1.0, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 0, 0]])
-  valid = jnp.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]], bool)
+def test_update_scores_hand_values(use_jit):
+  r = [[1.0, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 0, 0]]
+  valid = [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]]
   # Var: .25, 3/16, 0, no valid slot, [1, 0] -> .25.
-  np.testing.assert_allclose(fn(r, valid), [1.0, 0.75, 0.0, 0.0, 1.0], rtol=1e-6)
-  rewards = jnp.array([[0.0, 2.0], [1.0, 1.0]])
-  np.testing.assert_allclose(fn(rewards, jnp.ones((2, 2), bool), 4.0), [0.25, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(_scores(r, valid, use_jit=use_jit)["scores"],
+                             [1.0, 0.75, 0.0, 0.0, 1.0], rtol=1e-6)
+  scores = _scores([[0.0, 2.0], [1.0, 1.0]], np.ones((2, 2)), var_max=4.0, score_on="reward",
+                   use_jit=use_jit)["scores"]
+  np.testing.assert_allclose(scores, [0.25, 0.0], rtol=1e-6)
 
 
-def test_variance_score_matches_loop_reference():
+def test_update_scores_match_a_loop_reference():
   rng = np.random.default_rng(3)
   r = rng.normal(size=(7, 5)).astype(np.float32)
   valid = rng.random((7, 5)) < 0.7
@@ -38,7 +50,8 @@ def test_variance_score_matches_loop_reference():
       continue
     m = sum(vals) / len(vals)
     want.append(sum((v - m) ** 2 for v in vals) / len(vals) / 0.5)
-  np.testing.assert_allclose(variance_score(r, valid, 0.5), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(_scores(r, valid, var_max=0.5, score_on="reward")["scores"], want,
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_memory_insertion_eviction_and_removal():

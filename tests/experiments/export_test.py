@@ -17,9 +17,9 @@ import pytest
 
 from configs import toy
 from experiments import export
-from rl_curriculum.model import pretrained
-from rl_curriculum.model import transformer
+from rl_curriculum.model import pretrained, transformer
 from rl_curriculum.train import loop
+from rl_curriculum.train import prepare as prepare_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL = dict(atol=1e-4, rtol=0)
@@ -55,11 +55,11 @@ def _tokens(vocab_size):
 def _our_logits(workdir, tokens):
   """Logits of the newest checkpoint, restored through the trainer's own functions."""
   config = export.read_run_config(workdir)
-  run = loop.prepare(config, workdir, log=lambda _: None)
+  run = prepare_lib.prepare(config, workdir, log=lambda _: None)
   step, params = loop.restore_params(config, run, workdir)
   assert step == 1
   mask = jnp.ones(tokens.shape, bool)
-  return np.asarray(transformer.forward(run.graphdef, params, jnp.asarray(tokens), mask))
+  return np.asarray(transformer.forward(run.model.graphdef, params, jnp.asarray(tokens), mask))
 
 
 def _transformers_logits(folder, tokens):
@@ -97,6 +97,7 @@ def lora_run(full_export, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_hf_export_holds_the_run_and_reloads_here(full_run, full_export):
   assert {"config.json", "generation_config.json", "model.safetensors",
           "tokenizer.model"} <= set(os.listdir(full_export))
@@ -106,6 +107,7 @@ def test_hf_export_holds_the_run_and_reloads_here(full_run, full_export):
                              **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.interop
 def test_hf_export_matches_transformers(full_run, full_export):
   with open(os.path.join(full_export, "config.json")) as f:
@@ -115,6 +117,7 @@ def test_hf_export_matches_transformers(full_run, full_export):
   np.testing.assert_allclose(_transformers_logits(full_export, tokens), ours, **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.interop
 def test_lora_run_merged_export_matches_transformers(lora_run, full_export, tmp_path):
   out = str(tmp_path / "merged")
@@ -128,6 +131,7 @@ def test_lora_run_merged_export_matches_transformers(lora_run, full_export, tmp_
   np.testing.assert_allclose(_transformers_logits(out, tokens), ours, **TOL)
 
 
+@pytest.mark.slow
 def test_lora_run_peft_export_attaches_to_its_base(lora_run, full_export, tmp_path):
   out = str(tmp_path / "adapter")
   result = export.export(lora_run, out, "peft", log=lambda _: None)
@@ -196,6 +200,7 @@ def test_peft_needs_adapters_and_a_pretrained_base(tmp_path):
                   str(tmp_path / "out"), "peft")
 
 
+@pytest.mark.slow
 def test_missing_caches_and_a_used_output_folder(full_run, tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(full_run, workdir)
@@ -212,6 +217,7 @@ def test_missing_caches_and_a_used_output_folder(full_run, tmp_path):
     export.export(workdir, str(tmp_path / "out"))
 
 
+@pytest.mark.slow
 def test_command_exits_with_status_2_and_one_line(full_run, tmp_path):
   done = subprocess.run([sys.executable, "-m", "experiments.export", "--workdir", full_run,
                          "--out", str(tmp_path / "out"), "--format", "peft"],

@@ -55,13 +55,13 @@ def _batch(seed, lengths, width, vocab=48):
   return tokens, mask
 
 
-def _assert_states_equal(a, b, atol=0.0):
+def _assert_states_equal(a, b, atol=0.0, rtol=0.0):
   flat_a, flat_b = list(nnx.to_flat_state(a)), list(nnx.to_flat_state(b))
   assert [p for p, _ in flat_a] == [p for p, _ in flat_b]
   for (path, x), (_, y) in zip(flat_a, flat_b):
     assert type(x) is type(y), path
     assert x.get_metadata() == y.get_metadata(), path
-    np.testing.assert_allclose(np.asarray(x[...]), np.asarray(y[...]), atol=atol, rtol=0,
+    np.testing.assert_allclose(np.asarray(x[...]), np.asarray(y[...]), atol=atol, rtol=rtol,
                                err_msg=str(path))
 
 
@@ -130,7 +130,9 @@ def test_scanned_forward_and_gradients_equal_unrolled(variant):
 
   grads = loss(graphdef)(params)
   grads_s = loss(graphdef_s)(params_s)
-  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5)
+  # Gradient entries reach about 30, where float32 resolves 4e-6: the kernel tolerance 1e-5,
+  # absolute and relative.
+  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5, rtol=1e-5)
 
 
 def test_scanned_cache_decoding_equals_full_forward_and_unrolled():
@@ -183,7 +185,9 @@ def test_scanned_shared_prefix_equals_unrolled_values_and_gradients():
   for a, b in zip(hiddens_s, hiddens):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
   np.testing.assert_allclose(loss_s, loss, rtol=1e-5)
-  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5)
+  # Gradient entries reach about 30, where float32 resolves 4e-6: the kernel tolerance 1e-5,
+  # absolute and relative.
+  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5, rtol=1e-5)
 
 
 # --- rematerialisation ---------------------------------------------------------------------------

@@ -8,11 +8,11 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from rl_curriculum import curriculum as cur
-from rl_curriculum.model import kv_cache
-from rl_curriculum.model import transformer
+from rl_curriculum.model import kv_cache, transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import builders, rl_step
+from rl_curriculum.train import builders
+from rl_curriculum.train.state import init_train_state
 
 
 def abstract(data, fsdp, tensor):
@@ -75,7 +75,7 @@ def _state():
                             mlp_dim=16)
   _, params = transformer.init_model(config)
   optimizer = builders.build_optimizer(1e-3, max_grad_norm=1.0)
-  return params, rl_step.init_train_state(params, optimizer)
+  return params, init_train_state(params, optimizer)
 
 
 def test_train_state_shardings_follow_logical_names():

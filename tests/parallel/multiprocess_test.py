@@ -13,7 +13,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from configs import toy
 from rl_curriculum.train.metrics import read_jsonl
+import test_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -28,8 +30,7 @@ def _free_port() -> int:
 
 
 def _launch(workdir, num_processes, process_id, port, devices, log):
-  env = {**os.environ, "PYTHONPATH": ROOT,
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  env = test_util.device_env(devices, PYTHONPATH=ROOT)
   for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     env.pop(name, None)
   return subprocess.Popen(
@@ -76,6 +77,9 @@ def _tail(logdir):
 def test_two_processes_killed_and_resumed_match_one_process(tmp_path):
   single, multi, logdir = str(tmp_path / "single"), str(tmp_path / "multi"), tmp_path / "logs"
   logdir.mkdir()
+  warm = test_util.shared_warm_start(toy.get_config())  # the mesh is not part of a warm start
+  test_util.copy_warm_start(warm, single)
+  test_util.copy_warm_start(warm, multi)
   with open(logdir / "single.log", "w") as log:
     assert _wait([_launch(single, 1, 0, 0, 8, log)]) == [0], _tail(logdir)
 

@@ -33,10 +33,21 @@ from rl_curriculum.parallel import distributed  # pylint: disable=wrong-import-p
 from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=wrong-import-position
 from rl_curriculum.sampling import sampler  # pylint: disable=wrong-import-position
 from rl_curriculum.train import builders, rl_step  # pylint: disable=wrong-import-position
+from rl_curriculum.train.state import init_train_state
+from rl_curriculum.train.rl_types import Batch
 
 P, G, TP, T, V, K = 4, 2, 6, 5, 64, 3
 B = P * G
 
+
+
+def bytes_per_device(tree) -> dict:
+  """{device: bytes of `tree`'s shards it holds}, read off the addressable shards."""
+  out = {}
+  for x in jax.tree.leaves(tree):
+    for shard in x.addressable_shards:
+      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
 
 def setup():
   config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -53,7 +64,7 @@ def setup():
   # is far above float32 noise: Adam divides by sqrt(v) + 1e-8, which turns the summation-order
   # noise of a gradient that is zero in exact arithmetic into a full learning-rate step.
   rewards = np.array([[1, 0], [0, 1], [0, 1], [1, 0]], np.float32)
-  batch = rl_step.Batch(
+  batch = Batch(
       prompt_tokens=np.where(prompt_mask, rng.integers(4, V, (B, TP)), 0).astype(np.int32),
       prompt_mask=prompt_mask, tokens=rng.integers(4, V, (B, T)).astype(np.int32),
       mask=(np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]).astype(np.float32),
@@ -68,7 +79,7 @@ def setup():
 
 def run(graphdef, params, optimizer, curriculum, cur_state, batch, learn_config, mesh=None):
   """One learn step and one greedy sampling call, on one device (mesh None) or sharded."""
-  state = rl_step.init_train_state(params, optimizer)
+  state = init_train_state(params, optimizer)
   ref = jax.tree.map(jnp.asarray, params)
   out_shardings = None
   if mesh is not None:
@@ -111,7 +122,7 @@ def main(out_path, shapes):
     wanted = mesh_lib.tree_shardings(state, mesh)
     layout_kept = all(x.sharding.is_equivalent_to(s, x.ndim)
                       for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(wanted)))
-    per_device = mesh_lib.bytes_per_device(state.params)
+    per_device = bytes_per_device(state.params)
     host = jax.device_get((state, cur_state, metrics, rollout))
     results["meshes"][",".join(map(str, shape))] = {
         "loss_diff": abs(float(host[2]["loss"]) - float(ref_metrics["loss"])),

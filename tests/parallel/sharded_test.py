@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+import test_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SHAPES = ("8,1,1", "2,4,1", "2,2,2", "1,2,4")
@@ -19,8 +21,7 @@ SHAPES = ("8,1,1", "2,4,1", "2,2,2", "1,2,4")
 
 def run_with_devices(script, *args, devices=8, timeout=900):
   """Runs `python script args...` with `devices` fake CPU devices; returns the CompletedProcess."""
-  env = {**os.environ, "PYTHONPATH": ROOT,
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  env = test_util.device_env(devices, PYTHONPATH=ROOT)
   return subprocess.run([sys.executable, os.path.join(HERE, script), *args], env=env, cwd=ROOT,
                         capture_output=True, text=True, timeout=timeout)
 

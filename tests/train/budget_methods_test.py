@@ -31,6 +31,7 @@ def allocated(tmp_path_factory):
   return workdir, test_util.run_rl(config, workdir)
 
 
+@pytest.mark.slow
 def test_allocation_spends_the_budget_unevenly_once_prompts_come_back(allocated):
   _, rows = allocated
   for r in rows:
@@ -42,6 +43,7 @@ def test_allocation_spends_the_budget_unevenly_once_prompts_come_back(allocated)
   assert any(r["allocation/max"] > r["allocation/min"] for r in rows[1:])
 
 
+@pytest.mark.slow
 def test_counterfactual_baseline_gives_every_group_signal(allocated):
   _, rows = allocated
   # Step 1: every baseline is 0.5 (no history) and no reward is 0.5, so every group has a
@@ -51,11 +53,12 @@ def test_counterfactual_baseline_gives_every_group_signal(allocated):
   assert all(r["abs_adv_mean"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_greso_rolls_out_fewer_prompts_once_it_skips(allocated, tmp_path):
   # No spare candidates (oversample 1) and a low keep probability on a streak (0.2 per step).
   options = ml_collections.ConfigDict(dict(oversample=1.0, p_init=0.2))
   config = _config(curriculum__name="greso", curriculum__options=options)
-  rows = test_util.run_rl(config, str(tmp_path / "greso"), warm_from=allocated[0])
+  rows = test_util.run_rl(config, str(tmp_path / "greso"))
   for r in rows:
     assert r["rollouts"] + r["rollouts_saved"] == BUDGET and r["rollouts"] % 4 == 0
     assert r["groups_trained"] <= r["rollouts"] / 4
@@ -65,10 +68,11 @@ def test_greso_rolls_out_fewer_prompts_once_it_skips(allocated, tmp_path):
   assert min(r["rollouts"] for r in rows) < BUDGET
 
 
+@pytest.mark.slow
 def test_vcrl_mask_trains_only_on_high_variance_groups(allocated, tmp_path):
   config = _config(curriculum__name="vcrl", curriculum__options=ml_collections.ConfigDict(),
                    curriculum__high_variance_only=True)
-  rows = test_util.run_rl(config, str(tmp_path / "vcrl"), warm_from=allocated[0])
+  rows = test_util.run_rl(config, str(tmp_path / "vcrl"))
   for r in rows:
     high = sum(r[f"curriculum/high_variance/{i}"] for i in range(4))
     assert r["groups_trained"] == high

@@ -8,20 +8,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import test_util
 
 from configs import quickstart
 from rl_curriculum import curriculum as cur
 from rl_curriculum import tasks
 from rl_curriculum.curriculum import allocation, prompt_stats
-from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool
-from rl_curriculum.train import budget, builders, examples, loop, rl_step
+from rl_curriculum.train import budget, builders, examples, rl_step, rollouts, validation
+from rl_curriculum.train.state import init_train_state
 from rl_curriculum.types import Selection
+import test_util
 
-S, G, TP, T, V = 4, 4, 5, 3, 16
+S, G, TP, T, V = test_util.P, test_util.G, test_util.TP, test_util.T, test_util.V
 
 
 def _config(**rl):
@@ -105,14 +105,8 @@ def test_prompt_statistics_count_only_sampled_completions():
   assert budget.observe(None, batch, step=1) is None
 
 
-def _model():
-  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                            mlp_dim=64)
-  return transformer.init_model(config, seed=0)
-
-
 def test_sampler_leaves_inactive_rows_empty_and_active_rows_unchanged():
-  graphdef, params = _model()
+  graphdef, params = test_util.tiny_model()
   prompts = jnp.repeat(jax.random.randint(jax.random.key(0), (S, TP), 3, V), G, axis=0)
   mask = jnp.ones(prompts.shape, bool)
   active = jnp.repeat(jnp.array([True, False, True, False]), G)
@@ -147,7 +141,7 @@ def test_unsampled_rows_are_never_scored():
                   tokens=np.zeros((2, 1), np.int32), mask=np.ones((2, 1), bool), num_arms=1)
   texts = {0: problems[0].target, 1: "12345", 2: problems[1].target, 3: problems[1].target}
   rows = np.array([0, 0, 1, 1])
-  rewards, correct = loop.score_completions(recorder, pool, rows, np.arange(4)[:, None],
+  rewards, correct = rollouts.score_completions(recorder, pool, rows, np.arange(4)[:, None],
                                             lambda row: texts[int(row[0])],
                                             sampled=np.array([True, True, False, True]))
   assert recorder.seen == [texts[0], texts[1], texts[3]]
@@ -156,7 +150,7 @@ def test_unsampled_rows_are_never_scored():
 
 
 def _learn_setup(curriculum=None, **overrides):
-  graphdef, params = _model()
+  graphdef, params = test_util.tiny_model()
   optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = curriculum or cur.sec(2, batch_size=S, alpha=1.0)
   base = builders.learn_config(quickstart.get_config())
@@ -164,7 +158,7 @@ def _learn_setup(curriculum=None, **overrides):
                                                max_tokens=T), **overrides})
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update, config=config, use_lora=False)
-  state = rl_step.init_train_state(params, optimizer)
+  state = init_train_state(params, optimizer)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 1, 0, 1, 0, 1]), jax.random.key(0))
   return params, state, cur_state, learn
 
@@ -212,11 +206,11 @@ def test_masked_rows_carry_no_gradient_and_no_reward():
 
 def test_counterfactual_advantages_subtract_the_prompts_baseline():
   baseline = jnp.array([0.5, 0.25, 1.0, 0.0])
-  adv = rl_step.group_advantages(jnp.asarray(_REWARDS), jnp.asarray(_VALID), "counterfactual",
+  adv = adv_lib.group_advantages(jnp.asarray(_REWARDS), jnp.asarray(_VALID), "counterfactual",
                                  grpo_std="population", baseline=baseline)
   np.testing.assert_allclose(np.asarray(adv), (_REWARDS - baseline[:, None]) * _VALID, atol=1e-6)
   with pytest.raises(ValueError, match="baseline"):
-    rl_step.group_advantages(jnp.asarray(_REWARDS), jnp.asarray(_VALID), "counterfactual",
+    adv_lib.group_advantages(jnp.asarray(_REWARDS), jnp.asarray(_VALID), "counterfactual",
                              grpo_std="population")
   # The learn step trains on them: an all-right group above its baseline has signal (RLOO: none).
   rewards = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], np.float32)
@@ -279,6 +273,6 @@ def test_greso_marks_the_slots_it_could_not_fill_inactive():
 ])
 def test_bad_fields_are_named(fields, message):
   c = test_util.set_fields(quickstart.get_config(), **fields)
-  with pytest.raises(builders.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
+  with pytest.raises(validation.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
                      .replace("[", r"\[").replace("]", r"\]")):
-    builders.validate(c)
+    validation.validate(c)

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 
 from rl_curriculum.train import examples
-from rl_curriculum.train import rl_step
+from rl_curriculum.train.rl_types import Batch
 
 P, G, TP, T, V = 3, 2, 5, 4, 32
 
@@ -15,7 +15,7 @@ def _arrays(batch):
 
 def test_example_batch_has_the_batch_contract():
   batch = examples.example_batch(P, G, TP, T, V, num_arms=2)
-  assert isinstance(batch, rl_step.Batch)
+  assert isinstance(batch, Batch)
   shapes = {"prompt_tokens": (P * G, TP), "prompt_mask": (P * G, TP), "tokens": (P * G, T),
             "mask": (P * G, T), "sampler_logprobs": (P * G, T), "prompt_ids": (P,), "arms": (P,),
             "rewards": (P, G), "correct": (P, G), "valid": (P, G), "train_groups": (P,),

@@ -9,12 +9,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-import test_util
-from flax import nnx
 
 from configs import toy
+from flax import nnx
 from rl_curriculum.model import transformer
 from rl_curriculum.train import checkpointing, loop
+from rl_curriculum.train import prepare as prepare_lib
+import test_util
 
 # The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
 # Wall-clock measurements differ between runs by nature; everything else must match exactly.
@@ -54,7 +55,7 @@ def _flat(state):
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-  """Two steps with adapters that are never merged (builds the shared warm start)."""
+  """Two steps with adapters that are never merged."""
   workdir = str(tmp_path_factory.mktemp("loop_methods") / "plain")
   return workdir, test_util.run_rl(_lora_config(2), workdir)
 
@@ -63,9 +64,10 @@ def plain(tmp_path_factory):
 def merged(plain, tmp_path_factory):
   """Three steps of the same run with a merge after step 2."""
   workdir = str(tmp_path_factory.mktemp("loop_methods") / "merged")
-  return workdir, test_util.run_rl(_lora_config(3, merge_every=2), workdir, warm_from=plain[0])
+  return workdir, test_util.run_rl(_lora_config(3, merge_every=2), workdir)
 
 
+@pytest.mark.slow
 def test_merge_keeps_the_policy_and_restarts_the_adapters(plain, merged):
   (plain_dir, plain_rows), (merged_dir, merged_rows) = plain, merged
   assert [r["lora_merged"] for r in merged_rows] == [0.0, 1.0, 0.0]
@@ -77,12 +79,12 @@ def test_merge_keeps_the_policy_and_restarts_the_adapters(plain, merged):
           == _deterministic(plain_rows))
   # The same function: log-probs of the pool's prompts before (unmerged run) and after merging.
   config = _lora_config(3, merge_every=2)
-  run = loop.prepare(config, merged_dir, log=lambda _: None)
+  run = prepare_lib.prepare(config, merged_dir, log=lambda _: None)
   _, before = loop.restore_params(_lora_config(2), run, plain_dir)
   step, after = loop.restore_params(config, run, merged_dir, step=2)
   assert step == 2
   tokens, mask = run.pool.tokens[:16], run.pool.mask[:16]
-  logp = [np.asarray(jax.nn.log_softmax(transformer.forward(run.graphdef, p, tokens, mask)))
+  logp = [np.asarray(jax.nn.log_softmax(transformer.forward(run.model.graphdef, p, tokens, mask)))
           for p in (before, after)]
   valid = np.asarray(mask, bool)
   np.testing.assert_allclose(logp[1][valid], logp[0][valid], atol=1e-4)
@@ -108,6 +110,7 @@ def test_merge_keeps_the_policy_and_restarts_the_adapters(plain, merged):
   assert abs(merged_rows[2]["kl_reward"]) < 1e-6
 
 
+@pytest.mark.slow
 def test_adapter_health_is_reported_every_step(merged):
   _, rows = merged
   for r in rows[:2]:  # (in step 1 one of the two minibatches holds no advantage: no gradient)
@@ -121,6 +124,7 @@ def test_adapter_health_is_reported_every_step(merged):
   assert rows[2]["adapter_param_norm"] > 0  # A, freshly drawn
 
 
+@pytest.mark.slow
 def test_resume_across_a_merge_reproduces_the_uninterrupted_run(merged, tmp_path):
   """The run stopped after step 2's merge and checkpoint resumes from the merged base."""
   merged_dir, merged_rows = merged
@@ -135,6 +139,7 @@ def test_resume_across_a_merge_reproduces_the_uninterrupted_run(merged, tmp_path
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint(
     merged, tmp_path, capsys):
   """The merged run resumed after step 2 with an infinite learning rate: every update is

@@ -16,8 +16,11 @@ import pytest
 from configs import toy
 from rl_curriculum import tasks
 from rl_curriculum.tasks import data as tasks_data
-from rl_curriculum.train import builders, checkpointing, data, loop, warm_start
+from rl_curriculum.train import checkpointing, data, features, loop, rollouts, validation
+from rl_curriculum.train import prepare as prepare_lib
+from rl_curriculum.train import warm_start
 from rl_curriculum.train.metrics import read_jsonl
+import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Wall-clock measurements differ between runs by nature; everything else must match exactly.
@@ -28,6 +31,12 @@ def toy_config(steps=4):
   c = toy.get_config()
   c.rl.steps = steps
   return c
+
+
+def _warm(config, workdir: str) -> str:
+  """`workdir`, made holding a copy of the test run's shared warm start of `config`."""
+  test_util.copy_warm_start(test_util.shared_warm_start(config), workdir)
+  return workdir
 
 
 def _deterministic(rows):
@@ -43,8 +52,14 @@ def _final_params(workdir):
   return step, restored["state"]
 
 
-def test_quickstart_toy_runs_and_logs(tmp_path):
+@pytest.mark.slow
+def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch):
+  checks = []
+  validate = validation.validate
+  monkeypatch.setattr(validation, "validate", lambda *a, **k: checks.append(a) or validate(*a, **k))
   summary = loop.train_and_evaluate(toy_config(steps=3), str(tmp_path))
+  assert len(checks) == 1  # the config is checked once a run, before anything is built
+  monkeypatch.undo()
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
   assert "kl" not in rows[-1]  # kl_coef = 0: the reference pass is skipped
@@ -78,8 +93,10 @@ def test_quickstart_toy_runs_and_logs(tmp_path):
     loop.train_and_evaluate(other, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path):
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  straight = _warm(toy_config(), str(tmp_path / "straight"))
+  resumed = _warm(toy_config(), str(tmp_path / "resumed"))
   loop.train_and_evaluate(toy_config(steps=4), straight)
   loop.train_and_evaluate(toy_config(steps=2), resumed)   # stops after step 2 ...
   loop.train_and_evaluate(toy_config(steps=4), resumed)   # ... and continues from it
@@ -116,17 +133,17 @@ def test_bad_config_fails_before_compiling(field, value, message, tmp_path):
     c.curriculum.options = value
   else:
     setattr(getattr(c, section), name, value)
-  with pytest.raises(builders.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+  with pytest.raises(validation.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
     loop.train_and_evaluate(c, str(tmp_path))
   assert not os.listdir(tmp_path)  # nothing was written: the check ran first
 
 
 def test_rl_seed_changes_the_rl_stream_only():
   c = toy_config()
-  base = loop.rl_root_key(c)
+  base = prepare_lib.rl_root_key(c)
   np.testing.assert_array_equal(base, jax.random.PRNGKey(c.seed))  # rl.seed 0: the run's seed
   c.rl.seed = 3
-  other = loop.rl_root_key(c)
+  other = prepare_lib.rl_root_key(c)
   assert not np.array_equal(other, base)
   # The SFT warm start's fingerprint ignores rl.seed, so seeds share one cached warm start.
   d = toy_config()
@@ -162,7 +179,7 @@ def test_a_non_finite_reward_is_rejected_on_the_host_naming_task_and_prompt():
                              num_arms=1)
   with pytest.raises(ValueError, match=re.escape(
       f"task 'arithmetic' scored nan (not finite) for prompt '{problems[0].prompt}'")):
-    loop.score_completions(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
+    rollouts.score_completions(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
 
 
 @pytest.mark.parametrize("override,message", [
@@ -182,7 +199,8 @@ _TOY_FLAGS = ["--config.checkpoint.every=2", "--config.rl.steps=6"]
 
 @pytest.mark.slow
 def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
-  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+  straight = _warm(toy_config(), str(tmp_path / "straight"))
+  killed = _warm(toy_config(), str(tmp_path / "killed"))
   subprocess.run(_cli(straight, *_TOY_FLAGS, config="toy"), check=True, capture_output=True,
                  cwd=ROOT, timeout=900)
   proc = subprocess.Popen(_cli(killed, *_TOY_FLAGS, config="toy"), stdout=subprocess.DEVNULL,
@@ -205,6 +223,7 @@ def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
           == _deterministic(read_jsonl(os.path.join(killed, "metrics.jsonl"))))
 
 
+@pytest.mark.slow
 def test_toy_lora_ppo_with_dynamic_filtering_runs(tmp_path):
   c = toy_config(steps=2)
   c.model.lora_rank = 4
@@ -214,12 +233,12 @@ def test_toy_lora_ppo_with_dynamic_filtering_runs(tmp_path):
   c.curriculum.filter = "all_equal"
   c.curriculum.oversample = 2
   c.checkpoint.every = 2
-  loop.train_and_evaluate(c, str(tmp_path))
-  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  loop.train_and_evaluate(c, _warm(c, str(tmp_path / "run")))
+  rows = read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1, 2]
   assert all(np.isfinite(r["value_loss"]) for r in rows[1:])
   assert all(r["groups_kept"] <= 4 for r in rows[1:])  # P = 4 of 8 sampled groups at most
-  step, saved = _final_params(str(tmp_path))
+  step, saved = _final_params(str(tmp_path / "run"))
   assert step == 2 and "value" in saved["train"]
   # Only the adapters are trained and saved: no base kernel in the train state's parameters.
   names = ["/".join(map(str, path)) for path, _ in
@@ -227,6 +246,7 @@ def test_toy_lora_ppo_with_dynamic_filtering_runs(tmp_path):
   assert names and all("lora" in n for n in names), names[:5]
 
 
+@pytest.mark.slow
 def test_pcl_features_follow_the_policy(tmp_path):
   """PCL's prompt features are recomputed from the current policy every features_every steps
   (not only from the warm start), in batches of features_batch_size prompts."""
@@ -236,11 +256,12 @@ def test_pcl_features_follow_the_policy(tmp_path):
   c.curriculum.features_every = 2
   c.curriculum.features_batch_size = 16  # 120 pool prompts: 8 batches
   c.rl.learning_rate = 1e-3
-  loop.train_and_evaluate(c, str(tmp_path))
-  run = loop.prepare(c, str(tmp_path), log=lambda _: None)  # cached: tokenizer, warm start
-  _, saved = _final_params(str(tmp_path))
-  features = np.asarray(saved["curriculum"]["features"])
-  warm = loop.pool_features(c, run, run.trainable)
-  trained = loop.pool_features(c, run, saved["train"]["params"])
-  assert not np.allclose(features, warm, atol=1e-4)
-  np.testing.assert_allclose(features, trained, atol=1e-5)
+  workdir = _warm(c, str(tmp_path / "run"))
+  loop.train_and_evaluate(c, workdir)
+  run = prepare_lib.prepare(c, workdir, log=lambda _: None)  # cached: tokenizer, warm start
+  _, saved = _final_params(workdir)
+  kept = np.asarray(saved["curriculum"]["features"])
+  warm = features.pool_features(c, run, run.model.trainable, run.model.frozen)
+  trained = features.pool_features(c, run, saved["train"]["params"], run.model.frozen)
+  assert not np.allclose(kept, warm, atol=1e-4)
+  np.testing.assert_allclose(kept, trained, atol=1e-5)

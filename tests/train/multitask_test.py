@@ -8,12 +8,13 @@ import os
 import jax
 import numpy as np
 import pytest
-import test_util
 
 from configs import multitask, toy
 from rl_curriculum.tasks import get_task
-from rl_curriculum.train import builders, loop
+from rl_curriculum.train import builders, validation
+from rl_curriculum.train import prepare as prepare_lib
 from rl_curriculum.train.metrics import read_jsonl
+import test_util
 
 TASK = "arithmetic+countdown"
 TRAIN = ("arithmetic/add_1d_1d", "arithmetic/add_2d_1d", "countdown/n3", "countdown/n4")
@@ -44,6 +45,7 @@ def run(tmp_path_factory):
   return c, workdir, rows
 
 
+@pytest.mark.slow
 def test_rollouts_come_from_both_tasks_arms(run):
   _, _, rows = run
   share = np.array([sum(r[f"curriculum/arm_frac/{k}"] for r in rows) for k in range(len(TRAIN))])
@@ -55,6 +57,7 @@ def test_rollouts_come_from_both_tasks_arms(run):
   assert share[:2].sum() > 0 and share[2:].sum() > 0
 
 
+@pytest.mark.slow
 def test_each_evaluation_reports_tasks_and_skill_balance(run):
   c, workdir, _ = run
   with open(os.path.join(workdir, "summary.json")) as f:
@@ -84,13 +87,15 @@ def test_each_evaluation_reports_tasks_and_skill_balance(run):
   assert summary["skill_balance"]["min_gain"] == pytest.approx(evals[-1]["eval/skill/min_gain"])
 
 
+@pytest.mark.slow
 def test_task_arms_group_each_tasks_bins_and_train(tmp_path):
   c = _config(curriculum__arms="task", rl__steps=2)
-  run = loop.prepare(c, str(tmp_path), log=lambda _: None)
+  workdir = str(tmp_path / "run")
+  rows = test_util.run_rl(c, workdir)
+  run = prepare_lib.prepare(c, workdir, log=lambda _: None)  # cached: tokenizer, warm start
   assert run.arm_names == ("arithmetic", "countdown")
   tasks_of_prompts = [p.task for p in run.pool.problems]
   np.testing.assert_array_equal(run.pool.arms, [run.arm_names.index(t) for t in tasks_of_prompts])
-  rows = test_util.run_rl(c, str(tmp_path))
   # SEC chooses between two arms, the tasks.
   assert {k for k in rows[-1] if k.startswith("curriculum/probs/")} == {
       "curriculum/probs/0", "curriculum/probs/1"}
@@ -98,6 +103,7 @@ def test_task_arms_group_each_tasks_bins_and_train(tmp_path):
                              rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_dump_keeps_statistics_per_task_and_bin_arm(tmp_path):
   c = _config(curriculum__name="dump", curriculum__options={}, rl__steps=3)
   rows = test_util.run_rl(c, str(tmp_path))
@@ -112,8 +118,8 @@ def test_dump_keeps_statistics_per_task_and_bin_arm(tmp_path):
 
 
 def test_mixture_weights_set_each_tasks_share_of_the_pool(tmp_path):
-  c = _config(task__weights=(3.0, 1.0), task__train_per_bin=20)
-  run = loop.prepare(c, str(tmp_path), log=lambda _: None)
+  c = _config(task__weights=(3.0, 1.0), task__train_per_bin=20, sft__steps=0)  # the pool only
+  run = prepare_lib.prepare(c, str(tmp_path), log=lambda _: None)
   per_task = collections.Counter(p.task for p in run.pool.problems)
   # 80 problems: arithmetic 60 (30 per bin), countdown 20 (10 per bin).
   assert per_task == {"arithmetic": 60, "countdown": 20}
@@ -136,4 +142,4 @@ def test_multitask_config_names_bins_of_its_mixture():
   mixture = builders.build_task(c)
   assert {mixture.task_of(b) for b in c.task.train_bins} == {"countdown", "zebra", "arc1d"}
   assert [mixture.bin_names[b] for b in c.task.train_bins] == list(multitask.BINS)
-  builders.validate(c, task=mixture)
+  validation.validate(c, task=mixture)

@@ -2,36 +2,30 @@
 penalty in phase 1 and overlong filtering in phase 2, their metrics, the config checks, and both
 methods end to end at toy size."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from configs import toy
+from rl_curriculum import curriculum as cur
+from rl_curriculum.rl import stability
+from rl_curriculum.train import builders, examples, forward, rl_step, validation
+from rl_curriculum.train import view as view_lib
+from rl_curriculum.train.state import init_train_state, init_value_head
 import test_util
 
-from configs import quickstart, toy
-from rl_curriculum import curriculum as cur
-from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.rl import stability
-from rl_curriculum.train import builders, examples, forward, rl_step
+P, G, TP, V = test_util.P, test_util.G, test_util.TP, test_util.V
+T = 4  # completions of 4 tokens: room for stops before, at and after the last slot
 
-P, G, TP, T, V = 4, 4, 5, 4, 16
+
+def _learn_config(**overrides):
+  """The shared learn config with one optimizer step per batch, at this file's T."""
+  return test_util.learn_config(**{**dict(minibatches=1, max_tokens=T), **overrides})
+
+
 STOP = (2, 3)  # the stop ids of the unit tests' batches (EOS and one more)
-
-
-def _learn_config(**overrides) -> rl_step.LearnConfig:
-  """The quickstart's learn config at this file's sizes: one optimizer step, no rollback."""
-  base = builders.learn_config(quickstart.get_config())
-  small = dict(minibatches=1, ratio_guard=0.0, max_kl=None, max_tokens=T)
-  return dataclasses.replace(base, **{**small, **overrides})
-
-
-def _model():
-  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                            mlp_dim=64)
-  return transformer.init_model(config, seed=0)
 
 
 def _rewards():
@@ -71,51 +65,34 @@ def _rloo(rewards):
 
 
 def _setup(**overrides):
-  graphdef, params = _model()
+  graphdef, params = test_util.tiny_model()
   optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
   config = _learn_config(**overrides)
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update, config=config, use_lora=False)
-  value = rl_step.init_value_head(32) if config.algorithm == "ppo" else None
-  state = rl_step.init_train_state(params, optimizer, value)
+  value = init_value_head(32) if config.algorithm == "ppo" else None
+  state = init_train_state(params, optimizer, value)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
   return params, state, cur_state, learn
 
 
 def _view(config, batch, ref_params=None):
-  graphdef, params = _model()
+  graphdef, params = test_util.tiny_model()
   scores = rl_step.score_groups(batch, stability.whitening_init(), config)
-  value = rl_step.init_value_head(32) if config.algorithm == "ppo" else None
-  return rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
+  value = init_value_head(32) if config.algorithm == "ppo" else None
+  return view_lib.train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
                             config=config, use_lora=False, value=value)
 
 
 # --- Which completions the cap cut off ----------------------------------------------------------
 
 
-def test_truncated_completions_fill_the_row_without_a_stop_token():
-  tokens = jnp.array([[5, 6, 7], [5, 2, 0], [5, 6, 2], [5, 6, 9], [5, 0, 0], [5, 6, 3]])
-  mask = jnp.array([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 1, 1]],
-                   jnp.float32)
-  got = rl_step.truncated_completions(tokens, mask, (2, 9))
-  # Cut; stopped early; stopped by EOS on the last slot; by another stop id; short; cut (3 is
-  # not a stop id here).
-  np.testing.assert_array_equal(np.asarray(got), [True, False, False, False, False, True])
+def test_example_batches_mark_completions_cut_at_the_cap():
   np.testing.assert_array_equal(np.asarray(_batch().truncated), _expected_truncated())
 
 
 # --- The soft overlong penalty (phase 1) --------------------------------------------------------
-
-
-def test_overlong_penalty_matches_dapo_by_hand():
-  # L_max = 8, L_cache = 3: no penalty up to 5 tokens, then -1/3 per token, -1 from 8 on.
-  got = rl_step.overlong_penalty(jnp.arange(11), 8, 3)
-  expected = [0, 0, 0, 0, 0, 0, -1 / 3, -2 / 3, -1, -1, -1]
-  np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5)
-  # L_cache = 1: only a completion that reaches the cap loses 1.
-  got = rl_step.overlong_penalty(jnp.arange(1, 5), 4, 1)
-  np.testing.assert_array_equal(np.asarray(got), [0, 0, 0, -1])
 
 
 def _penalty(cache):
@@ -189,7 +166,7 @@ def test_exclude_masks_truncated_completions_but_keeps_them_in_the_group_advanta
 def test_excluded_completions_keep_their_kl_penalty_in_the_group_baseline():
   """With a KL in the reward, a truncated completion's reward still loses beta * sum_t k1 over
   its tokens before the group advantages of the kept completions are computed."""
-  graphdef, params = _model()
+  graphdef, params = test_util.tiny_model()
   batch = _batch()
   ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
   view = _view(_learn_config(overlong="exclude", kl_reward_coef=0.5), batch, ref_params=ref)
@@ -256,22 +233,17 @@ def test_validate_names_the_overlong_field(overrides, field):
   config = toy.get_config()
   for name, value in overrides.items():
     config.rl[name] = value
-  with pytest.raises(builders.ConfigError, match=f"config.{field}: "):
-    builders.validate(config)
+  with pytest.raises(validation.ConfigError, match=f"config.{field}: "):
+    validation.validate(config)
 
 
 def test_valid_overlong_settings_pass_and_reach_the_learn_config():
   for overlong, cache in (("none", 0), ("exclude", 0), ("penalty", 1), ("penalty", 3)):
     config = toy.get_config()
     config.rl.overlong, config.rl.overlong_cache = overlong, cache
-    builders.validate(config)
+    validation.validate(config)
     learn_config = builders.learn_config(config)
     assert (learn_config.overlong, learn_config.overlong_cache) == (overlong, cache)
-    rl_step.check_config(learn_config)
-  with pytest.raises(ValueError, match="overlong must be one of"):
-    rl_step.check_config(_learn_config(overlong="drop"))
-  with pytest.raises(ValueError, match="overlong_cache >= 1"):
-    rl_step.check_config(_learn_config(overlong="penalty", overlong_cache=0))
 
 
 # --- End to end at toy size ---------------------------------------------------------------------
@@ -304,6 +276,7 @@ def _sixteenths(x):
   return abs(x * 16 - round(x * 16)) < 1e-6
 
 
+@pytest.mark.slow
 def test_truncated_fraction_is_always_logged(baseline):
   _, rows = baseline
   for r in rows:
@@ -312,10 +285,10 @@ def test_truncated_fraction_is_always_logged(baseline):
   assert rows[0]["truncated_frac"] > 0  # the first rollout has completions cut at 3 tokens
 
 
+@pytest.mark.slow
 def test_exclude_leaves_the_truncated_completions_out_of_the_loss(baseline, tmp_path):
   _, plain = baseline
-  rows = test_util.run_rl(_config(overlong="exclude"), str(tmp_path / "exclude"),
-                         warm_from=baseline[0])
+  rows = test_util.run_rl(_config(overlong="exclude"), str(tmp_path / "exclude"))
   first, f = rows[0], rows[0]["truncated_frac"]
   # The same first rollout as the baseline's.
   assert first["reward_mean"] == plain[0]["reward_mean"] and f == plain[0]["truncated_frac"] > 0
@@ -330,10 +303,10 @@ def test_exclude_leaves_the_truncated_completions_out_of_the_loss(baseline, tmp_
   assert abs(first["entropy"] - plain[0]["entropy"]) > 1e-4
 
 
+@pytest.mark.slow
 def test_penalty_lowers_the_rewards_of_completions_at_the_cap(baseline, tmp_path):
   _, plain = baseline
-  rows = test_util.run_rl(_config(overlong="penalty", overlong_cache=1), str(tmp_path / "penalty"),
-                         warm_from=baseline[0])
+  rows = test_util.run_rl(_config(overlong="penalty", overlong_cache=1), str(tmp_path / "penalty"))
   first = rows[0]
   # The same first rollout; reward_mean stays the task's reward.
   assert first["reward_mean"] == plain[0]["reward_mean"]

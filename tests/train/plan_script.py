@@ -13,7 +13,8 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import builders, plan, rl_step
+from rl_curriculum.train import plan, programs
+from rl_curriculum.train.rl_types import Batch
 
 TP = 12
 
@@ -42,27 +43,21 @@ def main(out):
   config = _config()
   report = plan.plan(config, hbm_gib=1.0, prompt_len=TP)
 
-  # The same learn step, run for real.
+  # The same learn step, built by the loop's builder and run for real.
   mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))
-  shape = plan.model_shape(config)
-  graphdef, params = transformer.init_model(shape, seed=0)
-  optimizer = builders.build_optimizer(1e-4, max_grad_norm=1.0)
-  state = rl_step.init_train_state(params, optimizer)
-  state_sh = mesh_lib.tree_shardings(state, mesh)
-  state = distributed.place(state, state_sh)
-  del params
-  s, g, n = config.rl.prompts_per_step, config.rl.group_size, config.rl.max_new_tokens
-  rows = s * g
+  graphdef, params = transformer.init_model(plan.model_shape(config), seed=0)
+  model = programs.Model(graphdef=graphdef, trainable=params, frozen=None)
   pool = cur.PromptPool.from_arms(np.repeat(np.arange(len(config.task.train_bins)),
                                             config.task.train_per_bin))
-  curriculum = builders.build_curriculum(config, pool, s)
-  rep = mesh_lib.replicated(mesh)
-  cur_state = distributed.place(curriculum.init(pool, jax.random.key(0)),
-                                jax.tree.map(lambda _: rep, curriculum.init(pool,
-                                                                            jax.random.key(0))))
+  progs = programs.build(config, model, mesh, pool, programs.TokenIds(eos_id=1, pad_id=0))
+  state = programs.place(progs, programs.init_run_state(config, progs, model, pool,
+                                                        jax.random.key(0)))
+  del params, model
+  s, g, n = config.rl.prompts_per_step, config.rl.group_size, config.rl.max_new_tokens
+  rows = s * g
   rng = np.random.default_rng(0)
   rewards = rng.integers(0, 2, (s, g)).astype(np.float32)
-  batch = rl_step.Batch(
+  batch = Batch(
       prompt_tokens=rng.integers(4, 60, (rows, TP)).astype(np.int32),
       prompt_mask=np.ones((rows, TP), bool),
       tokens=rng.integers(4, 60, (rows, n)).astype(np.int32), mask=np.ones((rows, n), np.float32),
@@ -71,14 +66,11 @@ def main(out):
       rewards=rewards, correct=rewards > 0.5, valid=np.ones((s, g), bool),
       train_groups=np.arange(s, dtype=np.int32), train_valid=np.ones(s, bool))
   batch = distributed.place(batch, mesh_lib.batch_shardings(batch, mesh, rows=rows))
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update,
-                             config=builders.learn_config(config), use_lora=False,
-                             out_shardings=(state_sh, rep, rep))
   device = jax.devices()[0]
   before = live_bytes_on(device)
-  state, cur_state, metrics = learn(state, cur_state, batch, jax.random.key(1), None, None)
-  jax.block_until_ready((state, metrics))
+  train, curriculum, metrics = progs.learn(*programs.learn_inputs(state, batch, jax.random.key(1),
+                                                                   None))
+  jax.block_until_ready((train, curriculum, metrics))
   after = live_bytes_on(device)
   learn_plan = report["programs"]["learn"]
   peak = learn_plan["peak_gib"] * plan.GIB

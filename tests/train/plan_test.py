@@ -8,13 +8,15 @@ import sys
 
 import pytest
 
+from rl_curriculum.train import validation
+import test_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _run(args, devices, timeout=600):
-  env = {**os.environ, "PYTHONPATH": ROOT,
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  env = test_util.device_env(devices, PYTHONPATH=ROOT)
   return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True,
                         text=True, timeout=timeout)
 
@@ -75,12 +77,12 @@ def test_model_shape_reads_an_hf_config_json_and_rejects_a_folder_without_one(tm
   from configs import quickstart  # pylint: disable=import-outside-toplevel
   from rl_curriculum.model import hf_io  # pylint: disable=import-outside-toplevel
   from rl_curriculum.model.config import PRESETS  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import builders, plan  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
   config = quickstart.get_config()
   config.model.source = str(tmp_path)
   config.model.dtype = "bfloat16"
   config.model.scan_layers = True
-  with pytest.raises(builders.ConfigError, match="config.model.source"):
+  with pytest.raises(validation.ConfigError, match="config.model.source"):
     plan.model_shape(config)
   expected = PRESETS["qwen2_5_0_5b"]()
   (tmp_path / "config.json").write_text(json.dumps(hf_io.hf_config(expected, "qwen2")))

@@ -6,8 +6,8 @@ import pytest
 
 from configs import toy
 from rl_curriculum.rl import stability
-from rl_curriculum.train import builders, checkpointing, recovery
-from rl_curriculum.train.rl_types import TrainState
+from rl_curriculum.train import checkpointing, recovery, validation
+from rl_curriculum.train.state import checkpoint_tree, RunState, TrainState
 
 
 def _replay(skips, rollback_after):
@@ -49,46 +49,57 @@ def test_target_is_the_newest_healthy_checkpoint_from_before_the_origin():
   assert recovery.from_meta(_meta(1, 2, 3), 9) == recovery.Health(streak=1, origin=2, rollbacks=3)
 
 
-def _state(value, step=0, skipped=0):
+def _state(value, step=0, skipped=0, health=None):
   train = TrainState(step=jnp.asarray(step, jnp.int32), params={"w": jnp.full((2, 3), value)},
                      opt_state=(jnp.full((3,), -value),), whitening=stability.whitening_init(),
                      skipped=jnp.asarray(skipped, jnp.int32))
-  return {"train": train, "curriculum": {"q": jnp.full((2,), 10 * value)}}
+  return RunState(train=train, curriculum={"q": jnp.full((2,), 10 * value)}, base=None,
+                  prompts=None, health=health)
 
 
 def test_roll_back_restores_the_target_and_keeps_counting(tmp_path):
+  config = toy.get_config()
   manager = checkpointing.make_manager(str(tmp_path / "ckpt"), max_to_keep=5)
   # Step 1 and 2 accepted (values 1, 2); step 3 skipped (a periodic save would pause, but the
   # final or a preemption save marks its streak).
-  checkpointing.save(manager, 1, _state(1.0, step=1), _meta(0, 1))
-  checkpointing.save(manager, 2, _state(2.0, step=2), _meta(0, 2))
-  checkpointing.save(manager, 3, _state(2.0, step=3, skipped=1), _meta(1, 2))
+  for step, value, skipped, meta in ((1, 1.0, 0, _meta(0, 1)), (2, 2.0, 0, _meta(0, 2)),
+                                     (3, 2.0, 1, _meta(1, 2))):
+    checkpointing.save(manager, step, checkpoint_tree(config, _state(value, step, skipped)), meta)
   lines = []
-  now = _state(2.0, step=4, skipped=2)
-  health = recovery.Health(streak=2, origin=2, rollbacks=0)
-  state, health = recovery.roll_back(manager, now, health, lines.append)
-  assert health == recovery.Health(streak=0, origin=1, rollbacks=1)
-  np.testing.assert_array_equal(np.asarray(state["train"].params["w"]), np.full((2, 3), 1.0))
-  np.testing.assert_array_equal(np.asarray(state["train"].opt_state[0]), np.full((3,), -1.0))
-  np.testing.assert_array_equal(np.asarray(state["curriculum"]["q"]), np.full((2,), 10.0))
-  assert int(state["train"].step) == 4 and int(state["train"].skipped) == 2  # counters kept
+  now = _state(2.0, step=4, skipped=2, health=recovery.Health(streak=2, origin=2, rollbacks=0))
+  assert recovery.roll_back_if_due(_with_rollback(config, 3), manager, now,
+                                   lines.append) is now  # a streak of 2 < 3: not due
+  state = recovery.roll_back_if_due(_with_rollback(config, 2), manager, now, lines.append)
+  assert state.health == recovery.Health(streak=0, origin=1, rollbacks=1)
+  np.testing.assert_array_equal(np.asarray(state.train.params["w"]), np.full((2, 3), 1.0))
+  np.testing.assert_array_equal(np.asarray(state.train.opt_state[0]), np.full((3,), -1.0))
+  np.testing.assert_array_equal(np.asarray(state.curriculum["q"]), np.full((2,), 10.0))
+  assert int(state.train.step) == 4 and int(state.train.skipped) == 2  # counters kept
   assert lines == ["2 updates in a row skipped: rolled back to the checkpoint of step 1 (its "
                    "state from step 1); rollback 1"]
-  # Failing again from step 1's state: nothing older is kept, so the state stays.
-  again, health = recovery.roll_back(manager, state, health._replace(streak=2), lines.append)
-  assert again is state and health == recovery.Health(streak=0, origin=1, rollbacks=1)
+  # Failing again from step 1's state: nothing older is kept, so the arrays stay.
+  again = recovery.roll_back(manager, config, state._replace(
+      health=state.health._replace(streak=2)), lines.append)
+  assert again.train is state.train and again.curriculum is state.curriculum
+  assert again.health == recovery.Health(streak=0, origin=1, rollbacks=1)
   assert "no healthy checkpoint from before step 1" in lines[-1]
   manager.close()
+
+
+def _with_rollback(config, rollback_after):
+  config = config.copy_and_resolve_references()
+  config.checkpoint.rollback_after = rollback_after
+  return config
 
 
 def test_bad_rollback_after_is_refused():
   c = toy.get_config()
   c.checkpoint.rollback_after = 2
-  builders.validate(c)
+  validation.validate(c)
   c.checkpoint.rollback_after = -1
-  with pytest.raises(builders.ConfigError, match="config.checkpoint.rollback_after: must be a "
+  with pytest.raises(validation.ConfigError, match="config.checkpoint.rollback_after: must be a "
                      "whole number >= 0"):
-    builders.validate(c)
+    validation.validate(c)
 
 
 def test_rollback_metrics():

@@ -14,7 +14,8 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.train import builders, examples, relora, rl_step
+from rl_curriculum.train import builders, examples, relora, rl_step, validation
+from rl_curriculum.train.state import init_train_state, init_value_head, RunState
 
 P, G, TP, T, V = 4, 4, 5, 3, 16
 RANK, ALPHA = 4, 8.0
@@ -46,7 +47,7 @@ def _flat(state):
 
 def _stepped_state(adapters, optimizer, value=None):
   """A train state whose optimizer has taken one step (nonzero moments, count 1)."""
-  state = rl_step.init_train_state(adapters, optimizer, value)
+  state = init_train_state(adapters, optimizer, value)
   trained = adapters if value is None else (adapters, value)
   grads = jax.tree.map(jnp.ones_like, trained)
   updates, opt_state = optimizer.update(grads, state.opt_state, trained)
@@ -106,7 +107,7 @@ def test_merge_with_a_value_head_keeps_it_and_restarts_its_moments():
   graphdef, adapters, base = _lora_model()
   del graphdef
   optimizer = optax.adam(1e-2)
-  state = _stepped_state(adapters, optimizer, rl_step.init_value_head(32))
+  state = _stepped_state(adapters, optimizer, init_value_head(32))
   new_state, _ = relora.merge(state, base, jax.random.PRNGKey(7), optimizer=optimizer)
   for x, y in zip(jax.tree.leaves(new_state.value), jax.tree.leaves(state.value)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -148,18 +149,21 @@ def test_merges_every_n_steps_with_a_key_of_their_own():
 
 def test_maybe_merge_reports_lora_merged_only_when_configured():
   _, adapters, base = _lora_model()
-  state = rl_step.init_train_state(adapters, optax.adam(1e-2))
+  state = RunState(train=init_train_state(adapters, optax.adam(1e-2)), curriculum=None,
+                   base=base, prompts=None, health=None)
   calls = []
 
   def merge_fn(train_state, frozen, key):
     calls.append(key)
-    return train_state, frozen
+    return train_state._replace(step=train_state.step + 1), frozen
 
   root = jax.random.PRNGKey(0)
-  assert relora.maybe_merge(_config(0), 2, root, state, base, merge_fn)[2] == {}
-  assert relora.maybe_merge(_config(2), 1, root, state, base, merge_fn)[2] == {"lora_merged": 0.0}
+  assert relora.maybe_merge(_config(0), 2, root, state, merge_fn) == (state, {})
+  assert relora.maybe_merge(_config(2), 1, root, state, merge_fn) == (state, {"lora_merged": 0.0})
   assert not calls
-  assert relora.maybe_merge(_config(2), 2, root, state, base, merge_fn)[2] == {"lora_merged": 1.0}
+  merged, metrics = relora.maybe_merge(_config(2), 2, root, state, merge_fn)
+  assert metrics == {"lora_merged": 1.0} and int(merged.train.step) == 1
+  assert merged.base is base
   np.testing.assert_array_equal(jax.random.key_data(calls[0]),
                                 jax.random.key_data(relora.merge_key(root, 2)))
 
@@ -169,9 +173,9 @@ def test_maybe_merge_reports_lora_merged_only_when_configured():
     (-1, 4, "model.lora_merge_every: must be a whole number >= 0"),
 ])
 def test_bad_merge_period_is_refused(every, rank, message):
-  with pytest.raises(builders.ConfigError, match=message):
-    builders.validate(_config(every, rank))
-  builders.validate(_config(2, 4))
+  with pytest.raises(validation.ConfigError, match=message):
+    validation.validate(_config(every, rank))
+  validation.validate(_config(2, 4))
 
 
 # --- The adapters' health in the learn step -----------------------------------------------------
@@ -206,7 +210,7 @@ def test_learn_reports_adapter_health_under_lora():
   graphdef, adapters, base = _lora_model()
   optimizer = optax.adam(1e-2)
   learn, cur_state = _learn(graphdef, optimizer, use_lora=True)
-  state = rl_step.init_train_state(adapters, optimizer)
+  state = init_train_state(adapters, optimizer)
   before = jax.tree.map(np.asarray, adapters)
   new_state, _, metrics = learn(state, cur_state, _batch(), jax.random.PRNGKey(2), base, None)
   delta = jax.tree.map(lambda a, b: np.asarray(b, np.float64) - a, before, new_state.params)
@@ -224,7 +228,7 @@ def test_adapters_that_do_not_move_are_reported_frozen():
   graphdef, adapters, base = _lora_model()
   optimizer = optax.sgd(0.0)  # a gradient, but no update
   learn, cur_state = _learn(graphdef, optimizer, use_lora=True)
-  state = rl_step.init_train_state(adapters, optimizer)
+  state = init_train_state(adapters, optimizer)
   _, _, metrics = learn(state, cur_state, _batch(), jax.random.PRNGKey(2), base, None)
   assert float(metrics["adapter_grad_norm"]) > 0
   assert float(metrics["adapter_update_norm"]) == 0.0
@@ -238,7 +242,7 @@ def test_adapters_are_frozen_only_when_no_optimizer_step_moves_them(signal, froz
   graphdef, adapters, base = _lora_model()
   optimizer = optax.adam(1e-2)
   learn, cur_state = _learn(graphdef, optimizer, use_lora=True, minibatches=2)
-  state = rl_step.init_train_state(adapters, optimizer)
+  state = init_train_state(adapters, optimizer)
   rewards = np.tile(np.array([1, 0, 0, 1], np.float32) if signal else np.ones(G, np.float32),
                     (P, 1))
   batch = _batch()._replace(rewards=jnp.asarray(rewards), correct=jnp.asarray(rewards > 0.5))
@@ -254,6 +258,6 @@ def test_full_fine_tuning_reports_no_adapter_health():
   graphdef, params = transformer.init_model(config, seed=0)
   optimizer = optax.adam(1e-2)
   learn, cur_state = _learn(graphdef, optimizer, use_lora=False)
-  state = rl_step.init_train_state(params, optimizer)
+  state = init_train_state(params, optimizer)
   _, _, metrics = learn(state, cur_state, _batch(), jax.random.PRNGKey(2), None, params)
   assert not [name for name in metrics if name.startswith("adapter_")]

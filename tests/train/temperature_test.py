@@ -4,7 +4,6 @@ the rollouts sample at it, it survives a resume, and changing it compiles no new
 
 import dataclasses
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -12,39 +11,27 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-import test_util
 
-from configs import quickstart, toy
+from configs import toy
 from rl_curriculum import curriculum as cur
-from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.rl import stability
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import builders, checkpointing, examples, loop, objective, rl_step
+from rl_curriculum.train import checkpointing, examples, loop, objective, rl_step
+from rl_curriculum.train import view as view_lib
 from rl_curriculum.train.metrics import read_jsonl
+from rl_curriculum.train.rl_types import LearnConfig
+from rl_curriculum.train.state import init_train_state
+import test_util
 
-P, G, TP, T, V = 4, 4, 5, 3, 16
+P, G, TP, T, V = test_util.P, test_util.G, test_util.TP, test_util.T, test_util.V
 # Float32 values of one program against another: the same operations, rounding apart.
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-def _learn_config(**overrides) -> rl_step.LearnConfig:
-  """The quickstart's learn config at this file's sizes, with overrides."""
-  base = builders.learn_config(quickstart.get_config())
-  small = dict(minibatches=2, eps_high=0.2, ratio_guard=0.0, max_kl=None, max_tokens=T)
-  return dataclasses.replace(base, **{**small, **overrides})
-
-
-def _adaptive(**overrides) -> rl_step.LearnConfig:
+def _adaptive(**overrides) -> LearnConfig:
   """The controller on, its static start (config.temperature = 1) unlike the tested state's."""
-  return _learn_config(**{**dict(temperature_target=2.0, temperature_rate=0.2,
+  return test_util.learn_config(**{**dict(temperature_target=2.0, temperature_rate=0.2,
                                  temperature_min=0.05, temperature_max=4.0), **overrides})
-
-
-def _model():
-  config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                            mlp_dim=64)
-  return transformer.init_model(config, seed=0)
 
 
 def _rewards():
@@ -61,12 +48,12 @@ def _batch(rewards):
 
 def _learn(config, temperature, optimizer=None):
   """(train state at `temperature`, curriculum state, the jitted learn step, params)."""
-  graphdef, params = _model()
+  graphdef, params = test_util.tiny_model()
   optimizer = optimizer or optax.sgd(0.5)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
                              curriculum_update=curriculum.update, config=config, use_lora=False)
-  state = rl_step.init_train_state(params, optimizer, temperature=temperature)
+  state = init_train_state(params, optimizer, temperature=temperature)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
   return state, cur_state, learn, params
 
@@ -77,12 +64,12 @@ def _learn(config, temperature, optimizer=None):
 def test_traced_temperature_gives_the_loss_and_gradients_of_the_static_one():
   """The objective at a traced tau equals the objective of LearnConfig(temperature=tau)."""
   tau = 0.7
-  graphdef, params = _model()
+  graphdef, params = test_util.tiny_model()
   batch = _batch(_rewards())
-  static = _learn_config(temperature=tau, minibatches=1, entropy_coef=0.1)
+  static = test_util.learn_config(temperature=tau, minibatches=1, entropy_coef=0.1)
   traced = dataclasses.replace(static, temperature=1.0)
   scores = rl_step.score_groups(batch, stability.whitening_init(), static)
-  view = rl_step.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
+  view = view_lib.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
                             config=static, use_lora=False)
 
   def loss_and_grads(config, temperature):
@@ -109,8 +96,8 @@ def test_learn_step_at_the_state_temperature_equals_the_static_step():
   state's temperature: the update equals that of the static LearnConfig(temperature=tau)."""
   tau = 0.7
   passes = dict(minibatches=2, kl_coef=0.1, max_kl=5.0)
-  static_state, cur_state, static_learn, params = _learn(_learn_config(temperature=tau, **passes),
-                                                         temperature=tau)
+  static_state, cur_state, static_learn, params = _learn(
+      test_util.learn_config(temperature=tau, **passes), temperature=tau)
   state, _, learn, _ = _learn(_adaptive(**passes), temperature=tau)
   batch, key = _batch(_rewards()), jax.random.PRNGKey(2)
   new_static, _, m_static = static_learn(static_state, cur_state, batch, key, None, params)
@@ -166,17 +153,6 @@ def test_a_step_that_trained_no_token_keeps_the_temperature():
   assert float(new_state.temperature) == np.float32(0.7)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (dict(temperature_target=-1.0), "temperature_target must be >= 0"),
-    (dict(temperature_target=1.0, temperature_rate=0.0), "temperature_rate must be > 0"),
-    (dict(temperature_target=1.0, temperature_min=1.2), "temperature_min <= temperature"),
-    (dict(temperature_target=1.0, temperature_max=0.9), "temperature <= temperature_max"),
-])
-def test_check_config_rejects_a_bad_controller(overrides, message):
-  with pytest.raises(ValueError, match=message):
-    rl_step.check_config(_learn_config(**overrides))
-
-
 def test_the_controller_needs_a_temperature_in_the_state():
   state, cur_state, learn, params = _learn(_adaptive(), temperature=0.7)
   with pytest.raises(ValueError, match="TrainState.temperature"):
@@ -213,6 +189,7 @@ def _deterministic(rows):
 def straight(tmp_path_factory):
   """An uninterrupted run, every rollout's temperature and the sampler's programs recorded."""
   workdir = str(tmp_path_factory.mktemp("temperature") / "straight")
+  test_util.copy_warm_start(test_util.shared_warm_start(_config(STEPS)), workdir)
   calls = []
   sample = sampler.sample
 
@@ -233,15 +210,13 @@ def straight(tmp_path_factory):
 def resumed(straight, tmp_path_factory):
   """The same run stopped after step 2 and started again in its workdir."""
   workdir = str(tmp_path_factory.mktemp("temperature") / "resumed")
-  os.makedirs(workdir)
-  for name in test_util.WARM_START:
-    source = os.path.join(straight[0], name)
-    (shutil.copytree if os.path.isdir(source) else shutil.copy)(source, os.path.join(workdir, name))
+  test_util.copy_warm_start(straight[0], workdir)
   loop.train_and_evaluate(_config(2), workdir)
   loop.train_and_evaluate(_config(STEPS), workdir)
   return workdir, _rows(workdir)
 
 
+@pytest.mark.slow
 def test_temperature_rises_toward_a_high_target(straight):
   _, rows, calls = straight
   assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -257,6 +232,7 @@ def test_temperature_rises_toward_a_high_target(straight):
   assert all(r["skipped_total"] == 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_a_new_temperature_compiles_no_sampler_program(straight):
   _, _, calls = straight
   assert len(calls) == STEPS
@@ -264,6 +240,7 @@ def test_a_new_temperature_compiles_no_sampler_program(straight):
     assert after == before
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_saved_temperature(straight, resumed):
   assert _deterministic(resumed[1]) == _deterministic(straight[1])
   manager = checkpointing.make_manager(os.path.join(resumed[0], "checkpoints"))

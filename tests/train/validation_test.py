@@ -1,11 +1,11 @@
-"""Config checks (`builders.validate`): every component's options, before anything is built."""
+"""Config checks (`validation.validate`): every component's options, before anything is built."""
 
 import re
 
 import pytest
 
 from configs import quickstart
-from rl_curriculum.train import builders, rl_step
+from rl_curriculum.train import builders, validation
 import test_util
 
 
@@ -15,7 +15,7 @@ def _config(**fields):
 
 
 def test_the_shipped_config_is_valid():
-  builders.validate(quickstart.get_config())
+  validation.validate(quickstart.get_config())
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -59,44 +59,13 @@ def test_the_shipped_config_is_valid():
      "rl.aggregation='seq_mean_token_sum_norm', got 'token_mean'"),
 ])
 def test_bad_fields_are_named(fields, message):
-  with pytest.raises(builders.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-    builders.validate(_config(**fields))
-
-
-def test_loss_side_methods_reach_the_learn_config():
-  c = _config(rl__algorithm="dr_grpo", rl__aggregation="seq_mean_token_sum_norm",
-              rl__dual_clip=3.0, rl__entropy_coef=0.01, rl__tis_cap=2.0,
-              rl__capo_positive_steps=5, rl__capo_ramp_steps=10, rl__grpo_std="sample",
-              rl__kl_reward_coef=0.05)
-  builders.validate(c)
-  learn = builders.learn_config(c)
-  assert (learn.algorithm, learn.aggregation, learn.dual_clip, learn.entropy_coef, learn.tis_cap,
-          learn.capo_positive_steps, learn.capo_ramp_steps, learn.grpo_std,
-          learn.kl_reward_coef) == ("dr_grpo", "seq_mean_token_sum_norm", 3.0, 0.01, 2.0, 5, 10,
-                                    "sample", 0.05)
-  # Every method is off in the shipped config.
-  default = builders.learn_config(quickstart.get_config())
-  assert (default.dual_clip, default.entropy_coef, default.tis_cap, default.capo_positive_steps,
-          default.capo_ramp_steps, default.kl_reward_coef) == (0.0, 0.0, 0.0, 0, 0, 0.0)
-  assert default.grpo_std == "population"
-
-
-def test_adaptive_temperature_reaches_the_learn_config():
-  # Off (target 0), the controller's other fields are not checked.
-  builders.validate(_config(rl__temperature_rate=0.0, rl__temperature_min=2.0))
-  c = _config(rl__temperature_target=1.5, rl__temperature_rate=0.05, rl__temperature_min=0.6,
-              rl__temperature_max=1.2)
-  builders.validate(c)
-  learn = builders.learn_config(c)
-  assert (learn.temperature_target, learn.temperature_rate, learn.temperature_min,
-          learn.temperature_max) == (1.5, 0.05, 0.6, 1.2)
-  assert not rl_step.adaptive_temperature(builders.learn_config(quickstart.get_config()))
-  assert rl_step.adaptive_temperature(learn)
+  with pytest.raises(validation.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    validation.validate(_config(**fields))
 
 
 def test_a_whole_number_of_oversampled_prompts_is_accepted():
   c = _config(curriculum__filter="all_equal", curriculum__oversample=1.5)  # 48 prompts
-  builders.validate(c)
+  validation.validate(c)
   assert builders.sampled_prompts(c) == 48
 
 
@@ -113,8 +82,8 @@ def test_curriculum_option_values_are_checked_by_building_it(name, options, mess
   c = quickstart.get_config()
   c.curriculum.name = name
   c.curriculum.options = options
-  with pytest.raises(builders.ConfigError, match="config.curriculum.options: " + message):
-    builders.validate(c)
+  with pytest.raises(validation.ConfigError, match="config.curriculum.options: " + message):
+    validation.validate(c)
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -133,27 +102,5 @@ def test_curriculum_option_values_are_checked_by_building_it(name, options, mess
     (dict(task__name="countdown+zebra", task__weights=(1.0, 0.0)), "config.task.weights"),
 ])
 def test_mixture_fields_are_named(fields, message):
-  with pytest.raises(builders.ConfigError, match=re.escape(message)):
-    builders.validate(_config(**fields))
-
-
-def test_task_arms_are_counted_from_the_tasks_with_training_bins():
-  from rl_curriculum.tasks import get_task  # pylint: disable=import-outside-toplevel
-  task = get_task("countdown+zebra+arc1d")
-  c = _config(task__name=task.name, curriculum__arms="task",
-              task__train_bins=(task.bin_of("countdown", "n3"), task.bin_of("countdown", "n4"),
-                                task.bin_of("arc1d", "move_10")),
-              task__eval_bins=(0,), task__weights=(1.0, 2.0, 1.0))
-  # Without the task: one arm per named task; with it: the tasks that have a training bin.
-  assert builders.num_arms(c) == 3 and builders.num_arms(c, task) == 2
-  builders.validate(c, task=task)
-  c.curriculum.arms = "bin"
-  assert builders.num_arms(c) == builders.num_arms(c, task) == 3
-  # The exact count reaches the curriculum's checks: mastering_rate's chain names its arms.
-  c.curriculum.arms = "task"
-  c.curriculum.name = "mastering_rate"
-  c.curriculum.options = {"order": (0, 1, 2)}
-  with pytest.raises(builders.ConfigError, match="mastering_rate"):
-    builders.validate(c, task=task)
-  c.curriculum.options = {"order": (1, 0)}
-  builders.validate(c, task=task)
+  with pytest.raises(validation.ConfigError, match=re.escape(message)):
+    validation.validate(_config(**fields))

@@ -1,0 +1,224 @@
+"""The RL run's device programs and the layout of its state, built once from a config, a model and
+a mesh.
+
+  programs = build(config, model, mesh, pool, tokens)
+  state = place(programs, init_run_state(config, programs, model, pool, key))
+  ref = place_reference(programs, reference(config, model))
+  selection, curriculum_state = programs.select(state.curriculum, key)
+  rollout = sample(programs, policy(state), prompt_tokens, prompt_mask, key)
+  train, curriculum_state, metrics = programs.learn(*learn_inputs(state, batch, key, ref))
+
+The training loop (`loop`), the memory planner (`plan`) and the speed benchmark all build their
+programs here, so the programs the planner compiles from abstract shapes are the programs the loop
+runs, with the same inputs: `model` may hold arrays or `jax.ShapeDtypeStruct`s, and `shardings`
+lays out a concrete run state (`place`) and an abstract one (`abstract`) alike.
+
+What lives on the devices during a run:
+
+  state.train       parameters (LoRA adapters or every weight), optimizer state, value head:
+                    by their logical axes (`mesh.tree_shardings`)
+  state.base        the frozen base under LoRA, by its logical axes; None otherwise
+  state.curriculum, state.prompts     replicated
+  ref               the KL reference's weights: only under full fine-tuning with a KL term (a
+                    loss `rl.kl_coef` or a reward penalty `rl.kl_reward_coef`), a copy of the
+                    starting weights; under LoRA the reference is the policy with its adapters
+                    off, and without a KL term nothing reads one (`needs_reference`)
+  a step's rollout  rows over the batch axes (`rows`)
+"""
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from rl_curriculum import curriculum as cur
+from rl_curriculum.model import transformer
+from rl_curriculum.parallel import distributed
+from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import sampler
+from rl_curriculum.train import budget, builders, forward, recovery, rl_step
+from rl_curriculum.train.rl_types import Batch
+from rl_curriculum.train.state import RunState, init_train_state, init_value_head
+
+__all__ = ["Model", "TokenIds", "Programs", "needs_reference", "reference", "value_head",
+           "build", "init_run_state", "shardings", "place", "abstract_tree", "abstract",
+           "place_reference",
+           "policy", "sample", "learn_inputs"]
+
+# The fields of a RunState that hold device arrays (health is host-side).
+_ARRAY_FIELDS = ("train", "curriculum", "base", "prompts", "rollouts")
+
+
+class Model(NamedTuple):
+  """A policy as the programs take it: arrays, or their abstract shapes."""
+  graphdef: Any    # the model's graph (with LoRA adapters when config.model.lora_rank > 0)
+  trainable: Any   # what the optimizer updates: the adapters under LoRA, else every weight
+  frozen: Any      # what stays fixed: the base weights under LoRA, else None
+
+
+class TokenIds(NamedTuple):
+  """The tokenizer's ids the sampler needs."""
+  eos_id: int
+  pad_id: int
+  stop_ids: tuple = ()   # ids besides EOS that end a completion
+
+
+class Programs(NamedTuple):
+  """The run's jitted programs and where their inputs live."""
+  graphdef: Any
+  optimizer: optax.GradientTransformation
+  curriculum: cur.Curriculum
+  select: Callable         # (curriculum state, key) -> (Selection, curriculum state), replicated
+  learn: Callable          # rl_step.make_learn: (train, curriculum, batch, key, base, ref) ->
+                           # (train, curriculum, metrics)
+  sampler: dict            # static arguments of sampler.sample (max_new_tokens, eos_id,
+                           # stop_ids, pad_id, group, mesh)
+  train_shardings: Any     # of the train state, by logical axes
+  base_shardings: Any      # of the frozen base (None without LoRA)
+  ref_shardings: Any       # of the KL reference's weights (None without one)
+  rows: Any                # a rollout's [R, ...] arrays: rows over the batch axes
+  replicated: Any          # curriculum state, per-prompt statistics, metrics
+  mesh: Any
+
+
+def needs_reference(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run keeps the KL reference's weights: full fine-tuning with a KL loss or a KL
+  penalty in the reward (under LoRA the reference is the policy with its adapters off)."""
+  kl = config.rl.kl_coef != 0 or config.rl.kl_reward_coef != 0
+  return config.model.lora_rank <= 0 and kl
+
+
+def reference(config: ml_collections.ConfigDict, model: Model) -> Any:
+  """The KL reference's weights (the starting policy's, `model.trainable`) when
+  `needs_reference`, else None."""
+  return model.trainable if needs_reference(config) else None
+
+
+def value_head(config: ml_collections.ConfigDict, model: Model) -> Optional[dict]:
+  """PPO's value head on the policy's final hidden states (None for critic-free algorithms)."""
+  if config.rl.algorithm != "ppo":
+    return None
+  width = jax.eval_shape(
+      lambda params: transformer.forward_hidden(model.graphdef, params,
+                                                jnp.zeros((1, 1), jnp.int32),
+                                                jnp.ones((1, 1), bool)),
+      forward.model_params(model.trainable, model.frozen)).shape[-1]
+  return init_value_head(width)
+
+
+def _init_train(config: ml_collections.ConfigDict, optimizer, model: Model):
+  return init_train_state(model.trainable, optimizer, value_head(config, model),
+                          temperature=config.rl.temperature)
+
+
+def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.PromptPool,
+          tokens: TokenIds) -> Programs:
+  """The programs of a run of `config` (checked by `validation.validate`) on `mesh`.
+
+  Args:
+    config: the run's config.
+    model: the policy (arrays or abstract shapes).
+    mesh: the run's device mesh.
+    pool: the RL pool the curriculum selects from (for PCL, with the prompts' features).
+    tokens: the tokenizer's ids the sampler stops and pads with.
+  """
+  optimizer = builders.build_optimizer(config.rl.learning_rate,
+                                       max_grad_norm=config.rl.max_grad_norm)
+  curriculum = builders.build_curriculum(config, pool, builders.sampled_prompts(config))
+  train_like = jax.eval_shape(
+      lambda trainable, frozen: _init_train(config, optimizer,
+                                            model._replace(trainable=trainable, frozen=frozen)),
+      model.trainable, model.frozen)
+  train_shardings = mesh_lib.tree_shardings(train_like, mesh)
+  rep = mesh_lib.replicated(mesh)
+  ref = reference(config, model)
+  learn = rl_step.make_learn(graphdef=model.graphdef, optimizer=optimizer,
+                             curriculum_update=curriculum.update,
+                             config=builders.learn_config(config),
+                             use_lora=config.model.lora_rank > 0,
+                             out_shardings=(train_shardings, rep, rep), mesh=mesh)
+  return Programs(
+      graphdef=model.graphdef, optimizer=optimizer, curriculum=curriculum,
+      select=jax.jit(curriculum.select, out_shardings=rep), learn=learn,
+      sampler=dict(max_new_tokens=config.rl.max_new_tokens, eos_id=tokens.eos_id,
+                   stop_ids=tuple(tokens.stop_ids), pad_id=tokens.pad_id,
+                   group=budget.group_slots(config), mesh=mesh),
+      train_shardings=train_shardings,
+      base_shardings=(None if model.frozen is None
+                      else mesh_lib.param_shardings(model.frozen, mesh)),
+      ref_shardings=None if ref is None else mesh_lib.param_shardings(ref, mesh),
+      rows=mesh_lib.batch_sharding(mesh, 2), replicated=rep, mesh=mesh)
+
+
+def init_run_state(config: ml_collections.ConfigDict, programs: Programs, model: Model,
+                   pool: cur.PromptPool, key: jax.Array) -> RunState:
+  """A fresh run state (not yet placed on the mesh: `place`): the train state of
+  `model.trainable` (with PPO's value head and the first sampling temperature), the curriculum's
+  initial state drawn with `key`, the frozen base, empty per-prompt statistics when a method
+  reads them, and a healthy record."""
+  return RunState(train=_init_train(config, programs.optimizer, model),
+                  curriculum=programs.curriculum.init(pool, key), base=model.frozen,
+                  prompts=budget.init_prompt_stats(config, pool.size),
+                  health=recovery.Health(streak=0, origin=0, rollbacks=0))
+
+
+def shardings(programs: Programs, state: RunState) -> RunState:
+  """A RunState whose array fields hold the shardings of `state`'s arrays (module docstring);
+  `health` as in `state`."""
+  rep = lambda tree: jax.tree.map(lambda _: programs.replicated, tree)
+  return state._replace(train=programs.train_shardings, curriculum=rep(state.curriculum),
+                        base=programs.base_shardings, prompts=rep(state.prompts),
+                        rollouts=jax.tree.map(lambda _: programs.rows, state.rollouts))
+
+
+def _lay_out(programs: Programs, state: RunState, lay: Callable) -> RunState:
+  layout = shardings(programs, state)
+  return state._replace(**{name: lay(getattr(state, name), getattr(layout, name))
+                           for name in _ARRAY_FIELDS})
+
+
+def place(programs: Programs, state: RunState) -> RunState:
+  """`state` placed on the mesh as the programs expect it (`shardings`)."""
+  return _lay_out(programs, state, distributed.place)
+
+
+def abstract_tree(tree: Any, tree_shardings: Any) -> Any:
+  """`jax.ShapeDtypeStruct`s of `tree`'s arrays (or shapes) carrying `tree_shardings` (a tree of
+  the same structure; nnx Variables kept)."""
+  return jax.tree.map(
+      lambda x, s: None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      tree, tree_shardings, is_leaf=lambda x: x is None)
+
+
+def abstract(programs: Programs, state: RunState) -> RunState:
+  """The shapes of `state` (arrays or shapes) carrying the shardings the programs expect
+  (`shardings`): what the planner lowers the programs with."""
+  return _lay_out(programs, state, abstract_tree)
+
+
+def place_reference(programs: Programs, ref: Any) -> Any:
+  """The KL reference's weights (`reference`) placed by their logical axes, or None."""
+  return None if ref is None else distributed.place(ref, programs.ref_shardings)
+
+
+def policy(state: RunState) -> Any:
+  """What the sampler and the forward passes take as the policy's parameters: the trainable
+  parameters, or (adapters, frozen base) under LoRA."""
+  return forward.model_params(state.train.params, state.base)
+
+
+def sample(programs: Programs, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+           key: jax.Array, temperature: Any, active: Optional[jax.Array] = None):
+  """`sampler.sample` with the run's static arguments: a `Rollout` of the rows i32[R, Tp] (whole
+  groups of G rows, over the batch axes), sampled at `temperature` (a float, or the adaptive
+  controller's f32[]); rows where `active` bool[R] is False get no tokens."""
+  return sampler.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
+                        temperature=temperature, active=active, **programs.sampler)
+
+
+def learn_inputs(state: RunState, batch: Batch, key: jax.Array, ref: Any) -> tuple:
+  """The positional inputs of `programs.learn` for one step: (train state, curriculum state,
+  batch, key, frozen base, reference weights)."""
+  return state.train, state.curriculum, batch, key, state.base, ref

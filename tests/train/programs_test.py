@@ -1,0 +1,84 @@
+"""Tests of rl_curriculum/train/programs.py: one builder for the loop and the planner."""
+
+import jax
+import numpy as np
+import pytest
+
+from configs import toy
+from rl_curriculum import curriculum as cur
+from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.train import loop, plan, prepare, programs, rollouts
+import test_util
+
+
+def _config(lora: bool, kl: str):
+  """The toy config without SFT; LoRA adapters or full fine-tuning; no KL, a KL loss or a KL
+  penalty in the reward."""
+  c = toy.get_config()
+  c.sft.steps = 0
+  if lora:
+    c.model.lora_rank = 4
+  if kl == "loss":
+    c.rl.kl_coef = 0.05
+  elif kl == "reward":
+    c.rl.kl_reward_coef = 0.05
+  return c
+
+
+def _placed_learn_inputs(config, workdir):
+  """The learn step's inputs for one step, as the loop builds and places them: a fresh run
+  state, the KL reference, and a batch the loop's own rollout collected."""
+  run = prepare.prepare(config, workdir, log=lambda _: None)
+  mesh = prepare.run_mesh(config)
+  progs, state = loop.fresh_state(config, run, mesh)
+  state = programs.place(progs, state)
+  ref = programs.place_reference(progs, programs.reference(config, run.model))
+  k_select, k_sample, k_learn, k_filter = loop.step_keys(prepare.rl_root_key(config), 1)
+  selection, curriculum = progs.select(state.curriculum, k_select)
+  state = state._replace(curriculum=curriculum)
+  batch, _ = rollouts.collect(config, run, progs, rollouts.row_layout(config, mesh), state,
+                              selection, k_sample, k_filter)
+  return run, programs.learn_inputs(state, batch, k_learn, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora,kl", [(False, "none"), (False, "reward"), (False, "loss"),
+                                     (True, "none"), (True, "loss")])
+def test_the_planner_counts_the_bytes_the_loop_places(tmp_path, lora, kl):
+  config = _config(lora, kl)
+  run, inputs = _placed_learn_inputs(config, str(tmp_path))
+  ref = inputs[-1]
+  assert (ref is not None) == (not lora and kl != "none")  # a reference only when one is read
+  placed = mesh_lib.shard_bytes(inputs)
+  report = plan.plan(config, hbm_gib=1.0, prompt_len=run.pool.tokens.shape[1],
+                     vocab_size=run.tokenizer.vocab_size, programs=("learn",))
+  learn = report["programs"]["learn"]
+  assert learn["argument_bytes"] == placed
+  # XLA's count of the arguments the compiled program reads: jit drops inputs the program never
+  # reads, here a few scalars; weights placed but never read (MiB) would show here.
+  read = round(learn["argument_gib"] * plan.GIB)
+  assert 0 <= placed - read < 1024
+
+
+def test_a_reference_exists_exactly_when_something_reads_it():
+  for lora in (False, True):
+    for kl in ("none", "loss", "reward"):
+      assert programs.needs_reference(_config(lora, kl)) == (not lora and kl != "none")
+
+
+def test_abstract_and_placed_states_share_one_layout():
+  """`abstract` describes a state with the shardings `place` gives it."""
+  config = _config(lora=False, kl="none")
+  graphdef, params = test_util.tiny_model()
+  model = programs.Model(graphdef=graphdef, trainable=params, frozen=None)
+  arms = len(config.task.train_bins)
+  pool = cur.PromptPool.from_arms(np.arange(8 * arms) % arms)
+  mesh = prepare.run_mesh(config)
+  progs = programs.build(config, model, mesh, pool, programs.TokenIds(eos_id=1, pad_id=0))
+  state = programs.init_run_state(config, progs, model, pool, jax.random.PRNGKey(0))
+  placed, shapes = programs.place(progs, state), programs.abstract(progs, state)
+  for x, s in zip(jax.tree.leaves(placed.train), jax.tree.leaves(shapes.train)):
+    assert x.shape == s.shape and x.dtype == s.dtype and x.sharding.is_equivalent_to(
+        s.sharding, x.ndim)
+  arrays = lambda state: state._replace(health=None)  # health is host-side
+  assert mesh_lib.shard_bytes(arrays(placed)) == mesh_lib.shard_bytes(arrays(shapes))
