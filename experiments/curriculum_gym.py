@@ -1,6 +1,7 @@
 """Compares category-level curricula on the simulated learner.
 
-  python experiments/curriculum_gym.py --setting=ladder6_unlearnable_top --seeds=64 --out=results/
+  python experiments/curriculum_gym.py --setting=ladder6_unlearnable_top --seeds=64 \
+      --out=benchmarks/results/
 
 Runs every curriculum in `CURRICULA` for S seeds on a named setting of `rl_curriculum.curriculum.
 gym` and writes `curriculum_gym.md`, `.json` and `.png` to --out (the setting's name is appended
@@ -37,7 +38,7 @@ _SETTING = flags.DEFINE_enum("setting", DEFAULT_SETTING, sorted(gym.SETTINGS),
                              "Named gym setting.")
 _SEEDS = flags.DEFINE_integer("seeds", 64, "Seeds per curriculum.")
 _STEPS = flags.DEFINE_integer("steps", None, "Steps per run; default: the setting's.")
-_OUT = flags.DEFINE_string("out", "results/", "Output folder.")
+_OUT = flags.DEFINE_string("out", "benchmarks/results/", "Output folder.")
 _BENCHMARK = flags.DEFINE_bool("benchmark", True, "Also time SEC select + update (K=16, P=512).")
 
 # name -> constructor(pool, batch_size). Other modules may add entries before calling `run`.

@@ -120,8 +120,8 @@ def test_bad_config_raises():
 # SEC is run at temperature 0.2 (the paper's value for its 2-D arms; 0.4 on MATH). At the default
 # temperature 1.0 the property cannot hold on this ladder whatever the learner does: with RLOO on
 # 0/1 rewards and G = 8 an arm's reward is at most G / (G - 1) / 2 = 0.571, so the unlearnable
-# arm (Q = 0) keeps at least 1 / (1 + 5 e^0.571) = 10.2% of the mass. results/curriculum_gym.md
-# reports SEC at 1.0, 0.4 and 0.2.
+# arm (Q = 0) keeps at least 1 / (1 + 5 e^0.571) = 10.2% of the mass.
+# benchmarks/results/curriculum_gym.md reports SEC at 1.0, 0.4 and 0.2.
 LATE_MASS_CURRICULA = {
     "sec_t0.2": lambda pool, p: C.sec(pool, batch_size=p, temperature=0.2),
     "dump": lambda pool, p: C.dump(pool, batch_size=p),
