@@ -132,12 +132,15 @@ def shared_warm_start(config) -> str:
 
 
 def copy_warm_start(source: str, workdir: str) -> None:
-  """Copies the tokenizer and SFT caches of workdir `source` into a new `workdir`."""
-  os.makedirs(workdir)
+  """Copies the tokenizer and SFT caches of workdir `source` into `workdir`, each one that
+  `workdir` does not hold already (a resumed workdir keeps its own)."""
+  os.makedirs(workdir, exist_ok=True)
   for name in warm_start.CACHES:
-    path = os.path.join(source, name)
+    path, target = os.path.join(source, name), os.path.join(workdir, name)
+    if os.path.exists(target):
+      continue
     copy = shutil.copytree if os.path.isdir(path) else shutil.copy
-    copy(path, os.path.join(workdir, name))
+    copy(path, target)
 
 
 def run_rl(config, workdir: str, warm_from: Optional[str] = "shared") -> list[dict]:

@@ -39,9 +39,9 @@ def test_plan_gives_every_method_the_same_rollouts():
 
 def test_wall_time_of_a_run_stopped_by_sigterm_is_kept(tmp_path, monkeypatch):
   """A run preempted after 30 s and finished in 10 s more reports 40 s."""
-  from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import loop, prepare  # pylint: disable=import-outside-toplevel
   outcomes = iter([{"preempted_at": 2}, {}])
-  monkeypatch.setattr(loop, "prepare", lambda *args, **kwargs: None)
+  monkeypatch.setattr(prepare, "prepare", lambda *args, **kwargs: None)
   monkeypatch.setattr(loop, "train_and_evaluate", lambda config, folder: next(outcomes))
   monkeypatch.setattr(cc, "_link_warm_start",
                       lambda base, folder: os.makedirs(folder, exist_ok=True))
