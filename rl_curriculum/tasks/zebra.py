@@ -19,8 +19,10 @@ satisfies all clues.
 Clue kinds: at (X lives in house k), not_at, same (X is Y), not_same, left (X lives directly left
 of Y), next (X lives next to Y), before (X lives somewhere left of Y).
 
-Verification: the answer is lower-cased, stripped of punctuation and a leading "the"; correct when
-it equals the solution's value; formatted when it is one of that attribute's H value names.
+Verification: the answer is lower-cased and split into words; punctuation around a word and the
+word "the" are dropped, and a word that still holds anything but letters ("red0", "$eve$") makes
+the answer unreadable. Correct when the words are the solution's value; formatted when they are
+one of that attribute's H value names.
 """
 
 import functools
@@ -52,6 +54,8 @@ ATTRIBUTES = {
               "the person who plays {v}", "Which sport is played in house {k}?"),
 }
 _ATTR_NAMES = tuple(ATTRIBUTES)
+_PUNCTUATION = ".,;:!?\"'()*"  # stripped from either end of an answer's words
+_WORD = re.compile(r"[a-z]+")
 _KINDS = ("at", "not_at", "same", "not_same", "left", "next", "before")
 
 
@@ -189,8 +193,10 @@ class ZebraTask(base.Task):
                         meta=meta)
 
   def _check(self, problem, answer):
-    text = re.sub(r"[^a-z ]", " ", answer.lower()[:200])
-    words = [w for w in text.split() if w != "the"]
+    words = [w.strip(_PUNCTUATION) for w in answer.lower()[:200].split()]
+    words = [w for w in words if w and w != "the"]
+    if not all(_WORD.fullmatch(w) for w in words):
+      return False, False
     guess = " ".join(words)
     choices = [c.lower() for c in problem.meta["choices"]]
     return guess == problem.answer.lower(), guess in choices

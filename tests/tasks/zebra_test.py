@@ -83,7 +83,9 @@ def test_clue_text_mentions_every_clue():
 
 @pytest.mark.parametrize("text, correct, formatted", [
     ("{a}", True, True), ("The {a}.", True, True), ("{A}", True, True), ("house {a}", False, False),
-    ("{other}", False, True), ("purple", False, False),
+    ("{other}", False, True), ("purple", False, False), ("**{a}**", True, True),
+    ("\"{a}\"", True, True), ("{a}0", False, False), ("${a}0$", False, False),
+    ("{{{{{a}0}}}}", False, False), ("{a}_", False, False), ("the-{a}", False, False),
 ])
 def test_answer_normalisation(text, correct, formatted):
   task = zebra.ZebraTask()
