@@ -19,10 +19,10 @@ quickstart: install
 	$(BIN)/python -m experiments.train --config configs/quickstart.py --workdir workdirs/quickstart
 
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=40 tests
 
 test-fast: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax_tests $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 -m "not slow" tests
 
 # Speed against transformers, TRL and Tunix (33 min measured on one core; benchmarks/results/).
 benchmark: install

@@ -26,4 +26,5 @@ def get_config():
   c.eval.every = 2
   c.eval.batch_size = 8
   c.checkpoint.every = 1
+  c.model.scan_layers = True       # one block to compile, not four: most of a short run's time
   return c

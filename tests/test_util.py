@@ -92,6 +92,15 @@ def feedback(correct=None, *, rewards=None, ids=None, arms=None, advantages=None
       valid=None if valid is None else jnp.asarray(valid, bool))
 
 
+def fast_first(values: list) -> list:
+  """pytest parameters of `values`: the first runs in `make test-fast`, the others are marked
+  slow (variants of a case whose first already exercises the same code and compiles). A tuple
+  value fills several argument names."""
+  def param(value, marks=()):
+    return pytest.param(*value if isinstance(value, tuple) else (value,), marks=marks)
+  return [param(v, () if i == 0 else pytest.mark.slow) for i, v in enumerate(values)]
+
+
 def set_fields(config, **fields):
   """`config` with fields set by name, "section__field" for config.section.field (the ConfigDict
   is changed in place and returned)."""
@@ -102,12 +111,16 @@ def set_fields(config, **fields):
 
 
 def device_env(devices: int, **extra) -> dict:
-  """The environment of a subprocess that sees `devices` fake CPU devices (and the test run's
-  compilation cache), with `extra` variables set. Its XLA flags are the device count alone: the
-  fake devices' collectives wait at most 40 s for each other, which fully optimised code meets
-  on two busy cores."""
-  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-          **extra}
+  """The environment of a subprocess that sees `devices` fake CPU devices, with the test run's
+  XLA flags (conftest.py) and compilation cache, and `extra` variables set. The fake devices are
+  threads of one process: on two busy cores one of them can reach a collective long after the
+  others, so the time XLA lets them wait for each other (40 s by default, then it aborts the
+  process) is raised to 15 minutes."""
+  flags = " ".join([os.environ.get("XLA_FLAGS", ""),
+                    f"--xla_force_host_platform_device_count={devices}",
+                    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300",
+                    "--xla_cpu_collective_call_terminate_timeout_seconds=900"])
+  return {**os.environ, "XLA_FLAGS": flags.strip(), **extra}
 
 
 def shared_warm_start(config) -> str:

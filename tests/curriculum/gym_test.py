@@ -13,6 +13,7 @@ from rl_curriculum import curriculum as C
 from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import Curriculum
 from rl_curriculum.types import Selection
+import test_util
 
 SMALL = gym.GymConfig(num_bins=4, prompts_per_bin=5, batch_size=6, group_size=4, steps=5,
                       unlearnable=(3,))
@@ -140,7 +141,7 @@ def _ladder_traces(name):
   return jax.tree.map(np.asarray, gym.simulate_seeds(cur, LADDER, LADDER_KEYS))
 
 
-@pytest.mark.parametrize("name", sorted(LATE_MASS_CURRICULA))
+@pytest.mark.parametrize("name", test_util.fast_first(sorted(LATE_MASS_CURRICULA)))
 def test_late_mass_on_unlearnable_bin_below_ten_percent(name):
   """6-bin ladder, top bin unlearnable, 64 seeds: < 10% of the last quarter's slots on it."""
   mass = gym.late_mass(_ladder_traces(name)["arm_freq"], LADDER.unlearnable)
@@ -148,6 +149,7 @@ def test_late_mass_on_unlearnable_bin_below_ten_percent(name):
   assert float(mass.mean()) < 0.10, f"{name}: {mass.mean():.3f} of late slots on the dead bin"
 
 
+@pytest.mark.slow
 def test_vmap_over_seeds_matches_single_runs():
   many = _ladder_traces("dump")
   cur = LATE_MASS_CURRICULA["dump"](gym.make_pool(LADDER), LADDER.batch_size)

@@ -31,6 +31,7 @@ from rl_curriculum.model.checkpoint_errors import UnsupportedCheckpointError
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.hf_tokenizer import HFTokenizer
 from rl_curriculum.sampling import sampler
+import test_util
 
 VOCAB = 320
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -365,8 +366,6 @@ def test_sharded_load_on_eight_cpu_devices(tmp_path):
   np.save(tmp_path / "expected.npy", np.asarray(policy.logits(TOKENS)))
   np.save(tmp_path / "tokens.npy", TOKENS)
   script = textwrap.dedent(f"""
-      import os
-      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
       import jax, numpy as np
       from jax.sharding import NamedSharding, PartitionSpec
       from flax import nnx
@@ -385,7 +384,7 @@ def test_sharded_load_on_eight_cpu_devices(tmp_path):
       print("ok")
   """)
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        timeout=300, check=False)
+                        timeout=300, check=False, env=test_util.device_env(8))
   assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 

@@ -14,6 +14,7 @@ from rl_curriculum.model import kv_cache
 from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
+import test_util
 
 BASE = dict(vocab_size=48, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2, mlp_dim=48)
 VARIANTS = {
@@ -115,7 +116,7 @@ def test_stack_layers_rejects_missing_layers():
 # --- values and gradients ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", test_util.fast_first(sorted(VARIANTS)))
 def test_scanned_forward_and_gradients_equal_unrolled(variant):
   (graphdef, params), (graphdef_s, params_s) = _both(variant, seed=2)
   tokens, mask = _batch(3, lengths=[7, 3, 1], width=7)
@@ -165,6 +166,7 @@ def test_scanned_cache_decoding_equals_full_forward_and_unrolled():
   np.testing.assert_allclose(scanned, full[:, 4:], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_scanned_shared_prefix_equals_unrolled_values_and_gradients():
   (graphdef, params), (graphdef_s, params_s) = _both("llama_gqa", seed=7)
   prefix, prefix_mask = _batch(8, lengths=[4, 2], width=4)
@@ -193,8 +195,8 @@ def test_scanned_shared_prefix_equals_unrolled_values_and_gradients():
 # --- rematerialisation ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("remat", ["block", "dots"])
+@pytest.mark.parametrize("scan_layers", test_util.fast_first([False, True]))
+@pytest.mark.parametrize("remat", test_util.fast_first(["block", "dots"]))
 def test_remat_keeps_values_and_gradients(scan_layers, remat):
   config = ModelConfig.tiny(**VARIANTS["llama_gqa"], scan_layers=scan_layers)
   graphdef, params = _randomised(config, seed=11)
@@ -211,7 +213,9 @@ def test_remat_keeps_values_and_gradients(scan_layers, remat):
                                 _forward(graphdef, params, tokens, mask))
   grads = jax.jit(jax.grad(loss(graphdef)))(params)
   grads_r = jax.jit(jax.grad(loss(graphdef_r)))(params)
-  _assert_states_equal(grads_r, grads, atol=1e-6)
+  # The simple-kernel tolerance, as everywhere in this file: XLA may order the recomputed
+  # forward's sums differently from the saved one's.
+  _assert_states_equal(grads_r, grads, atol=1e-5)
   # The backward pass really recomputes: one rematerialised call per block in the gradient
   # program (one in the scan body when scanned), none without remat.
   jaxpr = str(jax.make_jaxpr(jax.grad(loss(graphdef_r)))(params))
@@ -219,6 +223,7 @@ def test_remat_keeps_values_and_gradients(scan_layers, remat):
   assert "remat2[" not in str(jax.make_jaxpr(jax.grad(loss(graphdef)))(params))
 
 
+@pytest.mark.slow
 def test_remat_with_a_cache_keeps_shared_prefix_gradients():
   config, scanned = _configs("llama_gqa")
   graphdef, params = _randomised(scanned, seed=13)
@@ -232,7 +237,9 @@ def test_remat_with_a_cache_keeps_shared_prefix_gradients():
       return jnp.sum(jnp.sin(hidden))
     return jax.jit(jax.grad(f))(params)
 
-  _assert_states_equal(grad(graphdef_r), grad(graphdef), atol=1e-6)
+  # The simple-kernel tolerance, as everywhere in this file: XLA may order the recomputed
+  # forward's sums differently from the saved one's (gradients up to ~5 here).
+  _assert_states_equal(grad(graphdef_r), grad(graphdef), atol=1e-5)
 
 
 # --- program size ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from flax import nnx
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
+import test_util
 
 BASE = dict(vocab_size=48, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=48)
 VARIANTS = {
@@ -187,7 +188,7 @@ def test_kv_cache_decoding_equals_full_forward(variant):
     np.testing.assert_allclose(logits, full[:, prompt_len - 1 + t], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", test_util.fast_first(sorted(VARIANTS)))
 def test_shared_prefix_equals_full_forward_values_and_gradients(variant):
   """Two prefixes (left-padded, lengths 5 and 2), three continuations each: the shared-prefix
   pass equals the full forward pass over each row's prefix ++ continuation, and so does the

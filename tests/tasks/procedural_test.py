@@ -12,6 +12,7 @@ import pytest
 
 from rl_curriculum.tasks import get_task
 from rl_curriculum.tasks.base import DEFAULT_FORMAT_BONUS, TEMPLATES, Score
+import test_util
 
 PROCEDURAL = ("arithmetic", "countdown", "zebra", "arc1d")
 VARIANTS = [("arithmetic", {}), ("arithmetic", {"chain": True}), ("countdown", {}),
@@ -161,7 +162,7 @@ _PROBLEMS = {n: [_TASKS[(n, "plain")].generate(3, b)
                  for b in range(_TASKS[(n, "plain")].num_difficulties)] for n in PROCEDURAL}
 
 
-@pytest.mark.parametrize("name", PROCEDURAL)
+@pytest.mark.parametrize("name", test_util.fast_first(PROCEDURAL))
 @settings(max_examples=2000, deadline=None)
 @given(data=st.data())
 def test_fuzz(name, data):

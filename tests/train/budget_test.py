@@ -204,6 +204,7 @@ def test_masked_rows_carry_no_gradient_and_no_reward():
                                                        _leaves(state3.params)))
 
 
+@pytest.mark.slow
 def test_counterfactual_advantages_subtract_the_prompts_baseline():
   baseline = jnp.array([0.5, 0.25, 1.0, 0.0])
   adv = adv_lib.group_advantages(jnp.asarray(_REWARDS), jnp.asarray(_VALID), "counterfactual",
@@ -222,6 +223,7 @@ def test_counterfactual_advantages_subtract_the_prompts_baseline():
   assert float(rloo["nonzero_adv_frac"]) == 0.0
 
 
+@pytest.mark.slow
 def test_vcrl_mask_trains_only_the_high_variance_groups():
   vcrl = cur.vcrl(2, batch_size=S, threshold=0.5)
   # Variance scores 4 s/n (1 - s/n): 1.0, 0.75, 0, 0 -> groups 0 and 1 are high-variance.

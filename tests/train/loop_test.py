@@ -156,6 +156,7 @@ def _cli(workdir, *overrides, config="quickstart"):
           *overrides]
 
 
+@pytest.mark.slow
 def test_cli_prints_a_bad_option_as_one_line(tmp_path):
   result = subprocess.run(_cli(str(tmp_path), "--config.curriculum.options.alpha=2.0"),
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -186,6 +187,7 @@ def test_a_non_finite_reward_is_rejected_on_the_host_naming_task_and_prompt():
     ("--config.rl.learning_rat=1e-3", "learning_rat"),
     ("--config.rl.steps=many", "steps"),
 ])
+@pytest.mark.slow
 def test_cli_rejects_unknown_keys_and_wrong_types(override, message, tmp_path):
   result = subprocess.run(_cli(str(tmp_path), override), capture_output=True, text=True,
                           timeout=300, cwd=ROOT)

@@ -128,6 +128,7 @@ def test_penalty_joins_the_rewards_before_whitening_and_the_advantages():
   np.testing.assert_allclose(float(whitened.whitening.mean), float(state.mean), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_penalty_metric_and_a_cache_outside_the_cap_is_refused():
   params, state, cur_state, learn = _setup(overlong="penalty", overlong_cache=1)
   _, _, metrics = learn(state, cur_state, _batch(), jax.random.PRNGKey(2), None, params)
@@ -143,6 +144,7 @@ def test_penalty_metric_and_a_cache_outside_the_cap_is_refused():
 # --- Overlong filtering (phase 2) ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_exclude_masks_truncated_completions_but_keeps_them_in_the_group_advantages():
   batch = _batch()
   keep = 1.0 - _expected_truncated().reshape(-1, 1)
@@ -163,6 +165,7 @@ def test_exclude_masks_truncated_completions_but_keeps_them_in_the_group_advanta
   np.testing.assert_allclose([adv.mean(), adv.std()], [0.0, 1.0], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_excluded_completions_keep_their_kl_penalty_in_the_group_baseline():
   """With a KL in the reward, a truncated completion's reward still loses beta * sum_t k1 over
   its tokens before the group advantages of the kept completions are computed."""
@@ -182,6 +185,7 @@ def test_excluded_completions_keep_their_kl_penalty_in_the_group_baseline():
                              rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_exclude_is_the_update_of_the_batch_without_the_truncated_tokens():
   """Training with exclusion equals training without it on a batch whose truncated completions
   count no token (the group advantages come from the rewards alone)."""

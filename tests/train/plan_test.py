@@ -30,6 +30,7 @@ def measured(tmp_path_factory):
     return json.load(f)
 
 
+@pytest.mark.slow
 def test_planned_arguments_match_the_buffers_a_real_step_keeps(measured):
   """What the planner says the learn step takes per device (train state and batch) is within 2x
   of the bytes JAX holds on one device around a real step with the same shapes and shardings,
@@ -40,6 +41,7 @@ def test_planned_arguments_match_the_buffers_a_real_step_keeps(measured):
   assert measured["peak_bytes"] >= live
 
 
+@pytest.mark.slow
 def test_the_verdict_flips_at_the_planned_peak(measured):
   assert measured["fits_above"] is True
   assert measured["fits_below"] is False
@@ -52,6 +54,7 @@ def test_the_verdict_flips_at_the_planned_peak(measured):
     assert p["peak_gib"] > 0
 
 
+@pytest.mark.slow
 def test_command_line_writes_json_and_rejects_a_bad_config(tmp_path):
   out = tmp_path / "plan.json"
   args = ["-m", "experiments.plan", "--config", "configs/toy.py", "--devices", "2",
@@ -66,6 +69,7 @@ def test_command_line_writes_json_and_rejects_a_bad_config(tmp_path):
   assert bad.returncode == 2 and "config.rl.microbatches" in bad.stderr
 
 
+@pytest.mark.slow
 def test_train_entrypoint_plans_without_a_workdir():
   result = _run(["-m", "experiments.train", "--config", "configs/toy.py", "--plan_only",
                  "--hbm_gib", "4", "--prompt_len", "8"], devices=1)

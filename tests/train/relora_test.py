@@ -16,6 +16,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.train import builders, examples, relora, rl_step, validation
 from rl_curriculum.train.state import init_train_state, init_value_head, RunState
+import test_util
 
 P, G, TP, T, V = 4, 4, 5, 3, 16
 RANK, ALPHA = 4, 8.0
@@ -235,7 +236,7 @@ def test_adapters_that_do_not_move_are_reported_frozen():
   assert float(metrics["adapter_frozen"]) == 1.0
 
 
-@pytest.mark.parametrize("signal,frozen", [(True, 0.0), (False, 1.0)])
+@pytest.mark.parametrize("signal,frozen", test_util.fast_first([(True, 0.0), (False, 1.0)]))
 def test_adapters_are_frozen_only_when_no_optimizer_step_moves_them(signal, frozen):
   """Two minibatches: every group with an advantage (both steps move the adapters), or none (no
   gradient on either step)."""
@@ -252,6 +253,7 @@ def test_adapters_are_frozen_only_when_no_optimizer_step_moves_them(signal, froz
   assert (float(metrics["adapter_grad_norm"]) > 0) == signal
 
 
+@pytest.mark.slow
 def test_full_fine_tuning_reports_no_adapter_health():
   config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
                             mlp_dim=64)

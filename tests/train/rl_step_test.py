@@ -93,7 +93,7 @@ def test_update_changes_params_and_curriculum():
   assert 0.0 < float(metrics["kl"]) < 1.0
 
 
-@pytest.mark.parametrize("whiten", [False, True])
+@pytest.mark.parametrize("whiten", test_util.fast_first([False, True]))
 def test_non_finite_reward_rolls_back_params_curriculum_and_whitening(whiten):
   # The curriculum is fed the rewards here, so a NaN reaches SEC's Q unless the step is undone.
   params, state, cur_state, learn = _setup(whiten_rewards=whiten, curriculum_feedback="reward")
@@ -116,6 +116,7 @@ def test_non_finite_reward_rolls_back_params_curriculum_and_whitening(whiten):
   assert np.all(np.isfinite(np.asarray(newer_cur.q)))
 
 
+@pytest.mark.slow
 def test_curriculum_sees_all_groups_policy_only_kept_ones():
   params, state, cur_state, learn = _setup(minibatches=1)
   # Six sampled groups; the filter kept groups 0 and 2 and could not fill two slots.
@@ -133,6 +134,7 @@ def test_curriculum_sees_all_groups_policy_only_kept_ones():
   np.testing.assert_allclose(float(metrics["loss"]), float(alone["loss"]), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_curriculum_feedback_from_correctness_ignores_a_format_bonus():
   # Group 1 is all wrong; two of its completions earn the format bonus. GRPO gives that group the
   # same |advantage| as a group with real successes; its correctness advantages are 0.
@@ -171,7 +173,8 @@ def test_ppo_step_trains_policy_and_value_head():
   assert value_losses[-1] < value_losses[0], value_losses
 
 
-@pytest.mark.parametrize("detach", [True, False])
+@pytest.mark.slow
+@pytest.mark.parametrize("detach", test_util.fast_first([True, False]))
 def test_detached_value_head_leaves_the_policy_update_alone(detach):
   """With value_detach the value loss trains the head only: the policy's update does not depend
   on vf_coef. Without it, the value loss's gradient reaches the trunk."""
@@ -187,6 +190,7 @@ def test_detached_value_head_leaves_the_policy_update_alone(detach):
   assert _tree_equal(updates[0], updates[1]) == detach
 
 
+@pytest.mark.slow
 def test_gae_advantages_and_returns_match_a_float64_loop():
   """PPO's view: outcome reward on the last counted token (EOS mid-row), GAE over a trained
   value head's estimates, whitened over tokens; against a float64 loop."""
@@ -231,7 +235,8 @@ def test_kl_is_zero_while_the_policy_equals_the_reference():
   assert abs(float(metrics["kl"])) < 1e-6  # one minibatch: the policy is the reference
 
 
-@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", test_util.fast_first(losses.AGGREGATIONS))
 def test_kl_term_is_aggregated_like_the_policy_loss(aggregation):
   graphdef, params = test_util.tiny_model()
   config = test_util.learn_config(kl_coef=0.5, kl_estimator="k2", aggregation=aggregation)
@@ -267,6 +272,7 @@ def test_k1_as_a_loss_is_rejected():
     validation.validate(c)
 
 
+@pytest.mark.slow
 def test_update_kl_measures_the_last_update_and_rolls_back_past_max_kl():
   # One optimizer step (on-policy): the pre-update ratio is 1 on every token, so only a KL taken
   # after the update can see it.
@@ -301,6 +307,7 @@ def test_minibatch_of_padding_groups_takes_no_step():
   assert _tree_equal(before, (after.params, after.opt_state))
 
 
+@pytest.mark.slow
 def test_metrics_average_only_the_minibatches_that_stepped():
   # Groups 0 and 1 are real, 2 and 3 padding; with two minibatches of two groups the key below
   # puts both padding groups in one minibatch, which takes no step and must not halve the means.
@@ -322,6 +329,7 @@ def test_metrics_average_only_the_minibatches_that_stepped():
   assert float(metrics["entropy"]) > 1.0 and float(metrics["ratio_mean"]) == 1.0
 
 
+@pytest.mark.slow
 def test_tokens_after_a_stop_change_nothing():
   """Masks that end mid-row (EOS at different positions): the padding tokens after a row's stop
   change neither the loss nor the update."""
@@ -342,6 +350,7 @@ def test_tokens_after_a_stop_change_nothing():
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_epochs_keep_logp_old_frozen_and_clipping_engages():
   graphdef, params = test_util.tiny_model()
   config = test_util.learn_config(epochs=2, minibatches=1)
@@ -365,8 +374,8 @@ def test_two_epochs_keep_logp_old_frozen_and_clipping_engages():
   assert not _tree_equal(params, new)
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+@pytest.mark.parametrize("level", test_util.fast_first(["token", "sequence"]))
+@pytest.mark.parametrize("aggregation", test_util.fast_first(losses.AGGREGATIONS))
 def test_one_minibatch_step_equals_the_textbook_update(level, aggregation):
   """One epoch of one minibatch skips the old policy's forward pass (logp_old = stop_gradient of
   the loss's own log-probs); the update must equal the textbook one computed here with an
@@ -405,6 +414,7 @@ def test_one_minibatch_step_equals_the_textbook_update(level, aggregation):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_grouped_completion_logprobs_equal_the_per_row_pass():
   """The learn step's grouped pass (each group's prompt once) gives the per-row pass's log-probs
   and gradients."""
@@ -437,6 +447,7 @@ def _lora_model(dtype="float32", b_scale=0.0):
   return graphdef, adapters, base
 
 
+@pytest.mark.slow
 def test_shared_prefix_pass_with_lora_in_bfloat16_is_as_exact_as_the_per_row_pass():
   """In bfloat16 the grouped pass (prompt once per group) and the per-row pass differ by
   rounding; the grouped one must be no further from the float32 answer than the per-row one."""
@@ -456,6 +467,7 @@ def test_shared_prefix_pass_with_lora_in_bfloat16_is_as_exact_as_the_per_row_pas
   assert err_grouped < 0.1  # bfloat16 keeps 8 bits of mantissa: log-probs within a tenth of a nat
 
 
+@pytest.mark.slow
 def test_lora_with_kl_trains_only_adapters_against_the_base_model():
   graphdef, adapters, base = _lora_model()
   optimizer = optax.adam(5e-2)
@@ -526,6 +538,7 @@ def test_one_minibatch_ratio_guard_and_metrics():
   np.testing.assert_allclose(float(metrics["completion_len"]), T, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_make_learn_compiles_once_across_steps():
   params, state, cur_state, learn = _setup(minibatches=2, kl_coef=0.1, max_kl=5.0)
   for i in range(3):
@@ -547,8 +560,10 @@ def _step_with(optimizer, **overrides):
   return new_state, metrics
 
 
-@pytest.mark.parametrize("microbatches,level", [(2, "token"), (4, "sequence")])
-@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+@pytest.mark.parametrize("microbatches,level",
+                         test_util.fast_first([(2, "token"), (4, "sequence")]))
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", test_util.fast_first(losses.AGGREGATIONS))
 def test_gradient_accumulation_equals_one_pass_over_the_minibatch(microbatches, level,
                                                                   aggregation):
   """k microbatches of one minibatch give the loss, gradient and SGD parameters of one pass over
@@ -581,7 +596,8 @@ def test_gradient_accumulation_is_not_a_mean_of_microbatch_means():
   np.testing.assert_allclose(float(summed), float(whole), rtol=1e-6)
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "ppo"])
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", test_util.fast_first(["rloo", "ppo"]))
 def test_microbatches_with_several_minibatches_match_the_unaccumulated_step(algorithm):
   """Two minibatches (old-policy pass, PPO's value loss and KL reference) with two microbatches
   each, the constant passes in four row blocks: the same update as without accumulation (SGD:
@@ -597,6 +613,7 @@ def test_microbatches_with_several_minibatches_match_the_unaccumulated_step(algo
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_chunked_head_in_the_learn_step_changes_nothing():
   """logits_chunk = 2 of T = 3 positions (one full chunk and a padded one), with an old-policy
   pass, a reference and the rollback's KL pass: the update of the unchunked head."""
@@ -635,6 +652,7 @@ def _token_advantages(mask):
   return np.repeat(_rloo(_rewards()).reshape(P * G, 1), T, axis=1) * mask
 
 
+@pytest.mark.slow
 def test_dual_clip_bounds_the_loss_of_negative_advantages():
   """Old log-probs 3 nats below the policy's: ratio e^3 on every token. Positive advantages are
   clipped at 1 + eps_high; negative ones would cost -e^3 A, and the dual clip caps them at -3 A."""
@@ -655,7 +673,8 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
   assert float(off_metrics["dual_clipfrac"]) == 0.0 and float(off) > float(loss)
 
 
-@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", test_util.fast_first(losses.AGGREGATIONS))
 def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy(aggregation):
   graphdef, params = test_util.tiny_model()
   mask = _ragged_mask()
@@ -686,7 +705,8 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy(aggr
   assert float(optax.tree.norm(jax.tree.map(jnp.subtract, with_bonus, without))) > 1e-4
 
 
-@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", test_util.fast_first(losses.AGGREGATIONS))
 def test_entropy_bonus_accumulates_over_microbatches_and_chunks(aggregation):
   """Two microbatches and a chunked head (2 of T = 3 positions): the update of one pass."""
   sgd = optax.sgd(0.5)
@@ -700,7 +720,7 @@ def test_entropy_bonus_accumulates_over_microbatches_and_chunks(aggregation):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("cap,weight", [(2.0, 1.5), (1.2, 1.2)])
+@pytest.mark.parametrize("cap,weight", test_util.fast_first([(2.0, 1.5), (1.2, 1.2)]))
 def test_truncated_importance_weights_scale_the_loss(cap, weight):
   """The sampler put every token at 1/1.5 of the trainer's probability: w = min(1.5, cap)."""
   graphdef, params = test_util.tiny_model()
@@ -759,6 +779,7 @@ def test_grpo_sample_std_shrinks_the_advantages_by_sqrt_of_n_minus_1_over_n():
   np.testing.assert_array_equal(np.asarray(rloo[0].advantages), np.asarray(rloo[1].advantages))
 
 
+@pytest.mark.slow
 def test_kl_in_the_reward_lowers_each_completions_reward_before_the_advantages():
   """RLOO of r - beta * sum_t k1, k1 = logp_old - logp_ref: on-policy the old policy's pass runs
   (the penalty needs it), and the reference's pass without a KL loss term."""

@@ -91,6 +91,7 @@ def test_traced_temperature_gives_the_loss_and_gradients_of_the_static_one():
              for a, b in zip(jax.tree.leaves(grads_1), jax.tree.leaves(grads_s))) > 1e-4
 
 
+@pytest.mark.slow
 def test_learn_step_at_the_state_temperature_equals_the_static_step():
   """Every pass of the step (old policy, reference, loss, rollback's new policy) reads the train
   state's temperature: the update equals that of the static LearnConfig(temperature=tau)."""
@@ -112,7 +113,7 @@ def test_learn_step_at_the_state_temperature_equals_the_static_step():
   assert float(new_static.temperature) == np.float32(tau) and "temperature" not in m_static
 
 
-@pytest.mark.parametrize("target", [4.0, 0.05])
+@pytest.mark.parametrize("target", test_util.fast_first([4.0, 0.05]))
 def test_controller_moves_the_temperature_toward_the_target(target):
   """tau' = clip(tau exp(rate (target - H)), min, max) with H the step's "entropy" metric: up
   for a target above the policy's entropy, down for one below; one compiled program."""
@@ -133,6 +134,7 @@ def test_controller_moves_the_temperature_toward_the_target(target):
   assert learn._cache_size() == 1  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_a_skipped_update_keeps_the_temperature():
   config = _adaptive(curriculum_feedback="reward")
   state, cur_state, learn, params = _learn(config, temperature=0.7)
