@@ -175,6 +175,16 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 2             # newest checkpoints kept on disk
   c.checkpoint.rollback_after = 0   # after this many skipped updates in a row, restore the newest
                                     # checkpoint saved healthy before them (0 = off)
+  c.checkpoint.collapse_after = 3   # after this many steps in a row that look collapsed (a
+                                    # uniform policy, no gradient despite advantages, or the two
+                                    # below), act as on_collapse says (0 = off)
+  c.checkpoint.on_collapse = "rollback"  # rollback: to the newest healthy checkpoint from before
+                                    # the collapse (none, or the same one again: stop); stop
+  c.checkpoint.collapse_entropy = 0.0  # nats per token below which a step whose groups carry no
+                                    # signal looks collapsed (0 = off)
+  c.checkpoint.collapse_reward_drop = 0.0  # a step whose mean reward falls below (1 - this) x
+                                    # its running mean looks collapsed (0 = off: a curriculum
+                                    # moving to harder bins lowers the reward by design)
 
   c.parallel = ml_collections.ConfigDict()  # docs/scaling.md
   c.parallel.mesh_shape = (-1, 1, 1)  # devices on (data, fsdp, tensor); one -1 takes the rest

@@ -2,7 +2,11 @@
 
 Overrides follow the config's field names, e.g. `--config.rl.steps=50
 --config.curriculum.name=uniform --config.curriculum.options={}` (a curriculum other than SEC takes
-other options). Running the same command again resumes from the workdir.
+other options). Running the same command again resumes from the workdir, from its newest intact
+checkpoint, with the config it was started with (fields such as rl.steps may change:
+rl_curriculum/train/workdir.py); `--allow_config_change` goes on with other values, logged.
+Exit status: 0 done, 1 the run stopped (a checkpoint it could not write, a collapsed policy), 2
+a bad command line or config, or a workdir another process is writing; each is one line.
 `--plan_only` compiles the run's sampler and learn step for the devices this process sees,
 without weights, prints their memory per device against `--hbm_gib` (default: the device's own
 limit) and exits (rl_curriculum/train/plan.py; `python -m experiments.plan` does the same on fake
@@ -16,8 +20,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from rl_curriculum.train import validation
-from rl_curriculum.train import loop
+from experiments import cli
+from rl_curriculum.train import checkpointing, loop, recovery, validation, workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -25,6 +29,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, logs, 
 _PLAN_ONLY = flags.DEFINE_bool("plan_only", False, "Print the memory plan and exit.")
 _HBM = flags.DEFINE_float("hbm_gib", 0.0, "Budget per device for --plan_only (0: the device's).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row for --plan_only.")
+_ALLOW_CHANGE = flags.DEFINE_bool("allow_config_change", False,
+                                  "Resume with a config other than the workdir's (logged).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -51,11 +57,19 @@ def main(argv):
       sys.exit(_plan_only())
     if not _WORKDIR.value:
       raise app.UsageError("--workdir is required (except with --plan_only)")
-    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except validation.ConfigError as e:  # a bad field: one line naming it, no traceback
+    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                            allow_config_change=_ALLOW_CHANGE.value)
+  except (validation.ConfigError, workdir.WorkdirBusy) as e:  # one line naming it, no traceback
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(cli.USAGE_ERROR)
+  except (checkpointing.CheckpointError, recovery.Collapsed) as e:  # each says what to do
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  except OSError as e:  # a full disk or a permission outside the checkpoints (metrics, report)
+    print(f"error: {e.strerror or e}: {e.filename or ''}; the checkpoints written before it are "
+          "intact: run the same command to resume once it is fixed", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -156,18 +156,20 @@ def copy_warm_start(source: str, workdir: str) -> None:
     copy(path, target)
 
 
-def run_rl(config, workdir: str, warm_from: Optional[str] = "shared") -> list[dict]:
+def run_rl(config, workdir: str, warm_from: Optional[str] = "shared",
+           allow_config_change: bool = False) -> list[dict]:
   """Rows of metrics.jsonl of the RL steps (step >= 1) of `loop.train_and_evaluate(config,
   workdir)`. The run starts from a copy of a tokenizer and SFT warm start made with the same
   task, model and SFT settings: by default the test run's shared one (`shared_warm_start`),
-  else that of workdir `warm_from`; with `warm_from=None` it makes its own."""
+  else that of workdir `warm_from`; with `warm_from=None` it makes its own. A workdir holding
+  checkpoints made with another config is resumed only with `allow_config_change`."""
   from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
   if warm_from == "shared":
     warm_from = shared_warm_start(config)
   if warm_from is not None:
     copy_warm_start(warm_from, workdir)
-  loop.train_and_evaluate(config, workdir)
+  loop.train_and_evaluate(config, workdir, allow_config_change=allow_config_change)
   rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
   assert [r["step"] for r in rows] == list(range(1, config.rl.steps + 1))
   return rows

@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+NUM_RESERVED = 4  # the ids above, which no piece of the corpus takes
 
 
 class SentencePieceTokenizer:
@@ -79,15 +80,25 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int = 256,
     split_digits: split numbers into single digits.
 
   Raises:
-    ValueError: if the corpus is empty.
+    ValueError: the corpus is empty, or `vocab_size` is below what it needs (a piece for every
+      distinct character, every one kept, plus the 4 reserved ids), or the trainer refused it.
   """
   texts = [t for t in texts if t]
   if not texts:
     raise ValueError("cannot train a tokenizer on an empty corpus")
+  needed = len(set().union(*map(set, texts))) + NUM_RESERVED
+  if vocab_size < needed:
+    raise ValueError(f"{vocab_size} is too small for this corpus: it needs at least {needed} "
+                     f"pieces ({needed - NUM_RESERVED} distinct characters and {NUM_RESERVED} "
+                     "reserved ids)")
   buffer = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
-      model_type=model_type, split_digits=split_digits, hard_vocab_limit=False,
-      pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, character_coverage=1.0,
-      add_dummy_prefix=False, remove_extra_whitespaces=False, num_threads=1, minloglevel=2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
+        model_type=model_type, split_digits=split_digits, hard_vocab_limit=False,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, character_coverage=1.0,
+        add_dummy_prefix=False, remove_extra_whitespaces=False, num_threads=1, minloglevel=2)
+  except RuntimeError as e:  # the trainer's own checks, as one line
+    raise ValueError(f"SentencePiece refused vocab_size={vocab_size}: "
+                     f"{' '.join(str(e).split())[:300]}") from e
   return SentencePieceTokenizer(buffer.getvalue())

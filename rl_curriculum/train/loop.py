@@ -1,7 +1,8 @@
 """`train_and_evaluate(config, workdir)`: the whole experiment, in labelled phases.
 
-  1-3. preparation   config checks (once, before anything is built), data and tokenizer, model
-                     and SFT warm start (`prepare`)
+  1-3. preparation   config checks (once, before anything is built), the workdir locked and its
+                     config compared with the one its checkpoints were made with (`workdir`),
+                     data and tokenizer, model and SFT warm start (`prepare`)
   4. RL state        the run's programs (`programs.build`, the builder the memory planner uses
                      too), a fresh `RunState` placed on the mesh, or the newest checkpoint's
   5. loop            select -> collect (sample, score on the host, filter; `rollouts`) -> learn
@@ -26,6 +27,7 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.train import budget, checkpointing, features, programs as programs_lib
 from rl_curriculum.train import recovery, relora, rollouts, summary, validation
+from rl_curriculum.train import workdir as workdir_lib
 from rl_curriculum.train.metrics import MetricsWriter
 from rl_curriculum.train.prepare import Prepared, prepare, rl_root_key, run_mesh, token_ids
 from rl_curriculum.train.state import RunState, checkpoint_tree, with_checkpoint
@@ -92,8 +94,8 @@ def restore_params(config: ml_collections.ConfigDict, run: Prepared, workdir: st
   _, state = fresh_state(config, run, run_mesh(config))
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
   like = checkpoint_tree(config, state)
-  restored = (checkpointing.restore_latest(manager, like) if step is None
-              else checkpointing.restore(manager, step, like))
+  restored = (checkpointing.restore_latest(manager, like, _main_process_print, set_aside=False)
+              if step is None else checkpointing.restore(manager, step, like))
   manager.close()
   if restored is None:
     return 0, programs_lib.policy(state)
@@ -106,8 +108,9 @@ def _main_process_print(text: str) -> None:
 
 
 def _restore(loop: Loop, state: RunState) -> tuple[int, RunState, Optional[dict]]:
-  """(step, state, accuracy before RL) of the newest checkpoint, or (0, `state`, None)."""
-  restored = checkpointing.restore_latest(loop.manager, checkpoint_tree(loop.config, state))
+  """(step, state, accuracy before RL) of the newest intact checkpoint, or (0, `state`, None)."""
+  restored = checkpointing.restore_latest(loop.manager, checkpoint_tree(loop.config, state),
+                                          loop.log)
   if restored is None:
     return 0, state, None
   step, tree, meta = restored
@@ -116,24 +119,19 @@ def _restore(loop: Loop, state: RunState) -> tuple[int, RunState, Optional[dict]
   return step, state, meta.get("before")
 
 
-def _save(loop: Loop, step: int, state: RunState, before: dict, wait: bool) -> None:
+def _save(loop: Loop, step: int, state: RunState, before: dict) -> None:
   checkpointing.save(loop.manager, step, checkpoint_tree(loop.config, state),
-                     {"before": before, "step": step, **recovery.meta(state.health)}, wait=wait)
+                     {"before": before, "step": step, **recovery.meta(state.health)})
 
 
-def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[Loop, RunState, int, dict]:
-  """Phases 1-4: (loop, placed run state, step it continues after, held-out accuracy before RL,
-  measured now on a fresh run)."""
-  task = validation.checked_task(config)  # the one check, before anything starts
-  distributed.initialize(config.parallel.coordinator_address or None,
-                         config.parallel.num_processes, config.parallel.process_id)
+def _start(config: ml_collections.ConfigDict, workdir: str,
+           task) -> tuple[Loop, RunState, int, dict]:
+  """Phases 2-4 (the config checked, the workdir locked): (loop, placed run state, step it
+  continues after, held-out accuracy before RL, measured now on a fresh run)."""
   mesh = run_mesh(config)
   layout = rollouts.row_layout(config, mesh)
   log = _main_process_print
   run = prepare(config, workdir, log, task=task)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json(indent=1))
   programs, state = fresh_state(config, run, mesh)
   log(mesh_lib.describe(mesh))
   merge = (relora.make_merge(programs.optimizer, programs.train_shardings,
@@ -144,8 +142,11 @@ def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[Loop, RunSt
                                                programs_lib.reference(config, run.model)),
               root=rl_root_key(config), log=log, merge=merge,
               manager=checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
-                                                 max_to_keep=config.checkpoint.keep))
+                                                 max_to_keep=config.checkpoint.keep,
+                                                 writer=True))
   start, state, before = _restore(loop, programs_lib.place(programs, state))
+  if jax.process_index() == 0:  # once the checkpoint fits: the config its next steps are made by
+    workdir_lib.record_config(config, workdir)
   if before is None:
     before = summary.evaluate(config, run, programs_lib.policy(state))
   return loop, state, start, before
@@ -176,16 +177,18 @@ def _learn(loop: Loop, state: RunState, batch, key: jax.Array, step: int) -> tup
   return state, jax.device_get(metrics)
 
 
-def _after_update(loop: Loop, state: RunState, step: int, skipped: bool,
+def _after_update(loop: Loop, state: RunState, step: int, learned: dict,
                   log: Callable[[str], None]) -> tuple[RunState, dict]:
-  """The run state after step `step`'s update: its health record, a rollback when one is due,
-  a ReLoRA merge when one is due; and their metrics."""
+  """The run state after step `step`'s update (`learned`: its metrics): its health record, a
+  rollback when one is due (a skip streak, a collapse; a collapse may instead set
+  `health.stopped`), a ReLoRA merge when one is due; and their metrics."""
   config = loop.config
-  state = state._replace(health=recovery.after_update(state.health, step, skipped))
-  state = recovery.roll_back_if_due(config, loop.manager, state, log)
+  health = recovery.after_update(state.health, step, bool(learned["update_skipped"]))
+  health, why = recovery.after_check(config, health, learned, loop.run.tokenizer.vocab_size)
+  state = recovery.roll_back_if_due(config, loop.manager, state._replace(health=health), log)
+  state = recovery.act_on_collapse(config, loop.manager, state, step, why, log)
   state, metrics = relora.maybe_merge(config, step, loop.root, state, loop.merge)
-  if config.checkpoint.rollback_after > 0:
-    metrics.update(recovery.metrics(state.health))
+  metrics.update(recovery.metrics(config, state.health))
   return state, metrics
 
 
@@ -201,7 +204,7 @@ def run_step(loop: Loop, state: RunState, step: int,
   t = time.time()
   state, metrics = _learn(loop, state, batch, k_learn, step)
   metrics = {**metrics, **stats, "time/learn_s": time.time() - t}
-  state, after = _after_update(loop, state, step, bool(metrics["update_skipped"]), log)
+  state, after = _after_update(loop, state, step, metrics, log)
   return state, {**metrics, **after}
 
 
@@ -216,44 +219,76 @@ def _save_due(config: ml_collections.ConfigDict, state: RunState, step: int) -> 
   return periodic or step == config.rl.steps
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) the experiment described by `config` in `workdir`; returns a summary.
-
-  Multi-process runs (config.parallel, docs/scaling.md) run this on every process; only process
-  0 writes logs and reports, and the others return {"process_index": i}.
+def _run_steps(loop: Loop, state: RunState, start: int, before: dict, writer: MetricsWriter,
+               first: dict) -> Optional[int]:
+  """Phase 5: steps start + 1 ... rl.steps, each logged (`first`: extra metrics of the first
+  one) and saved when due. Returns the step a SIGTERM stopped after, or None.
 
   Raises:
-    validation.ConfigError: a config field the run cannot use, before anything is built.
-    ValueError: the workdir's caches were made with other settings (`warm_start.check_workdir`).
+    recovery.Collapsed: the policy collapsed and `checkpoint.on_collapse` stops the run (the
+      step's metrics are written, its state is not saved).
   """
-  loop, state, start, before = _start(config, workdir)
-  run, is_main = loop.run, jax.process_index() == 0
-  writer = MetricsWriter(workdir, total_steps=config.rl.steps, resume_step=start,
-                         enabled=is_main, console_keys=("reward_mean", "correct_mean",
-                                                        "nonzero_adv_frac"))
-  if start == 0:
-    writer.write(0, summary.eval_metrics(config, run, before, before))
-  preempted_at = None
+  config, run = loop.config, loop.run
   with _Preemption() as preemption:
     for step in range(start + 1, config.rl.steps + 1):
       state, metrics = run_step(loop, state, step, writer.print)
       if step % config.eval.every == 0 or step == config.rl.steps:
         accuracy = summary.evaluate(config, run, programs_lib.policy(state))
         metrics.update(summary.eval_metrics(config, run, accuracy, before))
-      writer.write(step, metrics)
+      writer.write(step, {**metrics, **(first if step == start + 1 else {})})
+      if state.health.stopped:
+        raise recovery.Collapsed(state.health.stopped)
       if jax.process_count() > 1:  # a SIGTERM that reached one host stops them all
         preemption.requested = distributed.any_process(preemption.requested)
       if _save_due(config, state, step) or preemption.requested:
-        _save(loop, step, state, before, wait=preemption.requested)
+        _save(loop, step, state, before)
       if preemption.requested:
         writer.print(f"SIGTERM: saved step {step}; run the same command to resume")
-        preempted_at = step
-        break
-  loop.manager.wait_until_finished()
-  writer.close()
-  if preempted_at is not None:
-    return {"preempted_at": preempted_at}
-  distributed.sync("metrics written")
-  if not is_main:
-    return {"process_index": jax.process_index()}
-  return summary.final_report(config, run, workdir, before, loop.log)
+        return step
+  return None
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       allow_config_change: bool = False) -> dict:
+  """Runs (or resumes) the experiment described by `config` in `workdir`; returns a summary.
+
+  The workdir is locked while the run writes it (`workdir.Lock`). A resumed run must have the
+  config its checkpoints were made with, up to `workdir.SAFE_TO_CHANGE`; `allow_config_change`
+  lets it go on with other values, logged in metrics.jsonl at the step they take effect.
+  Multi-process runs (config.parallel, docs/scaling.md) run this on every process; only process
+  0 writes logs and reports, and the others return {"process_index": i}.
+
+  Raises:
+    validation.ConfigError: a config field the run cannot use, before anything is built
+      (`workdir.ConfigChanged`: a resumed run's config differs from its workdir's).
+    workdir.WorkdirBusy: another process is writing the workdir.
+    ValueError: the workdir's caches were made with other settings (`warm_start.check_workdir`).
+    checkpointing.CheckpointError: a checkpoint could not be written (the run stops there).
+    recovery.Collapsed: the policy collapsed (`checkpoint.on_collapse`).
+  """
+  task = validation.checked_task(config)  # the one check, before anything starts
+  distributed.initialize(config.parallel.coordinator_address or None,
+                         config.parallel.num_processes, config.parallel.process_id)
+  is_main = jax.process_index() == 0
+  with workdir_lib.Lock(workdir, enabled=is_main):
+    changes = workdir_lib.check_config(config, workdir, allow_changes=allow_config_change)
+    loop, state, start, before = _start(config, workdir, task)
+    first = {}
+    if changes:
+      first = {"config_change": workdir_lib.describe_changes(changes)}
+      loop.log(f"resuming with a changed config: {first['config_change']}")
+    writer = MetricsWriter(workdir, total_steps=config.rl.steps, resume_step=start,
+                           enabled=is_main, console_keys=("reward_mean", "correct_mean",
+                                                          "nonzero_adv_frac"))
+    try:
+      if start == 0:
+        writer.write(0, summary.eval_metrics(config, loop.run, before, before))
+      preempted_at = _run_steps(loop, state, start, before, writer, first)
+    finally:
+      writer.close()
+    if preempted_at is not None:
+      return {"preempted_at": preempted_at}
+    distributed.sync("metrics written")
+    if not is_main:
+      return {"process_index": jax.process_index()}
+    return summary.final_report(config, loop.run, workdir, before, loop.log)

@@ -61,6 +61,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
   if task is None:
     task = validation.checked_task(config)
   os.makedirs(workdir, exist_ok=True)
+  record = os.path.join(workdir, warm_start.RECORD)
+  fresh = not os.path.exists(record)
   warm_start.check_workdir(config, workdir)
 
   # 2. Data and tokenizer (trained on the task's problems, or the checkpoint's own).
@@ -78,8 +80,13 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
     policy = pretrained.load_pretrained(config.model.source, **builders.model_numerics(config))
     tok = policy.tokenizer
   else:
-    tok = data.workdir_tokenizer(workdir, data.tokenizer_corpus(splits),
-                                 config.tokenizer.vocab_size, config.tokenizer.model_type)
+    try:
+      tok = data.workdir_tokenizer(workdir, data.tokenizer_corpus(splits),
+                                   config.tokenizer.vocab_size, config.tokenizer.model_type)
+    except ValueError as e:  # a vocabulary the trainer rejects for this task's text
+      if fresh and os.path.exists(record):  # the next run, with another size, starts clean
+        os.remove(record)
+      raise validation.ConfigError(f"config.tokenizer.vocab_size: {e}") from e
   pools = data.make_pools(splits, task, tok, train_bins, template=config.task.template,
                           bin_arms=arms.of_bin)
   log(f"data: {len(splits.rl)} RL prompts in {len(train_bins)} bins ({len(arms.names)} arms), "

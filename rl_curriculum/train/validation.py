@@ -10,6 +10,7 @@ templates), and the curricula's own constructors check their options.
 """
 
 import inspect
+import math
 import os
 from typing import Callable
 
@@ -18,11 +19,13 @@ import ml_collections
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
 from rl_curriculum.model.config import PRESETS, REMAT_POLICIES
+from rl_curriculum.model.tokenizer import NUM_RESERVED
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import surrogate
 from rl_curriculum.tasks.base import TEMPLATES
 from rl_curriculum.train import budget, builders, data
+from rl_curriculum.train.recovery import ON_COLLAPSE
 from rl_curriculum.train.rl_types import (ALGORITHMS, CURRICULUM_FEEDBACK, DR_GRPO_AGGREGATION,
                                           KL_LOSS_ESTIMATORS, OVERLONG)
 
@@ -51,6 +54,7 @@ def validate(config: ml_collections.ConfigDict, *, task=None, check_source: bool
   shapes without weights. With the configured `task` (a `tasks.Task`) it also checks the
   training and evaluation bins against the task's, and builds the curriculum over the exact arms
   (`num_arms`)."""
+  _validate_finite(config)
   _validate_model(config.model, check_source)
   _validate_rl(config.rl)
   _validate_mixture(config)
@@ -74,6 +78,18 @@ def checked_task(config: ml_collections.ConfigDict):
     raise ConfigError(f"config.task: {e}") from e
   validate(config, task=task)
   return task
+
+
+def _validate_finite(node, path: str = "") -> None:
+  """Every number of the config is finite: NaN passes every comparison check below unseen."""
+  if isinstance(node, ml_collections.ConfigDict):
+    for key, value in node.items():
+      _validate_finite(value, f"{path}.{key}" if path else key)
+  elif isinstance(node, (tuple, list)):
+    for value in node:
+      _validate_finite(value, path)
+  elif isinstance(node, float) and not math.isfinite(node):
+    _fail(path, f"must be a finite number, got {node}")
 
 
 def _validate_model(model: ml_collections.ConfigDict, check_source: bool) -> None:
@@ -273,6 +289,13 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
   if check_source and c.model.source and c.sft.steps:
     _fail("sft.steps", "must be 0 with a pretrained model (config.model.source): the SFT "
           "targets are plain-template completions for models trained here")
+  if not task.eval_bins:
+    _fail("task.eval_bins", "empty: give the bins whose held-out accuracy the run reports")
+  if not c.model.source and (not isinstance(c.tokenizer.vocab_size, int)
+                             or c.tokenizer.vocab_size <= NUM_RESERVED):
+    _fail("tokenizer.vocab_size", f"must be a whole number above the {NUM_RESERVED} reserved ids "
+          f"(and at least the task text's distinct characters + {NUM_RESERVED}), got "
+          f"{c.tokenizer.vocab_size!r}")
   if c.tokenizer.model_type not in builders.TOKENIZER_TYPES:
     _fail("tokenizer.model_type", f"must be one of {builders.TOKENIZER_TYPES}, got "
           f"{c.tokenizer.model_type!r}")
@@ -283,17 +306,26 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
 
 
 def _validate_eval(c: ml_collections.ConfigDict) -> None:
-  """config.eval and config.checkpoint: sizes, periods and the rollback."""
+  """config.eval and config.checkpoint: sizes, periods, the rollback and collapse handling."""
   if c.eval.min_held_out < 0:
     _fail("eval.min_held_out", f"must be >= 0, got {c.eval.min_held_out}")
   for group, name in (("eval", "every"), ("eval", "batch_size"), ("checkpoint", "every"),
                       ("checkpoint", "keep")):
     if c[group][name] < 1:
       _fail(f"{group}.{name}", f"must be >= 1, got {c[group][name]}")
-  rollback_after = c.checkpoint.rollback_after
-  if not isinstance(rollback_after, int) or rollback_after < 0:
-    _fail("checkpoint.rollback_after", f"must be a whole number >= 0 (0 = off), got "
-          f"{rollback_after!r}")
+  for name in ("rollback_after", "collapse_after"):
+    value = c.checkpoint[name]
+    if not isinstance(value, int) or value < 0:
+      _fail(f"checkpoint.{name}", f"must be a whole number >= 0 (0 = off), got {value!r}")
+  if c.checkpoint.on_collapse not in ON_COLLAPSE:
+    _fail("checkpoint.on_collapse", f"must be one of {ON_COLLAPSE}, got "
+          f"{c.checkpoint.on_collapse!r}")
+  if not c.checkpoint.collapse_entropy >= 0:
+    _fail("checkpoint.collapse_entropy", f"must be >= 0 (0 = off), got "
+          f"{c.checkpoint.collapse_entropy}")
+  if not 0 <= c.checkpoint.collapse_reward_drop < 1:
+    _fail("checkpoint.collapse_reward_drop", f"must lie in [0, 1) (0 = off), got "
+          f"{c.checkpoint.collapse_reward_drop}")
 
 
 def _validate_bins(task: ml_collections.ConfigDict, num_task_bins: int, eval_only_bins) -> None:
@@ -307,6 +339,8 @@ def _validate_bins(task: ml_collections.ConfigDict, num_task_bins: int, eval_onl
   bad = [b for b in task.eval_bins if not 0 <= b < num_task_bins]
   if bad:
     _fail("task.eval_bins", f"{bad} outside [0, {num_task_bins})")
+  if len(set(task.eval_bins)) != len(task.eval_bins):
+    _fail("task.eval_bins", f"{list(task.eval_bins)} lists a bin twice")
 
 
 def _validate_curriculum(c: ml_collections.ConfigDict, task=None) -> None:

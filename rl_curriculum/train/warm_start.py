@@ -78,11 +78,12 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
 def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params: Any,
                pools: Pools, mesh, log: Callable[[str], None]) -> Any:
   """The SFT warm start of `params` on `pools.sft` (config.sft), restored from workdir/sft when
-  present, trained and saved there otherwise."""
+  it holds an intact one, trained and saved there otherwise (a damaged one is moved aside and
+  trained again: SFT is deterministic)."""
   folder = os.path.join(workdir, SFT_DIR)
   params = distributed.place(params, mesh_lib.param_shardings(params, mesh))
-  manager = checkpointing.make_manager(folder, max_to_keep=1, enable_async=False)
-  restored = checkpointing.restore_latest(manager, params)
+  manager = checkpointing.make_manager(folder, max_to_keep=1)
+  restored = checkpointing.restore_latest(manager, params, log)
   if restored is not None:
     manager.close()
     log(f"SFT warm start restored from {folder}")
@@ -94,7 +95,7 @@ def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params
   params, curve = sft.run_sft(params, graphdef, pools.sft, targets, target_mask,
                               steps=config.sft.steps, batch_size=config.sft.batch_size,
                               optimizer=optimizer, seed=config.seed, log=log)
-  checkpointing.save(manager, config.sft.steps, params, {"loss_curve": curve[-10:]}, wait=True)
+  checkpointing.save(manager, config.sft.steps, params, {"loss_curve": curve[-10:]})
   manager.close()
   return params
 

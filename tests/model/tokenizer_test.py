@@ -37,3 +37,15 @@ def test_decode_stops_at_eos_and_skips_pad():
 def test_empty_corpus_raises():
   with pytest.raises(ValueError, match="empty corpus"):
     tok_lib.train_sentencepiece(["", ""])
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_a_vocabulary_too_small_for_the_corpus_is_refused_with_the_size_it_needs(model_type):
+  corpus = ["12 + 34 = 46", "what is 3 * 4?"] * 20
+  chars = len(set("".join(corpus)))
+  needed = chars + tok_lib.NUM_RESERVED
+  with pytest.raises(ValueError, match=f"{needed - 1} is too small for this corpus: it needs at "
+                     f"least {needed} pieces \\({chars} distinct characters and 4 reserved ids"):
+    tok_lib.train_sentencepiece(corpus, vocab_size=needed - 1, model_type=model_type)
+  # The count is SentencePiece's own: one piece more and its trainer accepts it.
+  assert tok_lib.train_sentencepiece(corpus, vocab_size=needed, model_type=model_type).vocab_size

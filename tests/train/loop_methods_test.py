@@ -6,15 +6,18 @@ import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 
 from configs import toy
 from flax import nnx
 from rl_curriculum.model import transformer
-from rl_curriculum.train import checkpointing, loop
+from rl_curriculum.train import builders, checkpointing, loop, recovery
 from rl_curriculum.train import prepare as prepare_lib
+from rl_curriculum.train.metrics import read_jsonl
 import test_util
 
 # The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.
@@ -32,6 +35,9 @@ def _lora_config(steps, merge_every=0):
   c.model.lora_rank = 4
   c.model.lora_merge_every = merge_every
   c.checkpoint.keep = 3  # every step's checkpoint stays (checkpoint.every = 1)
+  # At this rate the toy policy turns uniform after one update (entropy ln V): the merges and
+  # rollbacks of these tests are what they test, not what a collapse sets off.
+  c.checkpoint.collapse_after = 0
   return c
 
 
@@ -141,9 +147,9 @@ def test_resume_across_a_merge_reproduces_the_uninterrupted_run(merged, tmp_path
 
 @pytest.mark.slow
 def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint(
-    merged, tmp_path, capsys):
-  """The merged run resumed after step 2 with an infinite learning rate: every update is
-  non-finite and skipped. After two in a row (steps 3, 4) the run returns to the newest healthy
+    merged, tmp_path, capsys, monkeypatch):
+  """The merged run resumed after step 2 with an optimizer whose every update is NaN (and the
+  changed config allowed): every update is non-finite and skipped. After two in a row (steps 3, 4) the run returns to the newest healthy
   checkpoint whose state precedes step 2's accepted update, step 1's (before the merge, so its
   base is the warm start's); two more (5, 6) find nothing older and carry on."""
   merged_dir, _ = merged
@@ -151,10 +157,20 @@ def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint
   shutil.copytree(merged_dir, workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))  # as if stopped after step 2
   config = _lora_config(6, merge_every=100)  # the base in the checkpoints, no merge in steps 3-6
-  config.rl.learning_rate = float("inf")
   config.checkpoint.rollback_after = 2
+  build_optimizer = builders.build_optimizer
+
+  def nan_updates(*args, **kwargs):  # the optimizer's own state, its updates all NaN
+    inner = build_optimizer(*args, **kwargs)
+
+    def update(grads, state, params=None):
+      updates, state = inner.update(grads, state, params)
+      return jax.tree.map(lambda u: u * jnp.nan, updates), state
+    return optax.GradientTransformation(inner.init, update)
+
+  monkeypatch.setattr(builders, "build_optimizer", nan_updates)
   capsys.readouterr()
-  rows = test_util.run_rl(config, workdir)[2:]
+  rows = test_util.run_rl(config, workdir, allow_config_change=True)[2:]
   out = capsys.readouterr().out
   assert [r["update_skipped"] for r in rows] == [1.0] * 4
   assert [r["skip_streak"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
@@ -177,4 +193,26 @@ def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint
   metas = checkpointing.metadata(manager)
   manager.close()
   assert sorted(metas) == [2, 4, 6]
-  assert metas[4]["health"] == {"streak": 0, "origin": 1, "rollbacks": 1}
+  assert recovery.from_meta(metas[4], 4) == recovery.Health(streak=0, origin=1, rollbacks=1)
+
+
+@pytest.mark.slow
+def test_a_collapsed_policy_stops_the_run_with_the_reason(tmp_path):
+  """An absurd learning rate (1e3): the first update leaves the toy policy nearly uniform, and
+  KL(old || new) stays under rl.max_kl, so no update is skipped. Steps 2 and 3 look collapsed,
+  no checkpoint holds a state from before update 1, and the run stops after writing step 3's
+  metrics."""
+  config = _lora_config(5)
+  config.rl.learning_rate = 1e3
+  config.checkpoint.collapse_after = 2
+  workdir = str(tmp_path / "run")
+  with pytest.raises(recovery.Collapsed, match=r"the policy collapsed: entropy \S+ nats at ln V "
+                     r"= 2\.773 \(a uniform policy\), 2 steps in a row since step 2; stopped at "
+                     r"step 3: no healthy checkpoint from before it is kept"):
+    test_util.run_rl(config, workdir)
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [0, 1, 2, 3]
+  assert [r["collapse_streak"] for r in rows[1:]] == [0.0, 1.0, 2.0]
+  assert [r["update_skipped"] for r in rows[1:]] == [0.0, 0.0, 0.0]
+  # Checkpoints pause while steps look collapsed: step 1's is the newest.
+  assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == [1]

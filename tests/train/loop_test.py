@@ -19,6 +19,7 @@ from rl_curriculum.tasks import data as tasks_data
 from rl_curriculum.train import checkpointing, data, features, loop, rollouts, validation
 from rl_curriculum.train import prepare as prepare_lib
 from rl_curriculum.train import warm_start
+from rl_curriculum.train import workdir as workdir_lib
 from rl_curriculum.train.metrics import read_jsonl
 import test_util
 
@@ -93,13 +94,32 @@ def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch):
     loop.train_and_evaluate(other, str(tmp_path))
 
 
+def _flip_bytes(step_dir):
+  """Inverts every 7th byte of the largest data file of a checkpoint step."""
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs]
+  path = max(files, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    data[::7] = bytes(b ^ 0xFF for b in data[::7])
+    f.seek(0)
+    f.write(data)
+
+
 @pytest.mark.slow
-def test_resume_equals_uninterrupted_run(tmp_path):
+def test_resume_equals_uninterrupted_run(tmp_path, capsys):
+  """Stopped after step 2, the newest checkpoint damaged on disk: the same command resumes from
+  step 1's, the newest intact one, and ends as the uninterrupted run does."""
   straight = _warm(toy_config(), str(tmp_path / "straight"))
   resumed = _warm(toy_config(), str(tmp_path / "resumed"))
   loop.train_and_evaluate(toy_config(steps=4), straight)
   loop.train_and_evaluate(toy_config(steps=2), resumed)   # stops after step 2 ...
-  loop.train_and_evaluate(toy_config(steps=4), resumed)   # ... and continues from it
+  _flip_bytes(os.path.join(resumed, "checkpoints", "2"))
+  capsys.readouterr()
+  loop.train_and_evaluate(toy_config(steps=4), resumed)   # ... and continues from step 1
+  out = capsys.readouterr().out
+  assert "warning: checkpoint 2 in " in out and "differs from what was written" in out
+  assert "resumed from step 1" in out
+  assert os.path.isdir(os.path.join(resumed, "checkpoints.damaged", "2"))
   a, b = _final_params(straight), _final_params(resumed)
   assert a[0] == b[0] == 4
   for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):
@@ -184,16 +204,50 @@ def test_a_non_finite_reward_is_rejected_on_the_host_naming_task_and_prompt():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("--config.rl.learning_rat=1e-3", "learning_rat"),
-    ("--config.rl.steps=many", "steps"),
+    ("--config.rl.learning_rat=1e-3", "error: --config.rl.learning_rat=1e-3: the config has no "
+     'field config.rl.learning_rat (did you mean "learning_rate"?)'),
+    ("--config.rl.nonexistent_field=1", "error: --config.rl.nonexistent_field=1: the config has "
+     "no field config.rl.nonexistent_field"),
+    ("--config.rl.steps=many", "error: flag --config.rl.steps=many: invalid literal for int() "
+     "with base 10: 'many'"),
 ])
 @pytest.mark.slow
 def test_cli_rejects_unknown_keys_and_wrong_types(override, message, tmp_path):
   result = subprocess.run(_cli(str(tmp_path), override), capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
-  assert result.returncode != 0
-  assert message in result.stderr
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines() == [message]
   assert not os.path.exists(tmp_path / "checkpoints")
+
+
+@pytest.mark.slow
+def test_a_changed_config_is_refused_on_resume_unless_allowed_and_then_logged(tmp_path):
+  workdir = _warm(toy_config(), str(tmp_path / "run"))
+  loop.train_and_evaluate(toy_config(steps=2), workdir)
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  changed = toy_config(steps=3)
+  changed.rl.learning_rate = 1e-4
+  with pytest.raises(workdir_lib.ConfigChanged, match=re.escape(
+      "rl.learning_rate: 2e-05 -> 0.0001; resume with the same config")):
+    loop.train_and_evaluate(changed, workdir)
+  assert read_jsonl(os.path.join(workdir, "metrics.jsonl")) == rows  # nothing written
+  loop.train_and_evaluate(changed, workdir, allow_config_change=True)
+  last = read_jsonl(os.path.join(workdir, "metrics.jsonl"))[-1]
+  assert last["step"] == 3 and last["config_change"] == "rl.learning_rate: 2e-05 -> 0.0001"
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["rl"]["learning_rate"] == 1e-4  # the record follows the change
+  loop.train_and_evaluate(changed, workdir)  # the same config again: no change to allow
+
+
+@pytest.mark.slow
+def test_a_second_writer_stops_at_once_naming_the_first(tmp_path):
+  with workdir_lib.Lock(str(tmp_path)):
+    result = subprocess.run(_cli(str(tmp_path), config="toy"), capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f"error: {tmp_path} is in use by pid {os.getpid()} on ")
+  assert sorted(os.listdir(tmp_path)) == [workdir_lib.LOCK]  # the second one wrote nothing
 
 
 _TOY_FLAGS = ["--config.checkpoint.every=2", "--config.rl.steps=6"]

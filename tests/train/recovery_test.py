@@ -103,5 +103,113 @@ def test_bad_rollback_after_is_refused():
 
 
 def test_rollback_metrics():
-  health = recovery.Health(streak=1, origin=3, rollbacks=2)
-  assert recovery.metrics(health) == {"rollbacks": 2.0, "skip_streak": 1.0}
+  health = recovery.Health(streak=1, origin=3, rollbacks=2, collapsed=2)
+  config = toy.get_config()
+  assert recovery.metrics(_with_rollback(config, 2), health) == {
+      "rollbacks": 2.0, "skip_streak": 1.0, "collapse_streak": 2.0}
+  config.checkpoint.collapse_after = 0
+  assert recovery.metrics(config, health) == {}  # both off
+  assert recovery.metrics(_with_rollback(config, 2), health) == {"rollbacks": 2.0,
+                                                                 "skip_streak": 1.0}
+
+
+# --- collapse --------------------------------------------------------------------------------------
+
+_V = 16  # vocabulary: ln V = 2.77 nats
+_HEALTHY = {"entropy": 1.2, "grad_norm": 0.3, "nonzero_adv_frac": 0.5, "steps_taken": 2.0,
+            "reward_mean": 0.5}
+_UNIFORM = {**_HEALTHY, "entropy": float(np.log(_V)), "grad_norm": 0.0, "nonzero_adv_frac": 0.0}
+
+
+def _collapse_config(after=2, on_collapse="rollback"):
+  c = toy.get_config()
+  c.checkpoint.collapse_after = after
+  c.checkpoint.on_collapse = on_collapse
+  return c
+
+
+def test_collapsed_steps_count_in_a_row_and_healthy_ones_feed_the_reward_mean():
+  config, health, seen = _collapse_config(), recovery.Health(streak=0, origin=0, rollbacks=0), []
+  for m in (_HEALTHY, {**_HEALTHY, "reward_mean": 0.7}, _UNIFORM, _UNIFORM, _HEALTHY):
+    health, why = recovery.after_check(config, health, m, _V)
+    seen.append((health.collapsed, why is not None, health.reward_mean))
+  assert [c for c, _, _ in seen] == [1 - 1, 0, 1, 2, 0]
+  assert [w for _, w, _ in seen] == [False, False, True, True, False]
+  # 0.5, then 0.9 * 0.5 + 0.1 * 0.7 = 0.52; the collapsed steps leave it; then 0.9 * 0.52 + 0.05.
+  np.testing.assert_allclose([r for _, _, r in seen], [0.5, 0.52, 0.52, 0.52, 0.518], rtol=1e-12)
+  assert health.entropy_min == 1.2
+  config.checkpoint.collapse_after = 0  # off: nothing is looked at
+  assert recovery.after_check(config, health, _UNIFORM, _V) == (health, None)
+
+
+def test_a_policy_uniform_from_its_first_step_is_not_collapsed():
+  """An untrained model samples near-uniformly from the start: that is where it begins, not a
+  collapse (its lowest entropy stays at ln V)."""
+  config, health = _collapse_config(), recovery.Health(streak=0, origin=0, rollbacks=0)
+  uniform_learning = {**_HEALTHY, "entropy": float(np.log(_V))}
+  for _ in range(3):
+    health, why = recovery.after_check(config, health, uniform_learning, _V)
+    assert why is None and health.collapsed == 0
+  assert health.entropy_min == pytest.approx(np.log(_V))
+
+
+def test_periodic_saves_pause_while_steps_look_collapsed():
+  health = recovery.Health(streak=0, origin=3, rollbacks=0, collapsed=1)
+  assert not recovery.may_save(health, 0) and recovery.may_save(health._replace(collapsed=0), 0)
+  metas = {2: _meta(0, 2), 3: recovery.meta(health._replace(origin=3))}
+  assert recovery.target(metas, origin=4) == 2  # 3 was saved mid-collapse: not a target
+
+
+def _save_healthy(manager, config, steps):
+  for step in steps:
+    checkpointing.save(manager, step, checkpoint_tree(config, _state(float(step), step)),
+                       _meta(0, step))
+
+
+def test_a_collapse_rolls_back_to_before_its_first_step_then_stops_when_it_recurs(tmp_path):
+  """Checkpoints of steps 1-3 (states from their own updates). Steps 4 and 5 look collapsed:
+  step 4 measured the state of update 3, so the newest state known healthy is update 2's."""
+  config = _collapse_config(after=2)
+  manager = checkpointing.make_manager(str(tmp_path / "ckpt"), max_to_keep=5)
+  _save_healthy(manager, config, (1, 2, 3))
+  lines, health = [], recovery.Health(streak=0, origin=5, rollbacks=0, collapsed=1)
+  now = _state(9.0, step=5, health=health)
+  assert recovery.act_on_collapse(config, manager, now, 4, "why", lines.append) is now  # 1 of 2
+  now = now._replace(health=health._replace(collapsed=2))
+  state = recovery.act_on_collapse(config, manager, now, 5, "entropy at ln V", lines.append)
+  np.testing.assert_array_equal(np.asarray(state.train.params["w"]), np.full((2, 3), 2.0))
+  assert state.health == recovery.Health(streak=0, origin=2, rollbacks=1, collapsed=0,
+                                         collapse_target=2, collapse_at=5)
+  assert lines[-1].startswith("the policy collapsed: entropy at ln V, 2 steps in a row since "
+                              "step 4: rolled back to the checkpoint of step 2")
+  # The same collapse again (steps 7, 8): step 3 was written on the way into the first one, so
+  # it would roll back to step 2 once more: it stops.
+  again = state._replace(health=state.health._replace(collapsed=2))
+  stopped = recovery.act_on_collapse(config, manager, again, 8, "entropy at ln V", lines.append)
+  assert stopped.train is again.train
+  assert "stopped at step 8: the newest healthy checkpoint from before it is step 2 (the last " \
+      "collapse rolled back there already)" in stopped.health.stopped
+  # Healthy checkpoints written after the rollback are targets again: steps 9 and 10 collapse.
+  _save_healthy(manager, config, (6, 7))
+  later = recovery.act_on_collapse(config, manager, again, 10, "entropy at ln V", lines.append)
+  np.testing.assert_array_equal(np.asarray(later.train.params["w"]), np.full((2, 3), 7.0))
+  assert (later.health.collapse_target, later.health.rollbacks) == (7, 2)
+  manager.close()
+
+
+@pytest.mark.parametrize("on_collapse,kept", [("stop", (1, 2, 3)), ("rollback", (3,))])
+def test_a_collapse_stops_when_configured_or_with_no_healthy_checkpoint(on_collapse, kept,
+                                                                        tmp_path):
+  config = _collapse_config(after=2, on_collapse=on_collapse)
+  manager = checkpointing.make_manager(str(tmp_path / "ckpt"), max_to_keep=5)
+  _save_healthy(manager, config, kept)
+  now = _state(9.0, step=5, health=recovery.Health(streak=0, origin=5, rollbacks=0, collapsed=2))
+  state = recovery.act_on_collapse(config, manager, now, 5, "gradient norm 0", lambda _: None)
+  assert state.train is now.train and state.health.rollbacks == 0
+  where = ("the newest healthy checkpoint from before it is step 2" if on_collapse == "stop"
+           else "no healthy checkpoint from before it is kept")
+  assert state.health.stopped == ("the policy collapsed: gradient norm 0, 2 steps in a row since "
+                                  f"step 4; stopped at step 5: {where} (resuming with the same "
+                                  "settings would repeat it: change them, e.g. rl.learning_rate, "
+                                  "and pass --allow_config_change)")
+  manager.close()

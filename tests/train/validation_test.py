@@ -54,12 +54,24 @@ def test_the_shipped_config_is_valid():
      "config.rl.temperature_min: must lie in (0, rl.temperature=1.0]"),
     (dict(rl__temperature_target=1.0, rl__temperature_max=0.9),
      "config.rl.temperature_max: must be >= rl.temperature=1.0"),
+    # NaN passes every comparison: every number is checked to be finite first.
+    (dict(rl__learning_rate=float("nan")), "config.rl.learning_rate: must be a finite number"),
+    (dict(rl__max_kl=float("inf")), "config.rl.max_kl: must be a finite number, got inf"),
+    (dict(curriculum__band=(0.0, float("nan"))), "config.curriculum.band: must be a finite"),
+    (dict(task__eval_bins=()), "config.task.eval_bins: empty"),
+    (dict(tokenizer__vocab_size=0), "config.tokenizer.vocab_size: must be a whole number above "
+     "the 4 reserved ids"),
+    (dict(checkpoint__collapse_after=-1), "config.checkpoint.collapse_after: must be a whole"),
+    (dict(checkpoint__on_collapse="warn"), "config.checkpoint.on_collapse: must be one of"),
+    (dict(checkpoint__collapse_entropy=-1.0), "config.checkpoint.collapse_entropy: must be >= 0"),
+    (dict(checkpoint__collapse_reward_drop=1.0),
+     "config.checkpoint.collapse_reward_drop: must lie in [0, 1)"),
     # Dr. GRPO's point is the constant normaliser; the message names both fields.
     (dict(rl__algorithm="dr_grpo"), "config.rl.aggregation: rl.algorithm='dr_grpo' needs "
      "rl.aggregation='seq_mean_token_sum_norm', got 'token_mean'"),
 ])
 def test_bad_fields_are_named(fields, message):
-  with pytest.raises(validation.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+  with pytest.raises(validation.ConfigError, match=re.escape(message)):
     validation.validate(_config(**fields))
 
 
