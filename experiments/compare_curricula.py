@@ -47,6 +47,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from experiments import cli
 from experiments import comparison_report
 from experiments import comparison_stats
 from rl_curriculum.train import builders, warm_start
@@ -318,4 +319,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

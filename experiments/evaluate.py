@@ -18,6 +18,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from experiments import cli
 from rl_curriculum.train import evaluation, loop, prepare
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -60,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -30,6 +30,7 @@ from absl import logging
 import ml_collections
 from flax import nnx
 
+from experiments import cli
 from rl_curriculum.model import hf_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
@@ -196,4 +197,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

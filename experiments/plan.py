@@ -36,6 +36,8 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags
 from ml_collections import config_flags
 
+from experiments import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
 _DEVICES = flags.DEFINE_integer("devices", 8, "Devices to plan for (fake CPU devices).")
@@ -71,4 +73,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
+from experiments import cli
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import PRESETS
 from rl_curriculum.sampling import sampler
@@ -99,4 +100,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)
