@@ -21,8 +21,10 @@ the run that writes that step again). Saving waits for the write: a step can onl
 its files are final, and an unsealed newest step would be passed over on resume.
 """
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 from typing import Any, Callable, Optional
@@ -33,7 +35,7 @@ import orbax.checkpoint as ocp
 from rl_curriculum.parallel import distributed
 
 __all__ = ["CHECKSUMS", "CheckpointError", "DamagedCheckpoint", "make_manager", "save", "seal",
-           "damage", "restore", "restore_latest", "metadata"]
+           "digests", "damage", "restore", "restore_latest", "metadata"]
 
 CHECKSUMS = "checksums.json"  # in each step folder: {relative path: [bytes, sha256]}
 
@@ -62,14 +64,15 @@ def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
   return os.path.join(str(manager.directory), str(step))
 
 
-def _digests(folder: str) -> dict:
-  """{path relative to folder: [size, sha256 hex]} of every file below `folder` but the seal."""
+def digests(folder: str, skip=(CHECKSUMS, CHECKSUMS + ".tmp")) -> dict:
+  """{path relative to folder: [size, sha256 hex]} of every file below `folder` but those in
+  `skip` (by default the seal)."""
   out = {}
   for root, _, files in os.walk(folder):
     for name in files:
       path = os.path.join(root, name)
       rel = os.path.relpath(path, folder)
-      if rel in (CHECKSUMS, CHECKSUMS + ".tmp"):
+      if rel in skip:
         continue
       digest = hashlib.sha256()
       with open(path, "rb") as f:
@@ -81,9 +84,9 @@ def _digests(folder: str) -> dict:
 
 def seal(folder: str) -> None:
   """Writes `folder`/checksums.json for the files now in `folder` (atomically)."""
-  path, digests = os.path.join(folder, CHECKSUMS), _digests(folder)
+  path, found = os.path.join(folder, CHECKSUMS), digests(folder)
   with open(path + ".tmp", "w") as f:
-    json.dump(digests, f, indent=0, sort_keys=True)
+    json.dump(found, f, indent=0, sort_keys=True)
   os.replace(path + ".tmp", path)
 
 
@@ -95,7 +98,7 @@ def damage(folder: str) -> Optional[str]:
       sealed = json.load(f)
   except (OSError, ValueError):
     return "no checksum record (the run stopped while writing it)"
-  found = _digests(folder)
+  found = digests(folder)
   for rel, (size, digest) in sorted(sealed.items()):
     if rel not in found:
       return f"{rel} is missing"
@@ -106,25 +109,56 @@ def damage(folder: str) -> Optional[str]:
   return None
 
 
+def _mib(n: float) -> str:
+  return f"{n / 2**20:.0f} MiB"
+
+
+def _room(manager: ocp.CheckpointManager, state: Any) -> Optional[str]:
+  """None when the checkpoint folder's disk has room for `state`'s arrays, else what is short.
+  Checked before writing: a write that runs out of space part-way fails deep in Orbax's threads."""
+  needed = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state)) + 2**20
+  free = shutil.disk_usage(str(manager.directory)).free
+  return None if free >= needed else (f"it needs about {_mib(needed)} and the disk has "
+                                      f"{_mib(free)} free")
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Orbax logs a failed write's tracebacks from its threads before it raises; the raised error
+  says the same in one line, so they are kept off the console while saving."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
   """Saves `state` (a pytree of arrays) and `meta` (JSON-serialisable) as checkpoint `step`,
   waits for the write and seals it (process 0 writes the seal).
 
   Raises:
-    CheckpointError: the write failed (a full disk, no permission); the steps saved before are
-      untouched, and an unsealed remainder of this one is passed over on restore.
+    CheckpointError: the disk has no room for it, or the write failed (no permission); the
+      steps saved before are untouched, and an unsealed remainder of this one is passed over on
+      restore.
   """
+  advice = ("; the checkpoints before it are intact: free space (or fix permissions) and run "
+            "the same command to resume")
+  head = f"could not write the checkpoint of step {step} in {manager.directory}"
+  short = _room(manager, state)
+  if distributed.any_process(short is not None):
+    raise CheckpointError(f"{head}: {short or 'another process has no room'}{advice}")
   try:
-    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                               meta=ocp.args.JsonSave(meta)), force=True)
-    manager.wait_until_finished()
+    with _quiet_orbax():
+      manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                 meta=ocp.args.JsonSave(meta)), force=True)
+      manager.wait_until_finished()
     if distributed.is_main():
       seal(_step_dir(manager, step))
   except (OSError, ValueError, RuntimeError) as e:
-    raise CheckpointError(f"could not write the checkpoint of step {step} in "
-                          f"{manager.directory}: {_one_line(e)}; the checkpoints before it are "
-                          "intact: free space (or fix permissions) and run the same command to "
-                          "resume") from e
+    raise CheckpointError(f"{head}: {_one_line(e)}{advice}") from e
   distributed.sync(f"checkpoint {step} sealed")
 
 

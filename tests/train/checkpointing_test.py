@@ -104,7 +104,8 @@ def test_a_damaged_latest_step_falls_back_to_the_newest_intact_one(kind, tmp_pat
   step, restored, meta = checkpointing.restore_latest(manager, _STATE, lines.append)
   assert (step, meta) == (2, {"s": 2})
   np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(_STATE["w"]) + 2)
-  assert len(lines) == 1 and lines[0].startswith("warning: checkpoint 3 in ") and message in lines[0]
+  assert len(lines) == 1 and lines[0].startswith("warning: checkpoint 3 in ")
+  assert message in lines[0]
   assert f"moved to {tmp_path / 'ckpt.damaged' / '3'}" in lines[0]
   assert manager.all_steps() == [1, 2] and os.path.isdir(tmp_path / "ckpt.damaged" / "3")
   manager.close()
@@ -141,6 +142,26 @@ def test_a_failed_write_is_one_error_naming_the_step(tmp_path, monkeypatch):
     checkpointing.save(manager, 2, _STATE, {})
   monkeypatch.undo()
   assert checkpointing.restore_latest(manager, _STATE)[0] == 1
+  manager.close()
+
+
+def test_a_disk_without_room_stops_the_save_before_it_writes(tmp_path, monkeypatch):
+  """The arrays of _STATE take 8 KiB; the check asks for them plus 1 MiB."""
+  manager = _saved(tmp_path, steps=(1,))
+  real = checkpointing.shutil.disk_usage
+  room = {"free": 2**20 + 8 * 1024 + 4}
+  monkeypatch.setattr(checkpointing.shutil, "disk_usage",
+                      lambda path: real(path)._replace(free=room["free"]))
+  room["free"] -= 8  # 4 bytes short
+  with pytest.raises(checkpointing.CheckpointError, match=r"could not write the checkpoint of "
+                     r"step 2 in .*ckpt: it needs about 1 MiB and the disk has 1 MiB free; the "
+                     r"checkpoints before it are intact"):
+    checkpointing.save(manager, 2, _STATE, {})
+  assert manager.all_steps() == [1] and not [n for n in os.listdir(tmp_path / "ckpt")
+                                              if n.startswith("2")]
+  room["free"] += 8  # exactly enough: it saves
+  checkpointing.save(manager, 2, _STATE, {})
+  assert manager.all_steps() == [1, 2]
   manager.close()
 
 
