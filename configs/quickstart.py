@@ -176,8 +176,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint.rollback_after = 0   # after this many skipped updates in a row, restore the newest
                                     # checkpoint saved healthy before them (0 = off)
   c.checkpoint.collapse_after = 3   # after this many steps in a row that look collapsed (a
-                                    # uniform policy, no gradient despite advantages, or the two
-                                    # below), act as on_collapse says (0 = off)
+                                    # policy that became uniform, no gradient despite
+                                    # advantages, or the two below), act as on_collapse says
+                                    # (0 = off)
   c.checkpoint.on_collapse = "rollback"  # rollback: to the newest healthy checkpoint from before
                                     # the collapse (none, or the same one again: stop); stop
   c.checkpoint.collapse_entropy = 0.0  # nats per token below which a step whose groups carry no

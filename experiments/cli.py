@@ -16,8 +16,12 @@ USAGE_ERROR = 2  # a bad command line or config: nothing ran
 
 
 def _override_named(argv, error: str) -> str:
-  """The --config.* argument whose last field the error message names, or ""."""
-  for arg in argv[1:]:
+  """The --config.* argument the error message quotes, else the last one whose last field it
+  names, or ""."""
+  quoted = [arg for arg in argv[1:] if arg.startswith("--config.") and arg in error]
+  if quoted:
+    return quoted[-1]
+  for arg in reversed(argv[1:]):
     if arg.startswith("--config.") and "=" in arg:
       field = arg[len("--"):].partition("=")[0]
       if re.search(rf"\b{re.escape(field.rsplit('.', 1)[-1])}\b", error):

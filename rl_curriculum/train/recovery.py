@@ -53,8 +53,9 @@ import orbax.checkpoint as ocp
 from rl_curriculum.train import checkpointing, collapse
 from rl_curriculum.train.state import RunState, checkpoint_tree, with_checkpoint
 
-__all__ = ["ON_COLLAPSE", "Health", "Collapsed", "from_meta", "meta", "after_update", "due", "may_save",
-           "target", "roll_back", "roll_back_if_due", "after_check", "act_on_collapse", "metrics"]
+__all__ = ["ON_COLLAPSE", "Health", "Collapsed", "from_meta", "meta", "after_update", "due",
+           "may_save", "target", "roll_back", "roll_back_if_due", "after_check",
+           "act_on_collapse", "metrics"]
 
 
 ON_COLLAPSE = ("rollback", "stop")  # checkpoint.on_collapse

@@ -11,11 +11,12 @@ dies, so a lock left by a killed run is taken over without a word; the file reco
 pid, host and start time for the message.
 
 A run resumed with a different config would continue a trajectory made under other settings, and
-silently mix the two. `check_config` compares the config with the one recorded in workdir/config.json
-when the workdir holds RL checkpoints; fields in `SAFE_TO_CHANGE` (how long to run, how often to
-evaluate and save, where the processes meet) may differ, any other difference stops the run with
-one line naming the fields, unless the caller allows it, in which case the changes are returned
-for the log (`train_and_evaluate` writes them into metrics.jsonl at the step they take effect).
+silently mix the two. `check_config` compares the config with the one recorded in
+workdir/config.json when the workdir holds RL checkpoints; fields in `SAFE_TO_CHANGE` (how long
+to run, how often to evaluate and save, where the processes meet) may differ, any other
+difference stops the run with one line naming the fields, unless the caller allows it, in which
+case the changes are returned for the log (`train_and_evaluate` writes them into metrics.jsonl
+at the step they take effect).
 """
 
 import fcntl

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from experiments import cli
 import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,3 +33,12 @@ def test_a_mistyped_flag_is_one_line_and_exit_2(entry_point, args, line, tmp_pat
   assert result.returncode == 2, result.stderr
   assert result.stderr.strip().splitlines() == [line]
   assert os.listdir(tmp_path) == []  # nothing was written
+
+
+def test_an_error_names_the_override_it_is_about_when_a_field_is_given_twice():
+  argv = ["train", "--config.rl.steps=6", "--config.rl.steps=many", "--config.eval.every=2"]
+  error = ValueError("flag --config.rl.steps=many: invalid literal for int() with base 10: 'many'")
+  assert cli.describe_flag_error(argv, error) == str(error)
+  argv = ["train", "--config.rl.stepz=6", "--config.eval.every=2", "--config.rl.stepz=7"]
+  assert cli.describe_flag_error(argv, KeyError("'stepz'")) == (
+      "--config.rl.stepz=7: the config has no field config.rl.stepz")

@@ -149,9 +149,10 @@ def test_resume_across_a_merge_reproduces_the_uninterrupted_run(merged, tmp_path
 def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint(
     merged, tmp_path, capsys, monkeypatch):
   """The merged run resumed after step 2 with an optimizer whose every update is NaN (and the
-  changed config allowed): every update is non-finite and skipped. After two in a row (steps 3, 4) the run returns to the newest healthy
-  checkpoint whose state precedes step 2's accepted update, step 1's (before the merge, so its
-  base is the warm start's); two more (5, 6) find nothing older and carry on."""
+  changed config allowed): every update is non-finite and skipped. After two in a row (steps 3,
+  4) the run returns to the newest healthy checkpoint whose state precedes step 2's accepted
+  update, step 1's (before the merge, so its base is the warm start's); two more (5, 6) find
+  nothing older and carry on."""
   merged_dir, _ = merged
   workdir = str(tmp_path / "rollback")
   shutil.copytree(merged_dir, workdir)

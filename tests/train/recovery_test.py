@@ -113,7 +113,7 @@ def test_rollback_metrics():
                                                                  "skip_streak": 1.0}
 
 
-# --- collapse --------------------------------------------------------------------------------------
+# --- collapse -----------------------------------------------------------------------------------
 
 _V = 16  # vocabulary: ln V = 2.77 nats
 _HEALTHY = {"entropy": 1.2, "grad_norm": 0.3, "nonzero_adv_frac": 0.5, "steps_taken": 2.0,
