@@ -9,6 +9,10 @@ Apply them with `run.py` in this folder, in a clean checkout that is not being e
   python tests/mutations/run.py --repo /path/to/checkout --list
   nice -n 15 python tests/mutations/run.py --repo /path/to/checkout \
       --out tests/mutations/baseline.json
+
+baseline.json holds the run before the test suite was made to compile and train once per run
+(shared warm starts, the compilation cache, the methods table in one process), after.json the
+run after it: every mutation is caught in both.
 """
 
 from typing import NamedTuple
