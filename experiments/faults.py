@@ -1,6 +1,6 @@
 """Faults injected into a toy run, as a user meets them, and whether the workdir held.
 
-  python -m experiments.faults                        # every case: about 12 minutes on 2 cores
+  python -m experiments.faults                        # every case: about 17 minutes on 2 cores
   python -m experiments.faults --kills=5              # fewer random kills
   python -m experiments.faults --cases=bad_input,second_writer
 
@@ -60,13 +60,18 @@ RUN_FLAGS = (f"--config.rl.steps={STEPS}", f"--config.checkpoint.every={EVERY}",
              "--config.checkpoint.keep=2")
 _TIMING = ("time/", "tokens_per_s", "config_change")  # differ between equal runs by nature
 
-_OUT = flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"),
-                           "Where faults.json and faults.md go.")
-_WORK = flags.DEFINE_string("work", "", "Folder for the cases' workdirs (default: a temporary "
-                            "one, removed at the end).")
-_KILLS = flags.DEFINE_integer("kills", 20, "SIGKILLs at random moments.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the random kill moments.")
-_ONLY = flags.DEFINE_list("cases", list(CASES), f"Cases to run, of {', '.join(CASES)}.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"),
+                      "Where faults.json and faults.md go.")
+  flags.DEFINE_string("work", "", "Folder for the cases' workdirs (default: a temporary one, "
+                      "removed at the end).")
+  flags.DEFINE_integer("kills", 20, "SIGKILLs at random moments.")
+  flags.DEFINE_integer("seed", 0, "Seed of the random kill moments.")
+  flags.DEFINE_list("cases", list(CASES), f"Cases to run, of {', '.join(CASES)}.")
 
 
 @dataclasses.dataclass
@@ -203,6 +208,7 @@ class Setup:
   base: str         # a finished run that made the warm start every case copies
   reference: tuple  # `outcome` of the uninterrupted run from a copied warm start (() if none)
   seconds: float    # that run's wall time
+  kills: int        # SIGKILLs at random moments
   rng: random.Random
 
 
@@ -237,7 +243,7 @@ def kill(setup: Setup) -> list[Result]:
   (most of which, at this size, is start-up), half within the RL steps (after the row of a
   random step is logged, up to a second later)."""
   out = []
-  for i in range(_KILLS.value):
+  for i in range(setup.kills):
     moment = setup.rng.uniform(0.3, 0.95 * setup.seconds)
     after, delay = setup.rng.randrange(STEPS), setup.rng.uniform(0.0, 1.0)
 
@@ -512,13 +518,14 @@ def table(results: list[Result]) -> str:
   return "\n".join(lines)
 
 
-def _setup(work: str, reference: bool) -> Setup:
+def _setup(work: str, reference: bool, seed: int, kills: int) -> Setup:
   """The trainer, and with `reference` the warm start every case copies (made by a first run,
   which also fills the compilation cache) and the uninterrupted run from a copy of it."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
          "JAX_COMPILATION_CACHE_DIR": os.path.join(work, "jax_cache")}
-  setup = Setup(Trainer(os.path.join(work, "logs"), env), work, os.path.join(work, "base"), (),
-                0.0, random.Random(_SEED.value))
+  setup = Setup(trainer=Trainer(os.path.join(work, "logs"), env), work=work,
+                base=os.path.join(work, "base"), reference=(), seconds=0.0, kills=kills,
+                rng=random.Random(seed))
   if not reference:
     return setup
   shutil.rmtree(setup.base, ignore_errors=True)
@@ -533,18 +540,19 @@ def _setup(work: str, reference: bool) -> Setup:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  unknown = set(_ONLY.value) - set(CASES)
+  unknown = set(FLAGS.cases) - set(CASES)
   if unknown:
     raise app.UsageError(f"--cases: unknown {sorted(unknown)}; known: {', '.join(CASES)}")
   logging.set_verbosity(logging.ERROR)  # Orbax's INFO and WARNING lines while reading results
-  work = _WORK.value or tempfile.mkdtemp(prefix="rl_curriculum_faults_")
+  work = FLAGS.work or tempfile.mkdtemp(prefix="rl_curriculum_faults_")
   t0 = time.time()
-  setup = _setup(work, reference=bool(set(_ONLY.value) - {"bad_input"}))
+  setup = _setup(work, reference=bool(set(FLAGS.cases) - {"bad_input"}), seed=FLAGS.seed,
+                 kills=FLAGS.kills)
   if setup.reference:
     print(f"uninterrupted run: {setup.seconds:.1f} s, newest checkpoint {setup.reference[0]}")
   results = []
   for case in CASES:
-    if case in _ONLY.value:
+    if case in FLAGS.cases:
       t = time.time()
       results += globals()[case](setup)
       print(f"{case}: {time.time() - t:.0f} s")
@@ -552,20 +560,21 @@ def main(argv):
     r.detail = r.detail.replace(os.path.join(work, ""), "")
   text = table(results)
   print(text)
-  os.makedirs(_OUT.value, exist_ok=True)
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
   report = {"seconds": time.time() - t0, "uninterrupted_run_s": setup.seconds,
-            "seed": _SEED.value, "results": [dataclasses.asdict(r) for r in results]}
-  with open(os.path.join(_OUT.value, "faults.json"), "w") as f:
+            "seed": FLAGS.seed, "results": [dataclasses.asdict(r) for r in results]}
+  with open(os.path.join(FLAGS.out_dir, "faults.json"), "w") as f:
     json.dump(report, f, indent=1)
-  with open(os.path.join(_OUT.value, "faults.md"), "w") as f:
+  with open(os.path.join(FLAGS.out_dir, "faults.md"), "w") as f:
     f.write(f"# Faults injected into a toy run ({time.strftime('%Y-%m-%d')}, "
             f"{report['seconds'] / 60:.0f} minutes)\n\n"
             "`python -m experiments.faults` (experiments/faults.py says what each case does).\n\n"
             f"{text}\n")
-  if not _WORK.value:
+  if not FLAGS.work:
     shutil.rmtree(work, ignore_errors=True)
   sys.exit(0 if all(r.held for r in results) else 1)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=cli.parse_flags)
