@@ -213,7 +213,8 @@ def run_step(loop: Loop, state: RunState, step: int,
 # ------------------------------------------------------------------------------------------------
 
 def _save_due(config: ml_collections.ConfigDict, state: RunState, step: int) -> bool:
-  """Whether step `step` writes a checkpoint: periodically outside a skip streak, and the last."""
+  """Whether step `step` writes a checkpoint: periodically outside a skip streak or a run of
+  collapsed-looking steps (`recovery.may_save`), and the last."""
   periodic = (step % config.checkpoint.every == 0
               and recovery.may_save(state.health, config.checkpoint.rollback_after))
   return periodic or step == config.rl.steps

@@ -29,16 +29,16 @@ preemption checkpoints are written regardless, marked with their streak.
   state = state._replace(health=recovery.after_update(state.health, step, skipped))
   state = recovery.roll_back_if_due(config, manager, state, log)
 
-A collapsed policy (`collapse`: a uniform policy, no gradient although groups have an advantage,
-optionally no entropy or a reward cliff) passes those checks, so its updates are accepted. After
-`checkpoint.collapse_after` steps in a row that look collapsed, `act_on_collapse` rolls back to the
-newest healthy checkpoint holding a state from before the first of them (a step's metrics measure
-the policy its update started from, so the state of the update before that first step is the
-last one known healthy; checkpoints written on the way into an earlier collapse are passed
-over), or stops the run (`checkpoint.on_collapse = "stop"`, or "rollback" with no such
-checkpoint, or when a second collapse would roll back to the checkpoint the first one did: the
-run would only go round in a circle). Periodic checkpoints pause during such a streak as
-during a skip streak.
+A collapsed policy (`collapse`: one that became uniform, no gradient although groups have an
+advantage, optionally no entropy or a reward cliff) passes those checks, so its updates are
+accepted. After `checkpoint.collapse_after` steps in a row that look collapsed, `act_on_collapse`
+rolls back to the newest healthy checkpoint holding a state from before the first of them (a step's
+metrics measure the policy its update started from, so the state of the update before that first
+step is the last one known healthy; checkpoints written on the way into an earlier collapse are
+passed over), or stops the run (`checkpoint.on_collapse = "stop"`, or "rollback" with no such
+checkpoint, or when a second collapse would roll back to the checkpoint the first one did: the run
+would only go round in a circle). Periodic checkpoints pause during such a streak as during a skip
+streak.
 
 `Health` is host-side (Python numbers) and a field of the run state (`state.RunState`); every
 checkpoint's metadata holds it (`meta`), and a resumed run continues from it (`from_meta`).
