@@ -26,6 +26,7 @@ import jax
 from flax import nnx
 
 from rl_curriculum.model import kv_cache
+from rl_curriculum.model import prefix_cache
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.rope import rope_frequencies
 
@@ -61,7 +62,9 @@ def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions:
     blocks: an `nnx.List` of L blocks (unrolled), or one block of [L, ...] parameters (scanned).
     x: [B, T, D] the residual stream after the embedding.
     positions, key_mask, cache_index: as in `transformer.Transformer.hidden`.
-    cache: None, or the KVCache (in the same layout) to write T new slots into.
+    cache: None, or the KVCache (in the same layout) to write T new slots into, or a
+      `prefix_cache.PrefixCache` with a `prefix_cache.SlotIndex` as cache_index (one token per
+      decode slot, each written at its own completion slot).
     rows: applied to the residual stream before every block (the identity, or a constraint).
 
   Returns:
@@ -70,6 +73,9 @@ def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions:
   Raises:
     ValueError: the cache is in the other layout (the message says how to build it).
   """
+  if isinstance(cache, prefix_cache.PrefixCache):
+    run = _run_scanned_prefix if config.scan_layers else _run_unrolled_prefix
+    return run(blocks, config, x, positions, key_mask, cache, cache_index, rows)
   if cache is not None and isinstance(cache.k, (tuple, list)) == config.scan_layers:
     raise ValueError(
         f"the KVCache is in the {'unrolled' if config.scan_layers else 'scanned'} layout but the "
@@ -124,3 +130,34 @@ def _run_scanned(block, config, x, positions, key_mask, cache, cache_index, rows
   start = (0, 0, cache_index, 0, 0)
   return x, kv_cache.KVCache(kv_cache.update_slice(cache.k, new_k, start),
                              kv_cache.update_slice(cache.v, new_v, start))
+
+
+def _run_unrolled_prefix(blocks, config, x, positions, key_mask, cache, index, rows):
+  """One token per decode slot through the L blocks, each reading its layer of a PrefixCache;
+  each layer's new completion slots are written per slot (`prefix_cache.write`)."""
+  new_k, new_v = [], []
+  for i, block in enumerate(blocks):
+    graphdef, state = nnx.split(block)
+    layer = (cache.prompt_k[i], cache.prompt_v[i], cache.k[i], cache.v[i])
+    x, slots = _block_runner(graphdef, config)(state, rows(x), positions, key_mask, layer, index)
+    new_k.append(prefix_cache.write(cache.k[i], slots[0], index.step, 0))
+    new_v.append(prefix_cache.write(cache.v[i], slots[1], index.step, 0))
+  return x, cache._replace(k=tuple(new_k), v=tuple(new_v))
+
+
+def _run_scanned_prefix(block, config, x, positions, key_mask, cache, index, rows):
+  """The stacked block under `lax.scan` over a PrefixCache's layers; as `_run_scanned`, the scan
+  emits only the new slots [L, B, 1, Hkv, head_dim], written after it per decode slot."""
+  graphdef, state = nnx.split(block)
+  run = _block_runner(graphdef, config)
+  dtype = cache.k.dtype
+
+  def body(x, layer):
+    layer_state, *arrays = layer
+    layer_cache = tuple(kv_cache.from_bits(a, dtype) for a in arrays)
+    return run(layer_state, rows(x), positions, key_mask, layer_cache, index)
+
+  arrays = tuple(kv_cache.as_bits(a) for a in cache)
+  x, (new_k, new_v) = jax.lax.scan(body, x, (state,) + arrays)
+  return x, cache._replace(k=prefix_cache.write(cache.k, new_k, index.step, 1),
+                           v=prefix_cache.write(cache.v, new_v, index.step, 1))

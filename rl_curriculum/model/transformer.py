@@ -44,6 +44,7 @@ from rl_curriculum.model import attention
 from rl_curriculum.model import block_stack
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import layer_stacking
+from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import rope
 from rl_curriculum.model.config import ModelConfig
 
@@ -158,6 +159,10 @@ class Attention(nnx.Module):
   def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None):
     """x[B, T, D] -> (y[B, T, D], the new (keys, values) [B, T, Hkv, head_dim] or None).
 
+    With a `prefix_cache.SlotIndex` as cache_index (T = 1), `cache` is this layer's (prompt keys,
+    prompt values, completion keys, completion values) of a `prefix_cache.PrefixCache` and
+    key_mask its bool[B, Tp + N] (`prefix_cache.key_mask`, causality included).
+
     With `cache`, this layer's (k, v) [B, S, Hkv, head_dim], the queries attend over its S slots
     with slots cache_index .. cache_index + T - 1 holding the new keys and values (in the cache
     dtype, also returned). Writing them into the cache is the caller's (`Transformer.hidden`),
@@ -171,6 +176,14 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q = rope.apply_rope(q, positions, inv_freq)
     k = rope.apply_rope(k, positions, inv_freq)
+    if isinstance(cache_index, prefix_cache.SlotIndex):  # one token per decode slot
+      prompt_k, prompt_v, cache_k, cache_v = cache
+      new_cache = (k.astype(cache_k.dtype), v.astype(cache_v.dtype))
+      keys = prefix_cache.keys_of(prompt_k, cache_k, new_cache[0], cache_index)
+      values = prefix_cache.keys_of(prompt_v, cache_v, new_cache[1], cache_index)
+      q = q.reshape(b, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
+      out = kv_cache.one_query_attention(q, keys, values, key_mask, c.dtype)
+      return self.o(out.reshape(b, 1, c.num_heads, c.head_dim)), new_cache
     if cache is None:
       keys, values, new_cache = k, v, None
       q_slots = jnp.arange(t, dtype=jnp.int32)
@@ -273,7 +286,7 @@ class Transformer(nnx.Module):
       raise ValueError("cache and cache_index must be given together.")
     c = self.config
     x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
-    if cache is not None:
+    if cache is not None and not isinstance(cache_index, prefix_cache.SlotIndex):
       cache_index = jnp.asarray(cache_index, jnp.int32)
     rows = (lambda x: x) if constrain is None else (lambda x: constrain(x, 0))
     x, cache = block_stack.run_layers(self.blocks, c, x, positions, key_mask, cache, cache_index,
@@ -444,5 +457,32 @@ def decode_step(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
   """
   model = merge_params(graphdef, params)
   hidden, cache = model.hidden(tokens[:, None], positions[:, None], key_mask, cache, cache_index,
+                               constrain=constrain)
+  return model.logits(hidden[:, 0, :]), cache
+
+
+def decode_slots(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
+                 positions: jax.Array, prompt_mask: jax.Array, cache: prefix_cache.PrefixCache,
+                 index: prefix_cache.SlotIndex, *,
+                 constrain: Optional[Callable[[Any, int], Any]] = None
+                 ) -> Tuple[jax.Array, prefix_cache.PrefixCache]:
+  """One token per decode slot through a `prefix_cache.PrefixCache`: each slot reads its row's
+  prompt's keys and values (shared by the prompt's rows) and its own completion slots.
+
+  Args:
+    tokens: i32[B] the newest token of each slot; positions: i32[B] its rotary position.
+    prompt_mask: bool[P, Tp] real tokens of the cache's prompts.
+    cache: the PrefixCache (P prompts, B slots of N completion slots).
+    index: the prompt each slot continues and the completion slot its token is written to.
+    constrain: see `Transformer.hidden`.
+
+  Returns:
+    (f32[B, V] logits of each slot's next token, the cache with the new slots written). Equal,
+    for each slot, to `decode_step` on a `KVCache` row holding the prompt and the same
+    completion slots (the same operations in the same order).
+  """
+  model = merge_params(graphdef, params)
+  key_mask = prefix_cache.key_mask(prompt_mask, index, prefix_cache.completion_length(cache))
+  hidden, cache = model.hidden(tokens[:, None], positions[:, None], key_mask, cache, index,
                                constrain=constrain)
   return model.logits(hidden[:, 0, :]), cache

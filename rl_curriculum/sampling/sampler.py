@@ -4,7 +4,8 @@ Two device programs per call (`prefill`, `decode`, both public for callers that 
 each compiled once per (graphdef, batch B, prompt length Tp, max_new_tokens N, strategy) and
 cached by `jax.jit`:
 
-  prefill   prompts i32[B, Tp] -> SamplingState (cache of S = Tp + N slots, first logits)
+  prefill   prompts i32[B, Tp] -> SamplingState (cache of S = Tp + N slots, first logits; each
+            group's prompt prefilled once, `prompt_prefill`, then copied to its G rows)
   decode    SamplingState -> SamplingState, donated: while step < N and some row is running,
             sample a token per row, record it, feed it through the cache (one slot per step,
             `dynamic_update_slice`): each token costs one position of compute plus attention
@@ -17,6 +18,10 @@ the token under the tempered policy the tokens were drawn from (the RL losses co
 log-probs the same way, `train.forward`), before top-k and top-p: a filter renormalises over fewer
 tokens, and these log-probs do not account for it. With `greedy` the temperature is ignored and the
 log-probs are those of the raw logits.
+
+Randomness: row b's t-th token is drawn with fold_in(fold_in(key, b), t) (`strategies.row_keys`),
+never with a key of the batch, so `sampling.continuous`, which runs rows in whatever decode slot
+is free, draws the same tokens.
 
 Stopping: a row stops at the first token in {eos_id} | stop_ids. The stop token is kept and
 counted (mask 1); every later slot of the row holds pad_id with log-prob 0 and mask 0. The loop
@@ -33,6 +38,7 @@ from flax import nnx
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import prompt_prefill
 from rl_curriculum.sampling import strategies
 from rl_curriculum.types import Rollout
 
@@ -53,45 +59,56 @@ class SamplingState(NamedTuple):
   cache: kv_cache.KVCache  # S = Tp + N slots: L x [B, S, Hkv, hd], or [L, B, S, Hkv, hd]
   key_mask: jax.Array   # bool[B, S] valid cache slots (prompt padding False)
   positions: jax.Array  # i32[B] rotary position of the next token of each row
-  done: jax.Array       # bool[B] row has emitted a stop token
+  done: jax.Array       # bool[B] row has emitted a stop token (or reached its limit)
+  limit: jax.Array      # i32[B] tokens a row may record (max_new_tokens, or `stop_after`)
   step: jax.Array       # i32[] tokens generated so far (= next column of the buffers)
-  key: jax.Array        # PRNG key; step t draws with jax.random.fold_in(key, t)
+  key: jax.Array        # PRNG key; row b's token t draws with `strategies.row_keys`
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_new_tokens", "pad_id", "group", "mesh"))
-def prefill(graphdef, params, prompt_tokens, prompt_mask, key, active=None, *, max_new_tokens,
-            pad_id=0, group=1, mesh=None):
+                   static_argnames=("max_new_tokens", "pad_id", "group", "mesh", "chunk"))
+def prefill(graphdef, params, prompt_tokens, prompt_mask, key, active=None, stop_after=None, *,
+            max_new_tokens, pad_id=0, group=1, mesh=None, chunk=0):
   """The first device program: prompts i32[B, Tp] (left-padded, mask bool[B, Tp]) into a fresh
-  SamplingState with S = Tp + max_new_tokens cache slots. With `group` > 1 the rows come in runs
-  of `group` equal prompts: each run's first prompt is prefilled and its cache and logits copied
-  to the run (along the cache's row axis, 1 for a scanned model's stacked cache). With a `mesh`,
-  the prefilled prompts and the repeated cache keep their rows over its batch axes
-  (`mesh_lib.constrain_rows`; without it GSPMD may prefill every prompt on every device). Jitted;
-  graphdef, max_new_tokens, pad_id, group and mesh are static. Rows where `active` (bool[B], or
-  None for all) is False start stopped: they record nothing and end the loop like finished rows."""
+  SamplingState with S = Tp' + max_new_tokens cache slots (Tp' = Tp, or Tp left-padded to a
+  multiple of `chunk`: `prompt_prefill`). With `group` > 1 the rows come in runs of `group`
+  equal prompts: each run's first prompt is prefilled (`prompt_prefill.prefill_prompts`, in
+  chunks of `chunk` positions) and its cache and logits copied to the run (along the cache's row
+  axis, 1 for a scanned model's stacked cache). With a `mesh`, the prefilled prompts and the
+  repeated cache keep their rows over its batch axes (`mesh_lib.constrain_rows`; without it
+  GSPMD may prefill every prompt on every device). Jitted; graphdef, max_new_tokens, pad_id,
+  group, mesh and chunk are static. Rows where `active` (bool[B], or None for all) is False
+  start stopped: they record nothing and end the loop like finished rows. `stop_after` (i32[B]
+  in [1, max_new_tokens], or None) stops row b after its stop_after[b]-th token."""
   b, tp = prompt_tokens.shape
-  cache_length = tp + max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
   first = lambda x: x.reshape((b // group, group) + x.shape[1:])[:, 0]
   firsts = mesh_lib.constrain_rows((first(prompt_tokens), first(prompt_mask)), mesh)
-  logits, cache = transformer.prefill(graphdef, params, *firsts, cache_length,
-                                      constrain=_row_layout(mesh))
+  logits, cache, firsts_mask = prompt_prefill.prefill_prompts(
+      graphdef, params, *firsts, chunk=chunk, constrain=_row_layout(mesh))
   rows = kv_cache.cache_batch_axis(cache)
   logits, cache = mesh_lib.constrain_rows(logits, mesh), mesh_lib.constrain_rows(cache, mesh, rows)
-  if group > 1:
-    logits = mesh_lib.constrain_rows(jnp.repeat(logits, group, axis=0), mesh)
-    cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=rows), cache)
-    cache = mesh_lib.constrain_rows(cache, mesh, rows)
+
+  def extend(x):  # the group's copies, then max_new_tokens free slots
+    x = jnp.repeat(x, group, axis=rows)
+    free = x.shape[:rows + 1] + (max_new_tokens,) + x.shape[rows + 2:]
+    return jnp.concatenate([x, jnp.zeros(free, x.dtype)], axis=rows + 1)
+
+  logits = mesh_lib.constrain_rows(jnp.repeat(logits, group, axis=0), mesh)
+  cache = mesh_lib.constrain_rows(jax.tree.map(extend, cache), mesh, rows)
+  row_mask = jnp.repeat(firsts_mask, group, axis=0)
+  limit = (jnp.full((b,), max_new_tokens, jnp.int32) if stop_after is None
+           else jnp.asarray(stop_after, jnp.int32))
   return SamplingState(
       tokens=jnp.full((b, max_new_tokens), pad_id, jnp.int32),
       logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
       mask=jnp.zeros((b, max_new_tokens), jnp.float32),
       logits=logits,
       cache=cache,
-      key_mask=kv_cache.cache_key_mask(prompt_mask, cache_length),
-      positions=jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32),
+      key_mask=kv_cache.cache_key_mask(row_mask, row_mask.shape[1] + max_new_tokens),
+      positions=jnp.sum(row_mask, axis=-1, dtype=jnp.int32),
       done=jnp.zeros((b,), bool) if active is None else ~jnp.asarray(active, bool),
+      limit=limit,
       step=jnp.zeros((), jnp.int32),
       key=key)
 
@@ -115,12 +132,9 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=F
 
   def record(s):
     """Samples each row's next token from s.logits and writes it to column s.step."""
-    token = strategies.sample_token(
-        s.logits, jax.random.fold_in(s.key, s.step), temperature=temperature, top_k=top_k,
-        top_p=top_p, greedy=greedy)
-    scaled = s.logits if greedy else strategies.apply_temperature(s.logits, temperature)
-    logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled.astype(jnp.float32), axis=-1),
-                                  token[:, None], axis=-1)[:, 0]
+    keys = strategies.row_keys(s.key, jnp.arange(s.tokens.shape[0], dtype=jnp.int32), s.step)
+    token, logprob = strategies.draw_tokens(s.logits, keys, temperature=temperature,
+                                            top_k=top_k, top_p=top_p, greedy=greedy)
     live = ~s.done
     token = jnp.where(live, token, pad_id)
     column = (0, s.step)
@@ -128,7 +142,8 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=F
     logprobs = jax.lax.dynamic_update_slice(
         s.logprobs, jnp.where(live, logprob, 0.0)[:, None], column)
     mask = jax.lax.dynamic_update_slice(s.mask, live.astype(jnp.float32)[:, None], column)
-    done = s.done | (live & jnp.any(token[:, None] == stop[None, :], axis=-1))
+    done = s.done | (live & (jnp.any(token[:, None] == stop[None, :], axis=-1)
+                             | (s.step + 1 >= s.limit)))
     return token, s._replace(tokens=tokens, logprobs=logprobs, mask=mask, done=done,
                              step=s.step + 1)
 
@@ -149,7 +164,7 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
            prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int, eos_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
            stop_ids: Sequence[int] = (), pad_id: int = 0, group: int = 1,
-           mesh=None, active=None) -> Rollout:
+           mesh=None, active=None, stop_after=None, prefill_chunk: int = 0) -> Rollout:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt.
 
   Args:
@@ -170,6 +185,9 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
       `prefill`), else None.
     active: optional bool[B] (sharded like the prompts): rows to sample; the others get no
       tokens (pad_id, log-prob 0, mask 0), as rows that stopped at once. None samples every row.
+    stop_after: optional i32[B] in [1, max_new_tokens]: row b stops after that many tokens (a
+      length the caller imposes, e.g. a benchmark's workload), else at max_new_tokens.
+    prefill_chunk: static; prompt positions per prefill pass (`prompt_prefill`), 0 = whole.
 
   Returns:
     Rollout(prompt_tokens i32[B, Tp], tokens i32[B, N], logprobs f32[B, N] under logits /
@@ -195,8 +213,9 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
                      f"got {group!r}.")
   stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  state = prefill(graphdef, params, prompt_tokens, prompt_mask, key, active,
-                   max_new_tokens=max_new_tokens, pad_id=int(pad_id), group=group, mesh=mesh)
+  state = prefill(graphdef, params, prompt_tokens, prompt_mask, key, active, stop_after,
+                  max_new_tokens=max_new_tokens, pad_id=int(pad_id), group=group, mesh=mesh,
+                  chunk=int(prefill_chunk))
   state = decode(graphdef, params, state, jnp.asarray(temperature, jnp.float32),
                   top_k=top_k, top_p=float(top_p), greedy=bool(greedy), stop_ids=stop,
                   pad_id=int(pad_id), mesh=mesh)

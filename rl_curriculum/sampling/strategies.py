@@ -67,3 +67,29 @@ def sample_token(logits: jax.Array, key: jax.Array, *, temperature=1.0, top_k: i
   if top_p < 1.0:
     logits = top_p_filter(logits, top_p)
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def row_keys(key: jax.Array, rows: jax.Array, steps: jax.Array) -> jax.Array:
+  """One PRNG key per row and token: fold_in(fold_in(key, row), step) for rows i32[B] and steps
+  i32[B] (or a scalar step). The draw of a row's t-th token depends on nothing but the call's
+  key, the row's index and t, so it is the same whichever decode slot or batch the row runs in."""
+  steps = jnp.broadcast_to(steps, rows.shape)
+  return jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(rows, steps)
+
+
+def draw_tokens(logits: jax.Array, keys: jax.Array, *, temperature=1.0, top_k: int = 0,
+                top_p: float = 1.0, greedy: bool = False):
+  """(i32[B] tokens, f32[B] their log-probs) from logits f32[B, V], row b drawn with keys[b]
+  (`sample_token` per row). The log-prob is log_softmax(logits / temperature)[token], before
+  top-k and top-p (of the raw logits when greedy)."""
+  if greedy:
+    token = argmax(logits)
+    scaled = logits
+  else:
+    one = lambda row, key: sample_token(row[None], key, temperature=temperature, top_k=top_k,
+                                        top_p=top_p)[0]
+    token = jax.vmap(one)(logits, keys)
+    scaled = apply_temperature(logits, temperature)
+  logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled.astype(jnp.float32), axis=-1),
+                                token[:, None], axis=-1)[:, 0]
+  return token, logprob

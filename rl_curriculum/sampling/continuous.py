@@ -1,0 +1,239 @@
+"""Continuous batching: a fixed number of decode slots fed from a queue of rows.
+
+The static sampler (`sampler`) gives each of the R rows of a call a decode row until the longest
+completion of the call ends, and stores each prompt's keys and values once per row. This engine
+decodes with S slots (S may be fewer than R): when a row stops, its slot takes the next queued
+row in the same loop iteration, so a slot idles only once the queue is empty. Each prompt's keys
+and values are stored once (`prefix_cache.PrefixCache`): P x Tp prompt slots plus S x N
+completion slots instead of R x (Tp + N). Rows that are not `active` (GRESO's skipped prompts, a
+rollout allocation's unused slots) are never queued and cost no decode step.
+
+Two device programs, each compiled once per shape and cached by `jax.jit`:
+
+  start  prompts i32[R, Tp] -> EngineState: each group's prompt prefilled once (in chunks:
+         `prompt_prefill`), the queue of active rows, the first S rows in their slots
+  run    EngineState -> EngineState, donated: `lax.while_loop` until every slot is empty; each
+         iteration draws a token for every occupied slot, records it in its row's buffers,
+         feeds the slots whose rows go on through the model (`transformer.decode_slots`) and
+         refills the slots whose rows stopped from the queue (a refilled slot starts from its
+         prompt's prefill logits, so refilling computes nothing)
+
+Results do not depend on where a row ran: row r's t-th token is drawn with
+fold_in(fold_in(key, r), t) (`strategies.row_keys`), as in the static sampler, and each slot's
+attention reads its prompt's slots and its own completion slots in the order of the static
+sampler's cache. Tokens, log-probs and mask are the static sampler's bit for bit wherever XLA
+computes a row's matmuls the same whatever the batch size (on CPU: in float32 for widths that
+are multiples of 64; otherwise they agree to float rounding, about 1e-6 in a log-prob).
+
+With a mesh, rows, prompts and slots are split into D = `mesh_lib.batch_size_of(mesh)` equal
+shards over the batch axes, and each shard's slots take only its own rows: the queue, the prompt
+gathers and the row writes are per shard (a leading [D, ...] axis), so no step moves a cache
+between devices. S and the number of groups must divide by D.
+
+Shapes: R rows (P prompts x G), S slots, D shards, Tp prompt slots, N = max_new_tokens, V vocab.
+"""
+
+import functools
+from typing import NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rl_curriculum.model import prefix_cache
+from rl_curriculum.model import transformer
+from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import prompt_prefill
+from rl_curriculum.sampling import strategies
+from rl_curriculum.types import Rollout
+
+
+class EngineState(NamedTuple):
+  """What the decode loop carries (donated to `run`); rows are global indices, R = empty slot."""
+  tokens: jax.Array         # i32[R, N] completion buffers (pad_id where nothing was recorded)
+  logprobs: jax.Array       # f32[R, N]
+  mask: jax.Array           # f32[R, N] 1 on recorded tokens
+  limit: jax.Array          # i32[R] tokens a row may record (N, or `stop_after`)
+  row: jax.Array            # i32[S] the row in each slot, R when the slot is empty
+  step: jax.Array           # i32[S] tokens the slot's row has recorded
+  logits: jax.Array         # f32[S, V] each slot's next-token logits
+  cache: prefix_cache.PrefixCache
+  prompt_mask: jax.Array    # bool[P, Tp'] real tokens of the prompts' slots
+  prompt_logits: jax.Array  # f32[P, V] each prompt's first-token logits
+  queue: jax.Array          # i32[D, R/D] each shard's rows (local index), active ones first
+  queued: jax.Array         # i32[D] active rows per shard
+  taken: jax.Array          # i32[D] rows of the queue given a slot so far
+  iterations: jax.Array     # i32[] loop iterations run (S slot-steps each)
+  key: jax.Array
+
+
+def _shards(x: jax.Array, d: int) -> jax.Array:
+  """[n, ...] as [d, n / d, ...] (each shard's block)."""
+  return x.reshape((d, -1) + x.shape[1:])
+
+
+def _slot_prompts(row: jax.Array, shards: int, rows: int, group: int) -> jax.Array:
+  """i32[D, S/D]: the shard-local prompt each slot's row continues (0 for an empty slot)."""
+  local = (jnp.minimum(row, rows - 1) % (rows // shards)) // group
+  return local.reshape(shards, -1)
+
+
+def _refill(free: jax.Array, state: EngineState, rows: int):
+  """(row i32[S], refilled bool[S], taken i32[D]): each free slot given its shard's next queued
+  row, in slot order, while the shard's queue lasts; R where none is left."""
+  d, per_shard = state.queue.shape
+  free = free.reshape(d, -1)
+  position = state.taken[:, None] + jnp.cumsum(free, axis=1, dtype=jnp.int32) - 1
+  refilled = free & (position < state.queued[:, None])
+  local = jnp.take_along_axis(state.queue, jnp.clip(position, 0, per_shard - 1), axis=1)
+  row = jnp.where(refilled, local + per_shard * jnp.arange(d, dtype=jnp.int32)[:, None], rows)
+  taken = state.taken + jnp.sum(refilled, axis=1, dtype=jnp.int32)
+  return row.reshape(-1), refilled.reshape(-1), taken
+
+
+def _seat(state: EngineState, keep: jax.Array, logits: jax.Array, group: int) -> EngineState:
+  """The state with the slots not in `keep` (bool[S]) refilled from the queue: a new row starts
+  at step 0 from its prompt's prefill logits; slots left without a row hold R."""
+  rows = state.tokens.shape[0]
+  new_row, refilled, taken = _refill(~keep, state, rows)
+  first = prefix_cache.gather(state.prompt_logits,
+                      _slot_prompts(new_row, state.queue.shape[0], rows, group))
+  return state._replace(row=jnp.where(keep, state.row, new_row),
+                        step=jnp.where(keep, state.step, 0),
+                        logits=jnp.where(refilled[:, None], first, logits), taken=taken)
+
+
+def _write(buffer: jax.Array, row: jax.Array, step: jax.Array, value: jax.Array, shards: int):
+  """buffer [R, N] with value[s] at (row[s], step[s]) for the occupied slots, shard by shard."""
+  per_shard = buffer.shape[0] // shards
+  local = jnp.where(row < buffer.shape[0], row % per_shard, per_shard).reshape(shards, -1)
+  put = lambda b, r, t, v: b.at[r, t].set(v, mode="drop")
+  out = jax.vmap(put)(_shards(buffer, shards), local, step.reshape(shards, -1),
+                      value.reshape(shards, -1))
+  return out.reshape(buffer.shape)
+
+
+@functools.partial(jax.jit, static_argnums=(0,),
+                   static_argnames=("max_new_tokens", "slots", "pad_id", "group", "mesh",
+                                    "chunk"))
+def start(graphdef, params, prompt_tokens, prompt_mask, key, active=None, stop_after=None, *,
+          max_new_tokens, slots, pad_id=0, group=1, mesh=None, chunk=0):
+  """The first device program: the rows' prompts (i32[R, Tp] left-padded, runs of `group`
+  equal prompts; mask bool[R, Tp]) prefilled once per group into a PrefixCache with `slots`
+  decode slots, and the first rows seated. `active` (bool[R], None = all) and `stop_after`
+  (i32[R] in [1, max_new_tokens], None = max_new_tokens) as in `sample`. Jitted; everything
+  after the arrays is static."""
+  r, _ = prompt_tokens.shape
+  shards = 1 if mesh is None else mesh_lib.batch_size_of(mesh)
+  layout = None if mesh is None else (lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh,
+                                                                                   axis))
+  first = lambda x: x.reshape((r // group, group) + x.shape[1:])[:, 0]
+  firsts = mesh_lib.constrain_rows((first(prompt_tokens), first(prompt_mask.astype(bool))), mesh)
+  logits, prompts, mask = prompt_prefill.prefill_prompts(graphdef, params, *firsts, chunk=chunk,
+                                                         constrain=layout)
+  config = transformer.merge_params(graphdef, params).config
+  cache = prefix_cache.from_prompts(
+      prompts, prefix_cache.init_completions(config, slots, max_new_tokens))
+  rows_axis = 1 if config.scan_layers else 0
+  cache = mesh_lib.constrain_rows(cache, mesh, rows_axis)
+  active = jnp.ones((r,), bool) if active is None else jnp.asarray(active, bool)
+  by_shard = _shards(active, shards)
+  state = EngineState(
+      tokens=jnp.full((r, max_new_tokens), pad_id, jnp.int32),
+      logprobs=jnp.zeros((r, max_new_tokens), jnp.float32),
+      mask=jnp.zeros((r, max_new_tokens), jnp.float32),
+      limit=(jnp.full((r,), max_new_tokens, jnp.int32) if stop_after is None
+             else jnp.asarray(stop_after, jnp.int32)),
+      row=jnp.full((slots,), r, jnp.int32), step=jnp.zeros((slots,), jnp.int32),
+      logits=jnp.zeros((slots, logits.shape[-1]), jnp.float32), cache=cache,
+      prompt_mask=mask, prompt_logits=logits,
+      queue=jnp.argsort(~by_shard, axis=1, stable=True).astype(jnp.int32),
+      queued=jnp.sum(by_shard, axis=1, dtype=jnp.int32),
+      taken=jnp.zeros((shards,), jnp.int32), iterations=jnp.zeros((), jnp.int32), key=key)
+  state = _seat(state, jnp.zeros((slots,), bool), state.logits, group)
+  return mesh_lib.constrain_rows(state, mesh)
+
+
+@functools.partial(
+    jax.jit, static_argnums=(0,),
+    static_argnames=("top_k", "top_p", "greedy", "stop_ids", "pad_id", "group", "mesh"),
+    donate_argnames=("state",))
+def run(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=False, stop_ids=(),
+        pad_id=0, group=1, mesh=None):
+  """The second device program: decodes until every queued row has stopped; returns the final
+  state (`state.iterations` loop iterations, each S slot-steps). temperature is traced f32[]; the
+  keyword arguments are static (stop_ids a sorted tuple of ints)."""
+  rows, shards = state.tokens.shape[0], state.queue.shape[0]
+  stop = jnp.asarray(stop_ids, jnp.int32)
+  layout = None if mesh is None else (lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh,
+                                                                                   axis))
+
+  def advance(s):
+    live = s.row < rows
+    keys = strategies.row_keys(s.key, s.row, s.step)
+    token, logprob = strategies.draw_tokens(s.logits, keys, temperature=temperature,
+                                            top_k=top_k, top_p=top_p, greedy=greedy)
+    token = jnp.where(live, token, pad_id)
+    limit = jnp.take(s.limit, jnp.minimum(s.row, rows - 1))
+    stops = jnp.any(token[:, None] == stop[None, :], axis=-1) | (s.step + 1 >= limit)
+    go_on = live & ~stops
+    s = s._replace(tokens=_write(s.tokens, s.row, s.step, token, shards),
+                   logprobs=_write(s.logprobs, s.row, s.step, logprob, shards),
+                   mask=_write(s.mask, s.row, s.step, jnp.ones_like(logprob), shards))
+    prompts = _slot_prompts(s.row, shards, rows, group)
+    index = prefix_cache.SlotIndex(prompt=prompts, step=s.step)
+    lengths = prefix_cache.gather(jnp.sum(s.prompt_mask, axis=1, dtype=jnp.int32), prompts)
+    logits, cache = transformer.decode_slots(graphdef, params, token, lengths + s.step,
+                                             s.prompt_mask, s.cache, index, constrain=layout)
+    s = s._replace(cache=cache, step=s.step + 1, iterations=s.iterations + 1)
+    return _seat(s, go_on, logits, group)
+
+  return jax.lax.while_loop(lambda s: jnp.any(s.row < rows), advance, state)
+
+
+class Generation(NamedTuple):
+  """A call's rollout and its cost: decode loop iterations x decode slots = slot-steps."""
+  rollout: Rollout
+  slot_steps: jax.Array  # i32[]
+
+
+def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: jax.Array,
+           prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int, eos_id: int,
+           slots: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           greedy: bool = False, stop_ids: Sequence[int] = (), pad_id: int = 0, group: int = 1,
+           mesh=None, active: Optional[jax.Array] = None, stop_after: Optional[jax.Array] = None,
+           prefill_chunk: int = 0) -> Generation:
+  """Samples up to `max_new_tokens` tokens after each left-padded prompt with `slots` decode
+  slots; arguments and the returned rollout as in `sampler.sample` (whose tokens, log-probs and
+  mask it reproduces; module docstring), plus the call's slot-steps.
+
+  Raises:
+    ValueError: slots not a positive multiple of the mesh's batch shards, groups that do not
+      split over them, or a bad argument of `sampler.sample`.
+  """
+  rows = prompt_tokens.shape[0]
+  shards = 1 if mesh is None else mesh_lib.batch_size_of(mesh)
+  if not isinstance(slots, int) or slots < 1 or slots % shards:
+    raise ValueError(f"slots must be a positive multiple of the mesh's {shards} batch shards, "
+                     f"got {slots!r}.")
+  if not isinstance(group, int) or group < 1 or rows % (group * shards):
+    raise ValueError(f"the {rows} rows must split into groups of {group} over {shards} batch "
+                     "shards.")
+  if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}.")
+  stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
+  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+  state = start(graphdef, params, prompt_tokens, prompt_mask, key, active, stop_after,
+                max_new_tokens=max_new_tokens, slots=slots, pad_id=int(pad_id), group=group,
+                mesh=mesh, chunk=int(prefill_chunk))
+  state = run(graphdef, params, state, jnp.asarray(temperature, jnp.float32), top_k=top_k,
+              top_p=float(top_p), greedy=bool(greedy), stop_ids=stop, pad_id=int(pad_id),
+              group=group, mesh=mesh)
+  rollout = Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
+                    mask=state.mask)
+  return Generation(rollout=rollout, slot_steps=state.iterations * slots)
+
+
+def compiled_programs():
+  """Number of (start, run) programs compiled so far in this process (for tests)."""
+  return start._cache_size(), run._cache_size()  # pylint: disable=protected-access
