@@ -151,7 +151,9 @@ def start(graphdef, params, prompt_tokens, prompt_mask, key, active=None, stop_a
       queued=jnp.sum(by_shard, axis=1, dtype=jnp.int32),
       taken=jnp.zeros((shards,), jnp.int32), iterations=jnp.zeros((), jnp.int32), key=key)
   state = _seat(state, jnp.zeros((slots,), bool), state.logits, group)
-  return mesh_lib.constrain_rows(state, mesh)
+  by_rows = ("tokens", "logprobs", "mask", "limit", "row", "step", "logits", "queue", "queued",
+             "taken")
+  return state._replace(**mesh_lib.constrain_rows({f: getattr(state, f) for f in by_rows}, mesh))
 
 
 @functools.partial(

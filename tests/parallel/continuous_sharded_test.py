@@ -1,0 +1,46 @@
+"""The continuous engine on 8 fake CPU devices equals it on one, with rows, prompts and decode
+slots split over the batch axes (continuous_sharded_script.py, run in a subprocess so that this
+process keeps one device)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import test_util
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SHAPES = ("8,1,1", "2,2,2")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("continuous") / "continuous.json")
+  env = test_util.device_env(8, PYTHONPATH=ROOT)
+  done = subprocess.run([sys.executable, os.path.join(HERE, "continuous_sharded_script.py"), out,
+                         *SHAPES], env=env, cwd=ROOT, capture_output=True, text=True,
+                        timeout=900)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(out) as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_sharded_engine_matches_one_device(results, shape, mode):
+  r = results["meshes"][shape][mode]
+  assert results["devices"] == 8
+  assert r["tokens_equal"] and r["mask_equal"] and r["rows_sharded"]
+  assert r["logprobs_diff"] <= 1e-5
+  assert 0 < r["tokens_kept"] < 12 * 7  # skipped rows and short rows kept nothing past their end
+
+
+def test_caches_are_split_over_the_batch_shards(results):
+  # Last mesh 2,2,2: data x fsdp = 4 batch shards of the 8 slots and 8 prompts (scanned layout
+  # [L, rows, slots, Hkv, head_dim]).
+  cache = results["cache"]
+  assert cache["global"][1] == 8 and cache["per_device"][1] == 2
+  assert cache["prompt_per_device"][1] == 2
