@@ -90,6 +90,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.allocation_max = 16          # with an allocation: completion slots per prompt (>= G)
   c.rl.allocation_min = 2           # with an allocation: fewest completions a prompt gets
   c.rl.max_new_tokens = 6           # completion length cap (answer + EOS)
+  c.rl.engine = "static"            # rollout engine: static (a decode row per rollout row until
+                                    # the step's longest completion ends) | continuous (a fixed
+                                    # number of decode slots refilled from a queue of rows, each
+                                    # prompt's keys and values stored once per group)
+  c.rl.decode_slots = 64            # continuous: decode slots (a multiple of data x fsdp)
+  c.rl.prefill_chunk = 0            # prompt positions per prefill pass (0 = the whole prompt;
+                                    # at most the prompt buffer)
   c.rl.temperature = 1.0            # sampling temperature; the losses' log-probs are those of
                                     # logits / temperature, the distribution that sampled
   c.rl.learning_rate = 2e-5         # Adam moves every weight ~lr per step: 3e-4 wrecked the SFT

@@ -177,7 +177,7 @@ def rl_step_ours(policy, p: int, g: int, tp: int, t: int, repeats: int) -> dict:
     t0 = time.perf_counter()
     rollout = programs_lib.sample(programs, programs_lib.policy(holder["state"]),
                                   batch.prompt_tokens, batch.prompt_mask, jax.random.PRNGKey(2),
-                                  temperature=1.0)
+                                  temperature=1.0).rollout
     jax.block_until_ready(rollout.tokens)
     t1 = time.perf_counter()
     tokens = np.asarray(rollout.tokens)

@@ -47,6 +47,9 @@ from rl_curriculum.sampling import prompt_prefill
 from rl_curriculum.sampling import strategies
 from rl_curriculum.types import Rollout
 
+# The rollout engines a run can use (config.rl.engine): `sampler` and this module.
+ENGINES = ("static", "continuous")
+
 
 class EngineState(NamedTuple):
   """What the decode loop carries (donated to `run`); rows are global indices, R = empty slot."""

@@ -93,6 +93,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
       f"{len(splits.sft)} SFT, "
       f"{sum(map(len, splits.held_out.values()))} held out, none of them in training; vocab "
       f"{tok.vocab_size}, prompt length {pools.prompt_len}\n  {splits.describe(task.bin_names)}")
+  validation.check_prefill_chunk(config, pools.prompt_len)
 
   # 3. Model, SFT warm start, adapters.
   if policy is not None:

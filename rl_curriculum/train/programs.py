@@ -37,6 +37,7 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import sampler
 from rl_curriculum.train import budget, builders, forward, recovery, rl_step
 from rl_curriculum.train.rl_types import Batch
@@ -74,7 +75,9 @@ class Programs(NamedTuple):
   learn: Callable          # rl_step.make_learn: (train, curriculum, batch, key, base, ref) ->
                            # (train, curriculum, metrics)
   sampler: dict            # static arguments of sampler.sample (max_new_tokens, eos_id,
-                           # stop_ids, pad_id, group, mesh)
+                           # stop_ids, pad_id, group, mesh, prefill_chunk)
+  engine: str              # config.rl.engine: static | continuous
+  slots: int               # the continuous engine's decode slots (config.rl.decode_slots)
   train_shardings: Any     # of the train state, by logical axes
   base_shardings: Any      # of the frozen base (None without LoRA)
   ref_shardings: Any       # of the KL reference's weights (None without one)
@@ -144,7 +147,9 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
       select=jax.jit(curriculum.select, out_shardings=rep), learn=learn,
       sampler=dict(max_new_tokens=config.rl.max_new_tokens, eos_id=tokens.eos_id,
                    stop_ids=tuple(tokens.stop_ids), pad_id=tokens.pad_id,
-                   group=budget.group_slots(config), mesh=mesh),
+                   group=budget.group_slots(config), mesh=mesh,
+                   prefill_chunk=config.rl.prefill_chunk),
+      engine=config.rl.engine, slots=config.rl.decode_slots,
       train_shardings=train_shardings,
       base_shardings=(None if model.frozen is None
                       else mesh_lib.param_shardings(model.frozen, mesh)),
@@ -210,12 +215,21 @@ def policy(state: RunState) -> Any:
 
 
 def sample(programs: Programs, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
-           key: jax.Array, temperature: Any, active: Optional[jax.Array] = None):
-  """`sampler.sample` with the run's static arguments: a `Rollout` of the rows i32[R, Tp] (whole
-  groups of G rows, over the batch axes), sampled at `temperature` (a float, or the adaptive
-  controller's f32[]); rows where `active` bool[R] is False get no tokens."""
-  return sampler.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
-                        temperature=temperature, active=active, **programs.sampler)
+           key: jax.Array, temperature: Any,
+           active: Optional[jax.Array] = None) -> continuous.Generation:
+  """The run's engine (`sampler.sample` or `continuous.sample`) with its static arguments: the
+  `Rollout` of the rows i32[R, Tp] (whole groups of G rows, over the batch axes), sampled at
+  `temperature` (a float, or the adaptive controller's f32[]), and the call's decode slot-steps
+  (slots x loop iterations: R x the longest completion for the static engine); rows where
+  `active` bool[R] is False get no tokens."""
+  if programs.engine == "continuous":
+    return continuous.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
+                             temperature=temperature, active=active, slots=programs.slots,
+                             **programs.sampler)
+  rollout = sampler.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
+                           temperature=temperature, active=active, **programs.sampler)
+  steps = jnp.max(jnp.sum(rollout.mask, axis=1)).astype(jnp.int32)
+  return continuous.Generation(rollout=rollout, slot_steps=steps * prompt_tokens.shape[0])
 
 
 def learn_inputs(state: RunState, batch: Batch, key: jax.Array, ref: Any) -> tuple:

@@ -48,6 +48,7 @@ def row_layout(config: ml_collections.ConfigDict, mesh) -> RowLayout:
         f"config.parallel.mesh_shape: {num_rows} rollout rows (prompts_per_step x oversample x "
         f"group_size, or allocation_max with an allocation) do not split over data x fsdp = "
         f"{mesh_lib.batch_size_of(mesh)} devices")
+  validation.check_decode_slots(config, mesh_lib.batch_size_of(mesh))
   sharding = mesh_lib.batch_sharding(mesh, 2)
   return RowLayout(mesh=mesh, sharding=sharding, num_rows=num_rows,
                    mine=distributed.local_row_indices(sharding, num_rows))
@@ -104,19 +105,20 @@ def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, valid: 
 
 def _sample(run: Prepared, programs: programs_lib.Programs, layout: RowLayout, state: RunState,
             rows: np.ndarray, valid: np.ndarray, key: jax.Array, temperature: Any):
-  """(rollout, prompt mask) of this process's rows `rows` (pool indices, i32[b]) of the step's
+  """(rollout, prompt mask, decode slot-steps) of this process's rows `rows` (pool indices, i32[b]) of the step's
   R rows; rows whose slot `valid` bool[R] marks unsampled get no tokens."""
   to_global = lambda x: distributed.rows_to_global(x, layout.sharding, layout.num_rows)
   prompt_mask = to_global(run.pool.mask[rows])
   sampled = valid.reshape(-1)[layout.mine]
   active = None if valid.all() else distributed.rows_to_global(
       sampled, mesh_lib.batch_sharding(layout.mesh, 1), layout.num_rows)
-  rollout = programs_lib.sample(programs, programs_lib.policy(state),
-                                to_global(run.pool.tokens[rows]), prompt_mask, key, temperature,
-                                active)
+  generation = programs_lib.sample(programs, programs_lib.policy(state),
+                                   to_global(run.pool.tokens[rows]), prompt_mask, key,
+                                   temperature, active)
+  rollout = generation.rollout
   rollout = distributed.place(rollout, jax.tree.map(lambda _: layout.sharding, rollout))
   jax.block_until_ready(rollout.tokens)
-  return rollout, prompt_mask
+  return rollout, prompt_mask, int(distributed.to_host(generation.slot_steps))
 
 
 def collect(config: ml_collections.ConfigDict, run: Prepared, programs: programs_lib.Programs,
@@ -136,8 +138,8 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, programs: programs
   rows = np.repeat(np.asarray(selection.prompt_ids), g)[layout.mine]
   temperature = (state.train.temperature if config.rl.temperature_target
                  else config.rl.temperature)
-  rollout, prompt_mask = _sample(run, programs, layout, state, rows, valid, key_sample,
-                                 temperature)
+  rollout, prompt_mask, slot_steps = _sample(run, programs, layout, state, rows, valid,
+                                             key_sample, temperature)
   t1 = time.time()
   # The scores (B floats) are shared with every process.
   my_rewards, my_correct = score_completions(run.task, run.pool, rows,
@@ -161,15 +163,16 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, programs: programs
       train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid), baseline=baseline,
       truncated=truncated)
   return batch, rollout_stats(config, run.pool.num_arms, selection, rollout.mask, rewards, valid,
-                              group_valid, (t1 - t0, t2 - t1))
+                              group_valid, (t1 - t0, t2 - t1), slot_steps)
 
 
 def rollout_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Selection,
                   mask: jax.Array, rewards: np.ndarray, valid: np.ndarray,
-                  group_valid: np.ndarray, seconds: tuple) -> dict:
+                  group_valid: np.ndarray, seconds: tuple, slot_steps: int = 0) -> dict:
   """Host statistics of a step's rollout for the log: sampling and scoring time (`seconds` =
   (sample, score)), tokens per second, the sampled reward, the curriculum's arms, the groups
-  kept by the filter, rollouts sampled and saved, and an allocation's range."""
+  kept by the filter, rollouts sampled and saved, the decode slot-steps the engine computed and
+  the share of them that kept a token, and an allocation's range."""
   arm_counts = np.bincount(np.asarray(selection.arms), minlength=num_arms)
   budgeted = builders.sampled_prompts(config) * config.rl.group_size
   sample_s, score_s = seconds
@@ -178,7 +181,9 @@ def rollout_stats(config: ml_collections.ConfigDict, num_arms: int, selection: S
            "sampled_reward_mean": float(rewards[valid].mean()) if valid.any() else 0.0,
            "curriculum/arm_frac": arm_counts / arm_counts.sum(),
            "groups_kept": float(group_valid.sum()),
-           "rollouts": float(valid.sum()), "rollouts_saved": float(budgeted - valid.sum())}
+           "rollouts": float(valid.sum()), "rollouts_saved": float(budgeted - valid.sum()),
+           "rollout/slot_steps": float(slot_steps),
+           "rollout/slot_utilisation": float(jnp.sum(mask)) / max(slot_steps, 1)}
   if config.rl.allocation != "none":
     counts = valid.sum(axis=1)
     stats.update({"allocation/min": float(counts.min()), "allocation/max": float(counts.max())})

@@ -23,6 +23,7 @@ from rl_curriculum.model.tokenizer import NUM_RESERVED
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import surrogate
+from rl_curriculum.sampling.continuous import ENGINES
 from rl_curriculum.tasks.base import TEMPLATES
 from rl_curriculum.train import budget, builders, data
 from rl_curriculum.train.recovery import ON_COLLAPSE
@@ -207,6 +208,37 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
           f"{rl.overlong_cache}")
   _validate_allocation(rl)
   _validate_adaptive_temperature(rl)
+  _validate_engine(rl)
+
+
+def _validate_engine(rl: ml_collections.ConfigDict) -> None:
+  """config.rl's rollout engine: a known engine, positive decode slots, a prefill chunk >= 0
+  (the mesh and the prompt buffer are checked where they are known: `check_decode_slots`,
+  `check_prefill_chunk`)."""
+  if rl.engine not in ENGINES:
+    _fail("rl.engine", f"must be one of {ENGINES}, got {rl.engine!r}")
+  if not isinstance(rl.decode_slots, int) or rl.decode_slots < 1:
+    _fail("rl.decode_slots", f"must be a whole number >= 1 (decode slots of the continuous "
+          f"engine), got {rl.decode_slots!r}")
+  if not isinstance(rl.prefill_chunk, int) or rl.prefill_chunk < 0:
+    _fail("rl.prefill_chunk", f"must be a whole number >= 0 (0 = the whole prompt), got "
+          f"{rl.prefill_chunk!r}")
+
+
+def check_decode_slots(config: ml_collections.ConfigDict, batch_shards: int) -> None:
+  """The continuous engine's decode slots against the mesh's data x fsdp = `batch_shards`."""
+  rl = config.rl
+  if rl.engine == "continuous" and rl.decode_slots % batch_shards:
+    _fail("rl.decode_slots", f"{rl.decode_slots} decode slots do not split over data x fsdp = "
+          f"{batch_shards} devices (use a multiple of {batch_shards})")
+
+
+def check_prefill_chunk(config: ml_collections.ConfigDict, prompt_len: int) -> None:
+  """The prefill chunk against the prompt buffer of `prompt_len` tokens (known once the data
+  is built)."""
+  if config.rl.prefill_chunk > prompt_len:
+    _fail("rl.prefill_chunk", f"{config.rl.prefill_chunk} is longer than the prompt buffer "
+          f"({prompt_len} tokens); use at most {prompt_len}, or 0 for the whole prompt")
 
 
 def _validate_allocation(rl: ml_collections.ConfigDict) -> None:

@@ -35,7 +35,7 @@ def test_sharded_engine_matches_one_device(results, shape, mode):
   assert results["devices"] == 8
   assert r["tokens_equal"] and r["mask_equal"] and r["rows_sharded"]
   assert r["logprobs_diff"] <= 1e-5
-  assert 0 < r["tokens_kept"] < 12 * 7  # skipped rows and short rows kept nothing past their end
+  assert 0 < r["tokens_kept"] < 16 * 7  # skipped rows and short rows kept nothing past their end
 
 
 def test_caches_are_split_over_the_batch_shards(results):

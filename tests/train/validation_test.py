@@ -116,3 +116,26 @@ def test_curriculum_option_values_are_checked_by_building_it(name, options, mess
 def test_mixture_fields_are_named(fields, message):
   with pytest.raises(validation.ConfigError, match=re.escape(message)):
     validation.validate(_config(**fields))
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(rl__engine="paged"), "config.rl.engine: must be one of ('static', 'continuous')"),
+    (dict(rl__engine="continuous", rl__decode_slots=0), "config.rl.decode_slots: must be a whole "
+     "number >= 1"),
+    (dict(rl__prefill_chunk=-4), "config.rl.prefill_chunk: must be a whole number >= 0"),
+])
+def test_engine_fields_are_named(fields, message):
+  with pytest.raises(validation.ConfigError, match=re.escape(message)):
+    validation.validate(_config(**fields))
+
+
+def test_engine_shapes_are_checked_against_the_mesh_and_the_prompt_buffer():
+  c = _config(rl__engine="continuous", rl__decode_slots=12, rl__prefill_chunk=16)
+  validation.check_decode_slots(c, 4)
+  with pytest.raises(validation.ConfigError, match=re.escape(
+      "config.rl.decode_slots: 12 decode slots do not split over data x fsdp = 8 devices")):
+    validation.check_decode_slots(c, 8)
+  validation.check_prefill_chunk(c, 16)
+  with pytest.raises(validation.ConfigError, match=re.escape(
+      "config.rl.prefill_chunk: 16 is longer than the prompt buffer (12 tokens)")):
+    validation.check_prefill_chunk(c, 12)
