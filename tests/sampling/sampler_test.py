@@ -64,12 +64,13 @@ def test_sampled_logprobs_equal_full_forward_and_draws_are_plain_sampling(model)
   logp = jax.nn.log_softmax(logits, axis=-1)
   expected = np.take_along_axis(np.asarray(logp), np.asarray(rollout.tokens)[:, :, None], -1)
   np.testing.assert_allclose(rollout.logprobs, expected[:, :, 0], atol=1e-4, rtol=0)
-  # Row b's draw t is jax.random.categorical(fold_in(fold_in(key, b), t), policy logits): top_p
-  # = 1 and top_k = 0 leave plain sampling untouched.
+  # Row b's draw t is the inverse-CDF draw of the policy's distribution with the uniform of
+  # fold_in(fold_in(key, b), t): top_p = 1 and top_k = 0 leave plain sampling untouched.
+  probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
   for b in range(4):
     for t in range(NUM_NEW):
-      row_key = jax.random.fold_in(jax.random.fold_in(key, b), t)
-      assert rollout.tokens[b, t] == jax.random.categorical(row_key, logits[b, t])
+      u = float(jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, b), t), ()))
+      assert rollout.tokens[b, t] == np.searchsorted(np.cumsum(probs[b, t]), u, side="right")
 
 
 def test_greedy_follows_forward_argmax_and_top_k_one_and_cold_temperature_equal_it(model):

@@ -113,3 +113,17 @@ def test_temperature_divides_logits():
   np.testing.assert_allclose(strategies.apply_temperature(logits, 0.5), 2.0 * logits, rtol=1e-7)
   np.testing.assert_allclose(jax.jit(strategies.apply_temperature)(logits, jnp.float32(4.0)),
                              logits / 4.0, rtol=1e-7)
+
+
+def test_inverse_cdf_draw_follows_the_distribution_and_never_draws_filtered_tokens():
+  probs = np.array([0.1, 0.25, 0.0, 0.05, 0.6])
+  logits = jnp.log(jnp.asarray(np.tile(probs, (4000, 1)), jnp.float32))
+  keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.PRNGKey(3), r))(jnp.arange(4000))
+  draws = np.asarray(strategies.inverse_cdf_draw(logits, keys))
+  freq = np.bincount(draws, minlength=5) / len(draws)
+  assert freq[2] == 0.0
+  # 4000 draws: a binomial standard error of at most 0.008; 4 of them is far outside chance.
+  np.testing.assert_allclose(freq, probs, atol=0.032)
+  # The same key gives the same token whatever the other rows are.
+  one = strategies.inverse_cdf_draw(logits[:1], keys[7:8])
+  assert int(one[0]) == int(draws[7])
