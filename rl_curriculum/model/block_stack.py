@@ -133,21 +133,22 @@ def _run_scanned(block, config, x, positions, key_mask, cache, cache_index, rows
 
 
 def _run_unrolled_prefix(blocks, config, x, positions, key_mask, cache, index, rows):
-  """One token per decode slot through the L blocks, each reading its layer of a PrefixCache;
-  each layer's new completion slots are written per slot (`prefix_cache.write`)."""
+  """One token per decode slot through the L blocks, each reading its layer of a PrefixCache and
+  returning that layer's completion keys and values with each slot's new token written."""
   new_k, new_v = [], []
   for i, block in enumerate(blocks):
     graphdef, state = nnx.split(block)
     layer = (cache.prompt_k[i], cache.prompt_v[i], cache.k[i], cache.v[i])
-    x, slots = _block_runner(graphdef, config)(state, rows(x), positions, key_mask, layer, index)
-    new_k.append(prefix_cache.write(cache.k[i], slots[0], index.step, 0))
-    new_v.append(prefix_cache.write(cache.v[i], slots[1], index.step, 0))
+    x, (k, v) = _block_runner(graphdef, config)(state, rows(x), positions, key_mask, layer, index)
+    new_k.append(k)
+    new_v.append(v)
   return x, cache._replace(k=tuple(new_k), v=tuple(new_v))
 
 
 def _run_scanned_prefix(block, config, x, positions, key_mask, cache, index, rows):
   """The stacked block under `lax.scan` over a PrefixCache's layers; as `_run_scanned`, the scan
-  emits only the new slots [L, B, 1, Hkv, head_dim], written after it per decode slot."""
+  emits only the new slots [L, B, 1, Hkv, head_dim], written after it at each decode slot's own
+  completion slot (`prefix_cache.write`, in place)."""
   graphdef, state = nnx.split(block)
   run = _block_runner(graphdef, config)
   dtype = cache.k.dtype

@@ -161,7 +161,9 @@ class Attention(nnx.Module):
 
     With a `prefix_cache.SlotIndex` as cache_index (T = 1), `cache` is this layer's (prompt keys,
     prompt values, completion keys, completion values) of a `prefix_cache.PrefixCache` and
-    key_mask its bool[B, Tp + N] (`prefix_cache.key_mask`, causality included).
+    key_mask its bool[B, Tp + N] (`prefix_cache.key_mask`, causality included); the second
+    result is then the layer's whole completion keys and values with the new token written
+    (unrolled), or the new keys and values [B, 1, ...] for the caller to write (scanned).
 
     With `cache`, this layer's (k, v) [B, S, Hkv, head_dim], the queries attend over its S slots
     with slots cache_index .. cache_index + T - 1 holding the new keys and values (in the cache
@@ -178,12 +180,13 @@ class Attention(nnx.Module):
     k = rope.apply_rope(k, positions, inv_freq)
     if isinstance(cache_index, prefix_cache.SlotIndex):  # one token per decode slot
       prompt_k, prompt_v, cache_k, cache_v = cache
-      new_cache = (k.astype(cache_k.dtype), v.astype(cache_v.dtype))
-      keys = prefix_cache.keys_of(prompt_k, cache_k, new_cache[0], cache_index)
-      values = prefix_cache.keys_of(prompt_v, cache_v, new_cache[1], cache_index)
+      read = (prefix_cache.with_new(cache_k, k, cache_index, c.scan_layers),
+              prefix_cache.with_new(cache_v, v, cache_index, c.scan_layers))
       q = q.reshape(b, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
-      out = kv_cache.one_query_attention(q, keys, values, key_mask, c.dtype)
-      return self.o(out.reshape(b, 1, c.num_heads, c.head_dim)), new_cache
+      out = prefix_cache.attend(q, (prompt_k, prompt_v), read, cache_index, key_mask, c.dtype)
+      # Scanned: the new slots, written after the scan; unrolled: the written layer cache.
+      new = (k.astype(cache_k.dtype), v.astype(cache_v.dtype)) if c.scan_layers else read
+      return self.o(out.reshape(b, 1, c.num_heads, c.head_dim)), new
     if cache is None:
       keys, values, new_cache = k, v, None
       q_slots = jnp.arange(t, dtype=jnp.int32)
@@ -478,8 +481,8 @@ def decode_slots(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
 
   Returns:
     (f32[B, V] logits of each slot's next token, the cache with the new slots written). Equal,
-    for each slot, to `decode_step` on a `KVCache` row holding the prompt and the same
-    completion slots (the same operations in the same order).
+    for each slot and to float rounding, to `decode_step` on a `KVCache` row holding the prompt
+    and the same completion slots.
   """
   model = merge_params(graphdef, params)
   key_mask = prefix_cache.key_mask(prompt_mask, index, prefix_cache.completion_length(cache))

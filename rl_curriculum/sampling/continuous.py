@@ -20,10 +20,11 @@ Two device programs, each compiled once per shape and cached by `jax.jit`:
 
 Results do not depend on where a row ran: row r's t-th token is drawn with
 fold_in(fold_in(key, r), t) (`strategies.row_keys`), as in the static sampler, and each slot's
-attention reads its prompt's slots and its own completion slots in the order of the static
-sampler's cache. Tokens, log-probs and mask are the static sampler's bit for bit wherever XLA
-computes a row's matmuls the same whatever the batch size (on CPU: in float32 for widths that
-are multiples of 64; otherwise they agree to float rounding, about 1e-6 in a log-prob).
+attention reads its prompt's slots and its own completion slots (`prefix_cache.attend`). Tokens and
+masks are the static sampler's; log-probs agree to float rounding (about 1e-6), since XLA's CPU
+compiler picks kernels by batch size (the one-query attention's reductions at 1-3 rows, the tied
+output head at one row, wider matmuls below 48 rows) and the prompt and completion slots are read
+as two parts.
 
 With a mesh, rows, prompts and slots are split into D = `mesh_lib.batch_size_of(mesh)` equal
 shards over the batch axes, and each shard's slots take only its own rows: the queue, the prompt
@@ -210,7 +211,7 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
            prefill_chunk: int = 0) -> Generation:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt with `slots` decode
   slots; arguments and the returned rollout as in `sampler.sample` (whose tokens, log-probs and
-  mask it reproduces; module docstring), plus the call's slot-steps.
+  mask it reproduces, log-probs to float rounding; module docstring), plus the call's slot-steps.
 
   Raises:
     ValueError: slots not a positive multiple of the mesh's batch shards, groups that do not

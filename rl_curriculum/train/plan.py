@@ -46,6 +46,7 @@ from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import sampler
 from rl_curriculum.train import budget, builders, programs as programs_lib, validation
 from rl_curriculum.train.rl_types import Batch
@@ -193,9 +194,9 @@ def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
       baseline=(small((s,), jnp.float32) if config.rl.algorithm == "counterfactual" else None))
 
 
-def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:
-  """(the larger-peak of prefill and decode, both) of the run's sampler. Resident while
-  sampling: the run state and the reference, but for the policy the sampler takes."""
+def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
+  """(static options, policy, abstract prompts, abstract mask, resident bytes) of the sampler.
+  Resident while sampling: the run state and the reference, but for the policy it takes."""
   options = inputs.programs.sampler
   rows = builders.sampled_prompts(config) * options["group"]
   policy = programs_lib.policy(inputs.state)
@@ -203,20 +204,60 @@ def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[di
               - mesh_lib.shard_bytes(policy))
   prompts = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.int32)
   prompt_mask = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.bool_)
+  return options, policy, prompts, prompt_mask, resident
+
+
+def _plan_static(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
+  """The static engine's prefill and decode programs (`sampler`)."""
+  options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
   prefill_options = {k: options[k] for k in ("max_new_tokens", "pad_id", "group", "mesh")}
+  prefill_options["chunk"] = options["prefill_chunk"]
   graphdef = inputs.programs.graphdef
   pre, pre_compiled = _measure(lambda: sampler.prefill.lower(
       graphdef, policy, prompts, prompt_mask, inputs.key, **prefill_options), resident)
   out_state = jax.eval_shape(lambda p, t, m, k: sampler.prefill(graphdef, p, t, m, k,
                                                                 **prefill_options),
                              policy, prompts, prompt_mask, inputs.key)
+  cache_bytes = mesh_lib.shard_bytes(programs_lib.abstract_tree(
+      out_state.cache, pre_compiled.output_shardings.cache))
   out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
   dec, _ = _measure(lambda: sampler.decode.lower(
       graphdef, policy, out_state, _small(inputs, (), jnp.float32), stop_ids=stop_ids,
       pad_id=options["pad_id"], mesh=options["mesh"]), resident)
-  parts = {"prefill": pre, "decode": dec}
-  return max(parts.values(), key=lambda p: p["peak_gib"]), parts
+  return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
+
+
+def _plan_continuous(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
+  """The continuous engine's start and run programs (`continuous`), with
+  config.rl.decode_slots slots."""
+  options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
+  start_options = dict(max_new_tokens=options["max_new_tokens"], slots=config.rl.decode_slots,
+                       pad_id=options["pad_id"], group=options["group"], mesh=options["mesh"],
+                       chunk=options["prefill_chunk"])
+  graphdef = inputs.programs.graphdef
+  pre, pre_compiled = _measure(lambda: continuous.start.lower(
+      graphdef, policy, prompts, prompt_mask, inputs.key, **start_options), resident)
+  out_state = jax.eval_shape(lambda p, t, m, k: continuous.start(graphdef, p, t, m, k,
+                                                                 **start_options),
+                             policy, prompts, prompt_mask, inputs.key)
+  cache_bytes = mesh_lib.shard_bytes(programs_lib.abstract_tree(
+      out_state.cache, pre_compiled.output_shardings.cache))
+  out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
+  stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
+  dec, _ = _measure(lambda: continuous.run.lower(
+      graphdef, policy, out_state, _small(inputs, (), jnp.float32), stop_ids=stop_ids,
+      pad_id=options["pad_id"], group=options["group"], mesh=options["mesh"]), resident)
+  return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
+
+
+def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:
+  """(the larger-peak program of the configured engine, both engines' programs and KV cache
+  per device: {"static": {"prefill", "decode", "cache_gib"}, "continuous": {...}})."""
+  engines = {"static": _plan_static(config, inputs),
+             "continuous": _plan_continuous(config, inputs)}
+  mine = engines[config.rl.engine]
+  return max((mine["prefill"], mine["decode"]), key=lambda p: p["peak_gib"]), engines
 
 
 def _plan_learn(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
@@ -247,8 +288,9 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
     {"devices", "mesh", "hbm_gib", "fits", "model": {...}, "workload": {...},
      "programs": {"sampler": {...}, "learn": {...}}} (numbers in GiB and seconds; the learn
     step's "argument_bytes", the bytes per device of its inputs, as `programs.learn_inputs` lays
-    them out); the sampler entry is the larger-peak of prefill and decode, both listed under
-    "sampler_parts".
+    them out); the sampler entry is the larger-peak program of the configured engine
+    (config.rl.engine), and "sampler_engines" lists both engines' programs (static: prefill,
+    decode; continuous: start as "prefill", run as "decode") with their KV cache per device.
 
   Raises:
     validation.ConfigError: the config is invalid, its rows do not split over the mesh, or
@@ -266,6 +308,8 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
     raise validation.ConfigError(
         f"config.parallel.mesh_shape: {rows} rollout rows do not split over data x fsdp = "
         f"{shards} devices")
+  validation.check_decode_slots(config, shards)
+  validation.check_prefill_chunk(config, prompt_len)
   inputs = abstract_inputs(config, abstract_model(config, shape), mesh, prompt_len=prompt_len)
   report = {"devices": jax.device_count(), "mesh": dict(mesh.shape), "hbm_gib": hbm_gib,
             "model": {"layers": shape.num_layers, "d_model": shape.d_model,
@@ -279,7 +323,7 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
                          "logits_chunk": config.rl.logits_chunk},
             "programs": {}}
   if "sampler" in programs:
-    report["programs"]["sampler"], report["sampler_parts"] = _plan_sampler(config, inputs)
+    report["programs"]["sampler"], report["sampler_engines"] = _plan_sampler(config, inputs)
   if "learn" in programs:
     report["programs"]["learn"] = _plan_learn(config, inputs)
   report["state_gib"] = mesh_lib.shard_bytes(inputs.state.train) / GIB

@@ -1,10 +1,10 @@
 """Tests of rl_curriculum/sampling/continuous.py (and the prefix cache it decodes from).
 
-The engine must give every row the tokens, log-probs and mask the static sampler gives it,
-whatever slot it ran in. With as many slots as rows the decode batches have the same shapes and
-the results are equal bit for bit; with other slot counts XLA's CPU compiler picks kernels by
-batch size (measured: the one-query attention's reductions at 1-3 rows, the tied output head at
-one row), so log-probs agree to float rounding (1e-5) while tokens and masks stay equal.
+The engine must give every row the tokens and mask the static sampler gives it, whatever slot it
+ran in, and its log-probs to float rounding (1e-5): XLA's CPU compiler picks kernels by batch
+size (measured: the one-query attention's reductions at 1-3 rows, the tied output head at one
+row, a 576-wide matmul below 48 rows), and the engine reads a prompt's and a completion's slots
+as two parts, so the last bits of a log-prob may differ.
 """
 
 import jax
@@ -48,18 +48,14 @@ def _both(model, slots, *, key=1, **kwargs):
   kwargs = dict(max_new_tokens=N, group=G, **{"eos_id": NEVER, **kwargs})
   static = sampler.sample(*model, tokens, mask, jax.random.PRNGKey(key), **kwargs)
   gen = continuous.sample(*model, tokens, mask, jax.random.PRNGKey(key), slots=slots, **kwargs)
-  _assert_same.slots = slots
   return jax.device_get(static), jax.device_get(gen)
 
 
 def _assert_same(static, rollout):
-  """Equal tokens and mask; log-probs bit for bit at as many slots as rows, else to 1e-5."""
+  """Equal tokens and mask, log-probs to 1e-5."""
   np.testing.assert_array_equal(rollout.tokens, static.tokens)
   np.testing.assert_array_equal(rollout.mask, static.mask)
-  if rollout.tokens.shape[0] == _assert_same.slots:
-    np.testing.assert_array_equal(rollout.logprobs, static.logprobs)
-  else:
-    np.testing.assert_allclose(rollout.logprobs, static.logprobs, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(rollout.logprobs, static.logprobs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("slots", [3, 5, R, R + 4])

@@ -30,6 +30,7 @@ def _config():
   c.model.scan_layers = True
   c.model.remat = "block"
   c.task.train_per_bin = 10
+  c.rl.decode_slots = 8               # both engines are planned; this one's peak is reported
   c.parallel.mesh_shape = (1, -1, 1)
   return c
 

@@ -42,6 +42,20 @@ def test_planned_arguments_match_the_buffers_a_real_step_keeps(measured):
 
 
 @pytest.mark.slow
+def test_both_engines_are_planned_with_their_caches(measured):
+  """The static engine's cache holds R x (Tp + N) slots, the continuous one's P x Tp prompt slots
+  and S x N completion slots (TP 12, 8 prompts x 4 rows, N 8, 8 slots): the ratio of their
+  planned caches is that of the slots."""
+  engines = measured["report"]["sampler_engines"]
+  for engine in ("static", "continuous"):
+    for part in ("prefill", "decode"):
+      assert engines[engine][part]["peak_gib"] > 0, (engine, part)
+  p, g, tp, n, slots = 8, 4, 12, 8, 8
+  ratio = engines["continuous"]["cache_gib"] / engines["static"]["cache_gib"]
+  assert abs(ratio - (p * tp + slots * n) / (p * g * (tp + n))) < 1e-6
+
+
+@pytest.mark.slow
 def test_the_verdict_flips_at_the_planned_peak(measured):
   assert measured["fits_above"] is True
   assert measured["fits_below"] is False
