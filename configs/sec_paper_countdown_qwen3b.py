@@ -15,7 +15,8 @@ compiles the sampler and the learn step for 8 devices without weights (the shape
 `model.preset`, or from `model.source`'s config.json) and says whether they fit. What makes them
 fit: bfloat16 compute on float32 master parameters and Adam moments, scanned layers (one compiled
 block), each block rematerialised in the backward pass, gradient accumulation over
-`rl.microbatches`, the output head in chunks of `rl.logits_chunk` positions (no [rows, T, vocab]
+`rl.microbatches`, the continuous rollout engine (512 decode slots for 2048 rows, one copy of
+each prompt's keys and values), the output head in chunks of `rl.logits_chunk` positions (no [rows, T, vocab]
 logits), and the old-policy pass one microbatch of rows at a time.
 
 Not measured: nothing in this file has been run at this size (the planner compiles it on CPU);
@@ -56,8 +57,12 @@ def get_config():
   c.rl.learning_rate = 1e-6           # this project's choice for full fine-tuning of a 3B model
   c.rl.epochs = 1
   c.rl.minibatches = 8                # 32 prompts x 8 = 256 rows per optimizer step
-  c.rl.microbatches = 8               # 4 prompts x 8 = 32 rows per forward/backward pass
+  c.rl.microbatches = 16              # 2 prompts x 8 = 16 rows per forward/backward pass
   c.rl.logits_chunk = 128             # completion positions per chunk of the output head
+  c.rl.engine = "continuous"          # decode slots refilled from a queue of rows; each prompt's
+                                      # keys and values once per group
+  c.rl.decode_slots = 512             # a quarter of the 2048 rows: 64 slots per device on 8
+  c.rl.prefill_chunk = 128            # prompts prefilled 128 positions at a time
   c.rl.kl_coef = 0.0
   c.rl.max_kl = 0.0                   # 0 = no KL-based rollback
 

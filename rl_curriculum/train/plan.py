@@ -207,55 +207,44 @@ def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
   return options, policy, prompts, prompt_mask, resident
 
 
-def _plan_static(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
-  """The static engine's prefill and decode programs (`sampler`)."""
-  options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
-  prefill_options = {k: options[k] for k in ("max_new_tokens", "pad_id", "group", "mesh")}
-  prefill_options["chunk"] = options["prefill_chunk"]
+def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, first, second,
+                   first_options: dict, second_options: dict) -> dict:
+  """An engine's two programs: `first` (prompts -> state) lowered on the abstract prompts, then
+  `second` (state, temperature -> state) on the state it returns; their memory and the KV cache
+  per device."""
   graphdef = inputs.programs.graphdef
-  pre, pre_compiled = _measure(lambda: sampler.prefill.lower(
-      graphdef, policy, prompts, prompt_mask, inputs.key, **prefill_options), resident)
-  out_state = jax.eval_shape(lambda p, t, m, k: sampler.prefill(graphdef, p, t, m, k,
-                                                                **prefill_options),
+  pre, pre_compiled = _measure(lambda: first.lower(
+      graphdef, policy, prompts, prompt_mask, inputs.key, **first_options), resident)
+  out_state = jax.eval_shape(lambda p, t, m, k: first(graphdef, p, t, m, k, **first_options),
                              policy, prompts, prompt_mask, inputs.key)
   cache_bytes = mesh_lib.shard_bytes(programs_lib.abstract_tree(
       out_state.cache, pre_compiled.output_shardings.cache))
   out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
-  stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
-  dec, _ = _measure(lambda: sampler.decode.lower(
-      graphdef, policy, out_state, _small(inputs, (), jnp.float32), stop_ids=stop_ids,
-      pad_id=options["pad_id"], mesh=options["mesh"]), resident)
+  dec, _ = _measure(lambda: second.lower(graphdef, policy, out_state,
+                                         _small(inputs, (), jnp.float32), **second_options),
+                    resident)
   return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
 
 
-def _plan_continuous(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
-  """The continuous engine's start and run programs (`continuous`), with
-  config.rl.decode_slots slots."""
+def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
+  """Both engines' programs: the static sampler's prefill and decode, the continuous engine's
+  start and run (with config.rl.decode_slots slots)."""
   options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
-  start_options = dict(max_new_tokens=options["max_new_tokens"], slots=config.rl.decode_slots,
-                       pad_id=options["pad_id"], group=options["group"], mesh=options["mesh"],
-                       chunk=options["prefill_chunk"])
-  graphdef = inputs.programs.graphdef
-  pre, pre_compiled = _measure(lambda: continuous.start.lower(
-      graphdef, policy, prompts, prompt_mask, inputs.key, **start_options), resident)
-  out_state = jax.eval_shape(lambda p, t, m, k: continuous.start(graphdef, p, t, m, k,
-                                                                 **start_options),
-                             policy, prompts, prompt_mask, inputs.key)
-  cache_bytes = mesh_lib.shard_bytes(programs_lib.abstract_tree(
-      out_state.cache, pre_compiled.output_shardings.cache))
-  out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
-  dec, _ = _measure(lambda: continuous.run.lower(
-      graphdef, policy, out_state, _small(inputs, (), jnp.float32), stop_ids=stop_ids,
-      pad_id=options["pad_id"], group=options["group"], mesh=options["mesh"]), resident)
-  return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
+  shared = dict(max_new_tokens=options["max_new_tokens"], pad_id=options["pad_id"],
+                group=options["group"], mesh=options["mesh"], chunk=options["prefill_chunk"])
+  loop = dict(stop_ids=stop_ids, pad_id=options["pad_id"], mesh=options["mesh"])
+  args = (inputs, policy, prompts, prompt_mask, resident)
+  return {"static": _plan_programs(*args, sampler.prefill, sampler.decode, shared, loop),
+          "continuous": _plan_programs(*args, continuous.start, continuous.run,
+                                       {**shared, "slots": config.rl.decode_slots},
+                                       {**loop, "group": options["group"]})}
 
 
 def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:
   """(the larger-peak program of the configured engine, both engines' programs and KV cache
   per device: {"static": {"prefill", "decode", "cache_gib"}, "continuous": {...}})."""
-  engines = {"static": _plan_static(config, inputs),
-             "continuous": _plan_continuous(config, inputs)}
+  engines = _plan_engines(config, inputs)
   mine = engines[config.rl.engine]
   return max((mine["prefill"], mine["decode"]), key=lambda p: p["peak_gib"]), engines
 
