@@ -319,7 +319,8 @@ def test_penalty_lowers_the_rewards_of_completions_at_the_cap(baseline, tmp_path
     # L_cache = 1: every completion of max_new_tokens tokens loses 1, those cut and those whose
     # EOS came last; the others nothing.
     pen = r["overlong_penalty_mean"]
-    assert -1.0 <= pen <= -r["truncated_frac"] < 0 and _sixteenths(pen)
+    assert -1.0 <= pen <= -r["truncated_frac"] <= 0 and _sixteenths(pen)
+  assert first["overlong_penalty_mean"] < 0
   # The penalty changes the advantages the policy trains on.
   assert abs(first["abs_adv_mean"] - plain[0]["abs_adv_mean"]) > 1e-3
   assert abs(first["loss"] - plain[0]["loss"]) > 1e-4
