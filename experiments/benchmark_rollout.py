@@ -182,7 +182,7 @@ def compare(policy, w: Workload, slots: int, repeats: int, active=None) -> dict:
   cache_slots = prompts * tp + slots * w.max_new_tokens
   out["cache_slot_budget"] = cache_slots
   out["speedup"] = out["continuous"]["tokens_per_s"] / out["static"]["tokens_per_s"]
-  lengths = (w.stop_after if w.stop_after is not None else None)
+  lengths = w.stop_after
   if lengths is not None:
     out["lengths"] = {"median": float(np.median(lengths)), "p90": float(np.percentile(lengths, 90)),
                       "max": int(lengths.max())}
