@@ -117,17 +117,25 @@ def test_merge_keeps_the_policy_and_restarts_the_adapters(plain, merged):
 
 
 @pytest.mark.slow
-def test_adapter_health_is_reported_every_step(merged):
-  _, rows = merged
+def test_adapter_health_is_reported_every_step(merged, tmp_path):
+  merged_dir, rows = merged
   for r in rows[:2]:  # (in step 1 one of the two minibatches holds no advantage: no gradient)
     assert r["nonzero_adv_frac"] > 0
     assert r["adapter_grad_norm"] > 0 and r["adapter_update_norm"] > 0, r["step"]
     assert r["adapter_param_norm"] > 0 and r["adapter_frozen"] == 0.0, r["step"]
-  # Step 3 has nothing to learn: every group's completions earned the same reward, and right
-  # after the merge the KL penalty is 0. The adapters get no gradient and are reported frozen.
-  assert rows[2]["nonzero_adv_frac"] == 0.0 and abs(rows[2]["kl_reward"]) < 1e-6
-  assert rows[2]["adapter_grad_norm"] == 0.0 and rows[2]["adapter_frozen"] == 1.0
   assert rows[2]["adapter_param_norm"] > 0  # A, freshly drawn
+  # Step 3 again from step 2's checkpoint, sampled at a temperature near 0: the completions of a
+  # group are one greedy completion and earn one reward, and right after the merge the KL penalty
+  # is 0. Nothing is left to learn: the adapters get no gradient and are reported frozen.
+  workdir = str(tmp_path / "greedy")
+  shutil.copytree(merged_dir, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))
+  config = _lora_config(3, merge_every=2)
+  config.rl.temperature = 1e-6
+  greedy = test_util.run_rl(config, workdir, allow_config_change=True)[2]
+  assert greedy["nonzero_adv_frac"] == 0.0 and abs(greedy["kl_reward"]) < 1e-6
+  assert greedy["adapter_grad_norm"] == 0.0 and greedy["adapter_update_norm"] == 0.0
+  assert greedy["adapter_frozen"] == 1.0 and greedy["adapter_param_norm"] > 0
 
 
 @pytest.mark.slow
@@ -198,19 +206,33 @@ def test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint
 
 
 @pytest.mark.slow
-def test_a_collapsed_policy_stops_the_run_with_the_reason(tmp_path):
-  """An absurd learning rate (1e3): the first update leaves the toy policy nearly uniform, and
-  KL(old || new) stays under rl.max_kl, so no update is skipped. Steps 2 and 3 look collapsed,
-  no checkpoint holds a state from before update 1, and the run stops after writing step 3's
-  metrics."""
+def test_a_collapsed_policy_stops_the_run_with_the_reason(tmp_path, monkeypatch):
+  """A full fine-tune whose optimizer's every update erases the weights: after update 1 every
+  logit is 0, the policy is uniform (entropy ln V), and KL(old || uniform) <= ln V stays under
+  rl.max_kl, so no update is skipped. Steps 2 and 3 look collapsed, no checkpoint holds a state
+  from before update 1, and the run stops after writing step 3's metrics."""
   config = _lora_config(5)
-  config.rl.learning_rate = 1e3
+  config.model.lora_rank = 0
+  config.rl.epochs = config.rl.minibatches = 1  # one update a step: step 1's measures the weights
   config.checkpoint.collapse_after = 2
+  assert config.rl.max_kl > 2.773  # ln V, the most KL(old || uniform) can be
+  warm = test_util.shared_warm_start(config)  # made by the real optimizer (SFT uses it too)
+  build_optimizer = builders.build_optimizer
+
+  def erasing(*args, **kwargs):  # the optimizer's own state; each update takes the weights to 0
+    inner = build_optimizer(*args, **kwargs)
+
+    def update(grads, state, params=None):
+      _, state = inner.update(grads, state, params)
+      return jax.tree.map(jnp.negative, params), state
+    return optax.GradientTransformation(inner.init, update)
+
+  monkeypatch.setattr(builders, "build_optimizer", erasing)
   workdir = str(tmp_path / "run")
-  with pytest.raises(recovery.Collapsed, match=r"the policy collapsed: entropy \S+ nats at ln V "
-                     r"= 2\.773 \(a uniform policy\), 2 steps in a row since step 2; stopped at "
-                     r"step 3: no healthy checkpoint from before it is kept"):
-    test_util.run_rl(config, workdir)
+  with pytest.raises(recovery.Collapsed, match=r"the policy collapsed: entropy 2\.773 nats at ln "
+                     r"V = 2\.773 \(a uniform policy\), 2 steps in a row since step 2; stopped "
+                     r"at step 3: no healthy checkpoint from before it is kept"):
+    test_util.run_rl(config, workdir, warm_from=warm)
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
   assert [r["collapse_streak"] for r in rows[1:]] == [0.0, 1.0, 2.0]
