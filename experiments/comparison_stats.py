@@ -14,13 +14,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from rl_curriculum.train import paired
+
 # ---------------------------------------------------------------------------------------------
 # Numbers: intervals, curve areas, crossings.
-
-# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30; beyond, the normal 1.96.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def mean_interval(values: Sequence[float]) -> dict:
@@ -33,9 +30,7 @@ def mean_interval(values: Sequence[float]) -> dict:
   mean = float(x.mean())
   if x.size == 1:
     return {"mean": mean, "lo": mean, "hi": mean, "n": 1}
-  df = x.size - 1
-  t = _T975[df - 1] if df <= len(_T975) else 1.96
-  half = t * float(x.std(ddof=1)) / math.sqrt(x.size)
+  half = paired.t_quantile(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
   return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": int(x.size)}
 
 

@@ -38,18 +38,34 @@ def generate_texts(graphdef, params, pool: TaskPool, decode: Callable, *, batch_
   return texts
 
 
-def accuracy_by_bin(graphdef, params, sets: Mapping[str, TaskPool], task, decode: Callable, *,
+def outcomes_by_bin(graphdef, params, sets: Mapping[str, TaskPool], task, decode: Callable, *,
                     batch_size: int, max_new_tokens: int, eos_id: int, pad_id: int,
                     stop_ids=()) -> dict:
-  """{bin name: greedy accuracy in [0, 1]} over each held-out set."""
+  """{bin name: (correct bool[n], formatted bool[n])}: each held-out problem's greedy outcome, in
+  its set's order; formatted says whether the answer parsed under the task's template."""
   out = {}
   for name, pool in sets.items():
     texts = generate_texts(graphdef, params, pool, decode, batch_size=batch_size,
                            max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                            stop_ids=stop_ids)
-    _, correct, _ = task.score_batch(pool.problems, texts)
-    out[name] = float(np.mean(correct))
+    _, correct, formatted = task.score_batch(pool.problems, texts)
+    out[name] = (np.asarray(correct, bool), np.asarray(formatted, bool))
   return out
+
+
+def accuracy_by_bin(graphdef, params, sets: Mapping[str, TaskPool], task, decode: Callable, *,
+                    batch_size: int, max_new_tokens: int, eos_id: int, pad_id: int,
+                    stop_ids=()) -> dict:
+  """{bin name: greedy accuracy in [0, 1]} over each held-out set (`outcomes_by_bin`)."""
+  outcomes = outcomes_by_bin(graphdef, params, sets, task, decode, batch_size=batch_size,
+                             max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                             stop_ids=stop_ids)
+  return accuracy(outcomes)
+
+
+def accuracy(outcomes: Mapping[str, tuple]) -> dict:
+  """{bin name: share of correct answers} of `outcomes_by_bin`'s outcomes."""
+  return {name: float(np.mean(correct)) for name, (correct, _) in outcomes.items()}
 
 
 def task_accuracy(accuracy: Mapping[str, float], sizes: Mapping[str, int],

@@ -70,6 +70,7 @@ class Loop(NamedTuple):
   manager: Any               # the checkpoint manager of workdir/checkpoints
   merge: Optional[Callable]  # ReLoRA's jitted merge (`relora.make_merge`), or None
   log: Callable[[str], None]  # prints on process 0
+  workdir: str
 
 
 # ------------------------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   loop = Loop(config=config, run=run, programs=programs, layout=layout,
               ref=programs_lib.place_reference(programs,
                                                programs_lib.reference(config, run.model)),
-              root=rl_root_key(config), log=log, merge=merge,
+              root=rl_root_key(config), log=log, merge=merge, workdir=workdir,
               manager=checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                                  max_to_keep=config.checkpoint.keep,
                                                  writer=True))
@@ -148,8 +149,13 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   if jax.process_index() == 0:  # once the checkpoint fits: the config its next steps are made by
     workdir_lib.record_config(config, workdir)
   if before is None:
-    before = summary.evaluate(config, run, programs_lib.policy(state))
+    before = summary.evaluate(config, run, programs_lib.policy(state), record=_record(loop, 0))
   return loop, state, start, before
+
+
+def _record(loop: Loop, step: int) -> Optional[str]:
+  """Where the evaluation after step `step` keeps its per-problem outcomes (process 0)."""
+  return summary.outcomes_path(loop.workdir, step) if jax.process_index() == 0 else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,7 +240,8 @@ def _run_steps(loop: Loop, state: RunState, start: int, before: dict, writer: Me
     for step in range(start + 1, config.rl.steps + 1):
       state, metrics = run_step(loop, state, step, writer.print)
       if step % config.eval.every == 0 or step == config.rl.steps:
-        accuracy = summary.evaluate(config, run, programs_lib.policy(state))
+        accuracy = summary.evaluate(config, run, programs_lib.policy(state),
+                                    record=_record(loop, step))
         metrics.update(summary.eval_metrics(config, run, accuracy, before))
       writer.write(step, {**metrics, **(first if step == start + 1 else {})})
       if state.health.stopped:

@@ -9,7 +9,7 @@ A run on several tasks (arms and bins named "task/bin") is drawn per task:
 
 import html
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import matplotlib
 
@@ -43,7 +43,7 @@ def task_mass(series: Sequence[np.ndarray], arm_names: Sequence[str],
 
 def accuracy_table(before: Mapping[str, float], after: Mapping[str, float],
                    ood: Sequence[str] = (), sizes: Optional[Mapping[str, int]] = None,
-                   small: Sequence[str] = ()) -> str:
+                   small: Sequence[str] = (), changes: Optional[Mapping[str, dict]] = None) -> str:
   """A plain-text table of held-out accuracy per bin, before and after training.
 
   Args:
@@ -52,19 +52,38 @@ def accuracy_table(before: Mapping[str, float], after: Mapping[str, float],
     sizes: optional {bin name: held-out problems}, shown as a column.
     small: names of bins whose held-out set is too small to compare (tagged; a gain there is
       within noise).
+    changes: optional {bin name: `paired.paired_difference` of after against before}: the
+      change's 95% interval, paired per problem, as a column.
   """
   names = list(before)
   width = max([len(n) for n in names] + [8])
+  ci_col = "     95% interval" if changes else ""
   n_col = "      n" if sizes else ""
-  lines = [f"{'bin':<{width}}  before   after   change{n_col}",
-           "-" * (width + 27 + len(n_col))]
+  lines = [f"{'bin':<{width}}  before   after   change{ci_col}{n_col}",
+           "-" * (width + 27 + len(ci_col) + len(n_col))]
   for name in names:
     b, a = before[name], after.get(name, float("nan"))
     tags = (["ood"] if name in ood else []) + (["too few to compare"] if name in small else [])
     tag = f"  ({', '.join(tags)})" if tags else ""
+    ci = ""
+    if changes:
+      c = changes.get(name)
+      ci = (f"  [{100 * c['lo']:+6.1f}, {100 * c['hi']:+6.1f}]" if c else " " * 17)
     n = f"  {sizes[name]:5d}" if sizes else ""
-    lines.append(f"{name:<{width}}  {100 * b:6.1f}  {100 * a:6.1f}  {100 * (a - b):+7.1f}{n}{tag}")
+    lines.append(f"{name:<{width}}  {100 * b:6.1f}  {100 * a:6.1f}  {100 * (a - b):+7.1f}{ci}{n}"
+                 f"{tag}")
   return "\n".join(lines)
+
+
+def gain_sources_line(sources: Mapping[str, Any]) -> str:
+  """One line on where the trained bins' held-out gain came from (`paired.gain_sources`)."""
+  gained, fmt, skill, lost = (sources[k] for k in ("gained", "format", "skill", "lost"))
+  if not gained:
+    return f"Trained bins: no held-out problem went from wrong to right; {lost} went the other way."
+  return (f"Trained bins: {gained} held-out problems went from wrong to right, "
+          f"{100 * fmt / gained:.0f}% format ({fmt} whose answer did not parse before) and "
+          f"{100 * skill / gained:.0f}% skill ({skill} answered wrongly before); {lost} went from "
+          f"right to wrong.")
 
 
 def _accuracy_panel(ax, rows, bin_names, tasks, cmap) -> None:

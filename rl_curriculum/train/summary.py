@@ -1,33 +1,73 @@
 """What a run reports: held-out accuracy while it trains, and its summary at the end.
 
-  accuracy = evaluate(config, run, params)            # {bin name: greedy accuracy}
+  accuracy = evaluate(config, run, params, record=outcomes_path(workdir, step))
   metrics = eval_metrics(config, run, accuracy, before)
   summary = final_report(config, run, workdir, before, log)
 
-The end of a run (process 0) writes the before/after table, report.png and report.html
-(`report.write_report`) and summary.json.
+Every evaluation of a run also keeps each held-out problem's outcome (right, and whether the
+answer parsed) in workdir/heldout/step_<N>.npz, so that runs on the same problems are compared
+problem by problem (`paired`). The end of a run (process 0) writes the before/after table with
+paired 95% intervals, report.png and report.html (`report.write_report`) and summary.json.
 """
 
 import json
 import os
+from typing import Mapping, Optional
 
 import ml_collections
+import numpy as np
 
 from rl_curriculum import tasks as tasks_lib
-from rl_curriculum.train import evaluation, report
+from rl_curriculum.train import evaluation, paired, report
 from rl_curriculum.train.metrics import read_jsonl
 from rl_curriculum.train.prepare import Prepared
 
-__all__ = ["evaluate", "eval_metrics", "task_accuracy", "final_report"]
+__all__ = ["evaluate", "eval_metrics", "task_accuracy", "final_report", "outcomes_path",
+           "write_outcomes", "read_outcomes"]
 
 
-def evaluate(config: ml_collections.ConfigDict, run: Prepared, params) -> dict:
-  """{bin name: greedy accuracy} over every held-out set."""
+def evaluate(config: ml_collections.ConfigDict, run: Prepared, params,
+             record: Optional[str] = None) -> dict:
+  """{bin name: greedy accuracy} over every held-out set; with `record` (a path, given on the
+  main process) each problem's outcome is also written there (`write_outcomes`)."""
   tok = run.tokenizer
-  return evaluation.accuracy_by_bin(run.model.graphdef, params, run.eval_sets, run.task,
-                                    tok.decode, batch_size=config.eval.batch_size,
-                                    max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id,
-                                    pad_id=tok.pad_id, stop_ids=run.stop_ids)
+  outcomes = evaluation.outcomes_by_bin(
+      run.model.graphdef, params, run.eval_sets, run.task, tok.decode,
+      batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
+      eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
+  if record is not None:
+    write_outcomes(record, outcomes)
+  return evaluation.accuracy(outcomes)
+
+
+def outcomes_path(workdir: str, step: int) -> str:
+  """Where the evaluation after RL step `step` (0: before RL) keeps its per-problem outcomes."""
+  return os.path.join(workdir, "heldout", f"step_{step}.npz")
+
+
+def write_outcomes(path: str, outcomes: Mapping[str, tuple]) -> None:
+  """Writes {bin name: (correct bool[n], formatted bool[n])} to `path` (.npz), whole or not at
+  all (a temporary file renamed into place): bin names, their sizes and the outcomes end to
+  end."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  names = list(outcomes)
+  tmp = path + ".tmp.npz"
+  np.savez(tmp, bins=np.array(names, dtype=str),
+           sizes=np.array([len(outcomes[n][0]) for n in names], np.int64),
+           correct=np.concatenate([outcomes[n][0] for n in names]).astype(bool),
+           formatted=np.concatenate([outcomes[n][1] for n in names]).astype(bool))
+  os.replace(tmp, path)
+
+
+def read_outcomes(path: str) -> Optional[dict]:
+  """`write_outcomes`' {bin name: (correct, formatted)}, or None when `path` does not exist."""
+  if not os.path.exists(path):
+    return None
+  with np.load(path) as f:
+    ends = np.cumsum(f["sizes"])
+    starts = ends - f["sizes"]
+    return {str(name): (f["correct"][a:b], f["formatted"][a:b])
+            for name, a, b in zip(f["bins"], starts, ends)}
 
 
 def eval_metrics(config: ml_collections.ConfigDict, run: Prepared, accuracy: dict,
@@ -59,10 +99,15 @@ def final_report(config: ml_collections.ConfigDict, run: Prepared, workdir: str,
   # A bin is too small when its problem space, not the request, limits its held-out set.
   small = [name for name, n in run.held_out_sizes.items()
            if n < min(config.eval.min_held_out, config.task.eval_per_bin)]
+  changes, sources = paired_changes(run, read_outcomes(outcomes_path(workdir, 0)),
+                                    read_outcomes(outcomes_path(workdir, config.rl.steps)))
   table = report.accuracy_table(before, after, ood=run.ood, sizes=run.held_out_sizes,
-                                small=small)
+                                small=small, changes=changes)
+  if sources is not None:
+    table += "\n" + report.gain_sources_line(sources)
   summary = {"before": before, "after": after, "ood_bins": run.ood, "steps": config.rl.steps,
              "held_out_sizes": run.held_out_sizes, "small_bins": small,
+             "paired_change": changes, "gain_sources": sources,
              "final_metrics": {k: v for k, v in rows[-1].items()
                                if isinstance(v, (int, float))}}
   if isinstance(run.task, tasks_lib.MixtureTask):
@@ -78,6 +123,22 @@ def final_report(config: ml_collections.ConfigDict, run: Prepared, workdir: str,
                       tasks=getattr(run.task, "task_names", ()))
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
-  log("\nHeld-out greedy accuracy per bin (%):\n" + table)
+  log("\nHeld-out greedy accuracy per bin (%; the change's 95% interval is paired per "
+      "problem):\n" + table)
   log(f"report: {os.path.join(workdir, 'report.png')}")
   return summary
+
+
+def paired_changes(run: Prepared, before: Optional[dict],
+                   after: Optional[dict]) -> tuple[Optional[dict], Optional[dict]]:
+  """({bin name: `paired.paired_difference` of after against before}, `paired.gain_sources` over
+  the bins the run trains on, those not out of distribution) from the per-problem outcomes of the
+  evaluations before and after RL; (None, None) when either is missing (a run folder from before
+  outcomes were kept) or their problems differ."""
+  if before is None or after is None or any(
+      b not in after or len(after[b][0]) != len(before[b][0]) for b in before):
+    return None, None
+  changes = {b: paired.paired_difference(after[b][0], before[b][0]) for b in before}
+  trained = [b for b in before if b not in run.ood] or list(before)
+  cat = lambda d, i: np.concatenate([d[b][i] for b in trained])
+  return changes, paired.gain_sources(cat(before, 0), cat(after, 0), cat(before, 1))

@@ -18,6 +18,7 @@ from rl_curriculum import tasks
 from rl_curriculum.tasks import data as tasks_data
 from rl_curriculum.train import checkpointing, data, features, loop, rollouts, validation
 from rl_curriculum.train import prepare as prepare_lib
+from rl_curriculum.train import summary as summary_lib
 from rl_curriculum.train import warm_start
 from rl_curriculum.train import workdir as workdir_lib
 from rl_curriculum.train.metrics import read_jsonl
@@ -76,6 +77,22 @@ def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch):
   saved = json.load(open(tmp_path / "summary.json"))
   assert saved["steps"] == 3
   assert saved["held_out_sizes"] == {"add_1d_1d": 8, "add_2d_2d": 8, "add_3d_3d": 8}
+  # Every evaluation keeps each problem's outcome; their means are the logged accuracies, and the
+  # table's paired intervals and the gain's sources come from the first and last.
+  evals = [r for r in rows if "eval/acc/add_1d_1d" in r]
+  assert [r["step"] for r in evals] == [0, 2, 3]
+  assert sorted(os.listdir(tmp_path / "heldout")) == ["step_0.npz", "step_2.npz", "step_3.npz"]
+  for row in evals:
+    step = row["step"]
+    outcomes = summary_lib.read_outcomes(summary_lib.outcomes_path(str(tmp_path), step))
+    assert {b: float(np.mean(c)) for b, (c, _) in outcomes.items()} == {
+        k[len("eval/acc/"):]: v for k, v in row.items() if k.startswith("eval/acc/")}
+    assert all(len(c) == len(f) == 8 for c, f in outcomes.values())
+  for b, change in saved["paired_change"].items():
+    assert abs(change["mean"] - (saved["after"][b] - saved["before"][b])) < 1e-12
+    assert change["lo"] <= change["mean"] <= change["hi"] and change["n_problems"] == 8
+  sources = saved["gain_sources"]
+  assert sources["format"] + sources["skill"] == sources["gained"]
   # evaluate.py restores the newest checkpoint: its greedy accuracy is the run's final evaluation.
   result = subprocess.run(
       [sys.executable, "-m", "experiments.evaluate", "--config",

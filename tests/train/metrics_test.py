@@ -65,6 +65,16 @@ def test_report_writes_a_real_png_and_html(tmp_path):
   table = report_lib.accuracy_table({"easy": 0.5, "hard": 0.1}, {"easy": 0.9, "hard": 0.2},
                                     ood=["hard"])
   assert "+40.0" in table and "(ood)" in table
+  paired_table = report_lib.accuracy_table(
+      {"easy": 0.5, "hard": 0.1}, {"easy": 0.9, "hard": 0.2},
+      changes={"easy": {"mean": 0.4, "lo": 0.312, "hi": 0.488}})
+  assert paired_table.splitlines()[0].endswith("change     95% interval")
+  assert paired_table.splitlines()[2].endswith("+40.0  [ +31.2,  +48.8]")
+  assert paired_table.splitlines()[3].endswith("+10.0" + " " * 17)  # no interval for "hard"
+  assert report_lib.gain_sources_line({"gained": 8, "format": 6, "skill": 2, "lost": 1}) == (
+      "Trained bins: 8 held-out problems went from wrong to right, 75% format (6 whose answer "
+      "did not parse before) and 25% skill (2 answered wrongly before); 1 went from right to "
+      "wrong.")
   paths = report_lib.write_report(str(tmp_path), rows, bin_names=["easy", "hard"],
                                   arm_names=["easy", "hard"], table=table)
   with open(paths["png"], "rb") as f:
