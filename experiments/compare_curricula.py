@@ -20,7 +20,11 @@ crossing time), the fraction of sampled groups that carried signal (not all equa
 time; with the standard error of one run's accuracy on each bin's held-out set. On a mixture of
 tasks also the final accuracy per task, the smallest per-task gain over the warm start and the
 spread of the tasks' accuracies (skill balance); "sec_tasks" there is SEC with one arm per task
-(1-D), plain "sec" has one per (task, bin) pair (2-D).
+(1-D), plain "sec" has one per (task, bin) pair (2-D). For every two methods the summary also
+gives their difference in final held-out accuracy with a 95% interval paired per problem (every
+run answers the same held-out problems, so a problem's difficulty cancels; the interval adds the
+spread across seeds: `rl_curriculum.train.paired`), and their difference in rollouts to the
+target (Welch interval across seeds).
 Outputs OUT/curricula_NAME.{json,md,png}. Finished runs are skipped when the command is run
 again (each run folder also resumes on its own), so a killed comparison continues where it stopped;
 `--analyse_only` rebuilds the summary from the run folders. `--shard=i/n` runs every n-th planned

@@ -24,8 +24,8 @@ def _fmt(ci: Optional[dict], scale: float = 100.0, digits: int = 1) -> str:
 def markdown(summary: dict, setting: str) -> str:
   """The comparison of `setting` as markdown: the per-method table (rollouts to target, final,
   gain, area under the curve, OOD, groups with signal, wall time), the learning-rate sweep, the
-  per-bin table, the bins' standard errors (where the summary has "bin_se"), the skill balance
-  on several tasks and the SEC goal."""
+  per-bin table, the bins' standard errors (where the summary has "bin_se"), the paired
+  differences of every two methods, the skill balance on several tasks and the SEC goal."""
   lines = [f"# Curricula compared: {setting}", "",
            f"Budget {summary['budget_rollouts']} rollouts per run. Target: the tuned uniform "
            f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
@@ -73,11 +73,35 @@ def markdown(summary: dict, setting: str) -> str:
               f"{50 / math.sqrt(min(summary['held_out_sizes'][b] for b in summary['bin_se'])):.1f} "
               "points (p = 0.5); "
               "a bin at 0 of n correct has 3 / n as its 95% upper bound (the rule of three)."]
+  lines += _pair_lines(summary)
   lines += _task_lines(summary)
   goal = summary.get("sec_goal")
   if goal:
     lines += ["", f"SEC goal ({goal['rule']}): **{'met' if goal['met'] else 'not met'}**."]
   return "\n".join(lines) + "\n"
+
+
+def _pair_lines(summary: dict) -> list:
+  """The markdown of `comparison_stats.pairs`: every two methods' difference in final held-out
+  accuracy, paired per problem and seed, and in rollouts to the target."""
+  rows = summary.get("pairs") or []
+  if not rows:
+    return []
+  lines = ["", "Paired differences, a - b: final held-out accuracy in points, paired per problem "
+           "(every run answered the same held-out problems; the interval adds the spread across "
+           "seeds), and rollouts to the target (95% Welch interval across seeds, when every seed "
+           "of both reached it):", "",
+           "| a - b | final held-out, points [95%] | resolved | rollouts to target [95%] |",
+           "|---|---|---|---|"]
+  for pair in rows:
+    d, r = pair["final_heldout"], pair["rollouts_to_target"]
+    held = (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+            if d else "no per-problem outcomes")
+    resolved = ("-" if not d else "a higher" if d["lo"] > 0 else "b higher" if d["hi"] < 0
+                else "no")
+    reach = f"{r['mean']:+.0f} [{r['lo']:+.0f}, {r['hi']:+.0f}]" if r else "-"
+    lines.append(f"| {pair['a']} - {pair['b']} | {held} | {resolved} | {reach} |")
+  return lines
 
 
 def _task_lines(summary: dict) -> list:

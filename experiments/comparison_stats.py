@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from rl_curriculum.train import paired
+from rl_curriculum.train import summary as run_summary
 
 # ---------------------------------------------------------------------------------------------
 # Numbers: intervals, curve areas, crossings.
@@ -67,7 +68,9 @@ def first_reaching(xs: Sequence[float], ys: Sequence[float], target: float) -> O
 def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str]) -> dict:
   """Curves and totals of one finished run folder (its metrics.jsonl and compare.json): held-out
   accuracy is the mean over `train_bin_names`, out-of-distribution accuracy the mean over
-  `ood_names` (None when there are none)."""
+  `ood_names` (None when there are none). "final_outcomes" holds the final evaluation's outcome
+  of every held-out problem of `train_bin_names`, bins end to end (`final_outcome_bins`: each
+  one's bin index), for paired comparisons; None in a folder from before outcomes were kept."""
   with open(os.path.join(folder, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   with open(os.path.join(folder, "compare.json")) as f:
@@ -86,7 +89,15 @@ def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[st
   # A run on several tasks logs eval/<task>/accuracy and its skill balance (eval/skill/...).
   tasks = sorted(k.split("/")[1] for k in last
                  if k.startswith("eval/") and k.endswith("/accuracy") and k.count("/") == 2)
+  outcomes = run_summary.read_outcomes(run_summary.outcomes_path(folder, steps[-1]))
+  if outcomes is not None and not all(b in outcomes for b in train_bin_names):
+    outcomes = None
   return {
+      "final_outcomes": (np.concatenate([outcomes[b][0] for b in train_bin_names])
+                         if outcomes is not None else None),
+      "final_outcome_bins": (np.concatenate([np.full(len(outcomes[b][0]), i) for i, b in
+                                             enumerate(train_bin_names)])
+                             if outcomes is not None else None),
       "steps": steps,
       "rollouts": rollouts,
       "heldout": heldout,
@@ -129,6 +140,42 @@ def _task_summary(seeds: Sequence[dict]) -> dict:
   }
 
 
+def welch_interval(x: Sequence[float], y: Sequence[float]) -> Optional[dict]:
+  """mean(x) - mean(y) of two independent samples with its 95% Welch t interval; None unless
+  both have at least two values (no spread known)."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  if x.size < 2 or y.size < 2:
+    return None
+  vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+  mean, se = float(x.mean() - y.mean()), math.sqrt(vx + vy)
+  df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1)) if se > 0 else math.inf
+  half = paired.t_quantile(df) * se
+  return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": [int(x.size), int(y.size)]}
+
+
+def pairs(tuned: dict, methods: dict) -> list:
+  """Every pair (a, b) of methods, a listed before b, at their tuned learning rates (`tuned`:
+  {method: {seed: run}}): the difference a - b in final held-out accuracy, paired per problem
+  over seeds (`paired.paired_difference`; None when a run folder kept no per-problem outcomes),
+  and in rollouts to the target (Welch interval across seeds, when every seed of both reached
+  it)."""
+  out = []
+  names = list(methods)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      runs_a, runs_b = list(tuned[a].values()), list(tuned[b].values())
+      diff = None
+      if all(r.get("final_outcomes") is not None for r in runs_a + runs_b):
+        bins = runs_a[0]["final_outcome_bins"]
+        diff = paired.paired_difference(np.stack([r["final_outcomes"] for r in runs_a]),
+                                        np.stack([r["final_outcomes"] for r in runs_b]), bins)
+      reach = [[v for v in methods[m]["per_seed_rollouts_to_target"].values()] for m in (a, b)]
+      rollouts = (welch_interval(*reach)
+                  if all(v is not None for side in reach for v in side) else None)
+      out.append({"a": a, "b": b, "final_heldout": diff, "rollouts_to_target": rollouts})
+  return out
+
+
 def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   """Per-method summary of {(method, lr, seed): run}; uniform and SEC at their best rate.
 
@@ -136,7 +183,7 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   method and seed, rollouts to target = the first evaluation at or above it (None if never);
   the method's figure is the mean over seeds that reached it, with how many did. The summary
   lists the methods named in `order` first, in that order, then the others in the order `runs`
-  first names them.
+  first names them; "pairs" compares every two of them (`pairs`).
   """
   by_method_lr = {}
   for (method, lr, seed), run in runs.items():
@@ -217,7 +264,8 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
           "rule": goal["rule"] + "; and SEC has the largest mean minimum per-task gain"})
   starts = [r["start_heldout"] for r in runs.values() if r.get("start_heldout") is not None]
   start = float(np.mean(starts)) if starts else None
-  return {"target_heldout": target, "start_heldout": start,
+  tuned = {m: by_method_lr[(m, methods[m]["learning_rate"])] for m in methods}
+  return {"target_heldout": target, "start_heldout": start, "pairs": pairs(tuned, methods),
           # A target the warm start already meets makes rollouts-to-target 0 for every method.
           "target_above_start": None if start is None else bool(target > start + 1e-9),
           "budget_rollouts": budget, "lr_sweep": sweep,

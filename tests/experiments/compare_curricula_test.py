@@ -96,6 +96,14 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
     assert ci["lo"] <= ci["mean"] <= ci["hi"] and 0.0 <= ci["mean"] <= 1.0
     assert 0.0 <= m["mixed_frac"]["mean"] <= m["signal_frac"]["mean"] <= 1.0
   assert summary["methods"]["sec"]["arm_probs_mean"]  # SEC logs its arm probabilities
+  # The runs kept their per-problem outcomes: the pair's difference is paired per problem, and
+  # its mean is the difference of the methods' mean final accuracies.
+  [pair] = summary["pairs"]
+  diff = pair["final_heldout"]
+  assert {pair["a"], pair["b"]} == {"uniform", "sec"} and diff["seeds"] == [2, 2]
+  assert diff["mean"] == pytest.approx(summary["methods"][pair["a"]]["final_heldout"]["mean"]
+                                       - summary["methods"][pair["b"]]["final_heldout"]["mean"])
+  assert diff["lo"] <= diff["mean"] <= diff["hi"]
   assert os.path.getsize(tmp_path / "out" / "curricula_toy.png") > 10_000
   # The two seeds differ in their RL randomness (same warm start, other rollouts).
   runs = tmp_path / "work" / "toy"

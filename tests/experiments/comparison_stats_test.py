@@ -7,6 +7,7 @@ from scipy import stats
 
 from experiments import comparison_report as cr
 from experiments import comparison_stats as cs
+from rl_curriculum.train import paired
 
 
 @pytest.mark.parametrize("values", [[0.2, 0.4], [1.0, 2.0, 4.0, 8.0], list(np.linspace(0, 1, 12)),
@@ -91,6 +92,48 @@ def test_summarise_lists_the_methods_in_the_given_order_then_as_runs_name_them(r
           ("sec", 2e-5, 1): run_record([0.0, 0.6])}
   assert list(cs.summarise(runs, 10)["methods"]) == ["dump", "uniform", "sec"]
   assert list(cs.summarise(runs, 10, ("sec", "uniform"))["methods"]) == ["sec", "uniform", "dump"]
+
+
+def test_pairs_compare_every_two_methods_per_problem_and_their_rollouts_to_target(run_record):
+  rng = np.random.default_rng(0)
+  bins = np.repeat([0, 1], 150)
+  chance = {"uniform": 0.5, "sec": 0.65, "dump": 0.5}
+  outcomes = {(m, s): (rng.random(300) < chance[m]).astype(float)
+              for m in chance for s in (1, 2, 3)}
+  # The target is uniform's mean final accuracy, 0.502: its seed 1 (0.501) never reaches it;
+  # sec's seed 1 does after 10 rollouts, the others after 20; every dump seed after 20.
+  curves = {("uniform", s): [0.0, 0.3, 0.5 + 0.001 * s] for s in (1, 2, 3)}
+  curves.update({("sec", s): [0.0, 0.6 if s == 1 else 0.5, 0.65] for s in (1, 2, 3)})
+  curves.update({("dump", s): [0.0, 0.4, 0.55] for s in (1, 2, 3)})
+  runs = {(m, 2e-5, s): run_record(curves[(m, s)], outcomes=(outcomes[(m, s)], bins))
+          for m in chance for s in (1, 2, 3)}
+  s = cs.summarise(runs, 20, order=("uniform", "sec", "dump"))
+  assert [(p["a"], p["b"]) for p in s["pairs"]] == [("uniform", "sec"), ("uniform", "dump"),
+                                                     ("sec", "dump")]
+  sec_dump = s["pairs"][2]
+  want = paired.paired_difference(np.stack([outcomes[("sec", k)] for k in (1, 2, 3)]),
+                                  np.stack([outcomes[("dump", k)] for k in (1, 2, 3)]), bins)
+  assert sec_dump["final_heldout"] == want and want["lo"] > 0  # 15 points on 300 problems
+  assert s["pairs"][0]["rollouts_to_target"] is None  # uniform's seed 1 never reaches it
+  assert sec_dump["rollouts_to_target"] == cs.welch_interval([10.0, 20.0, 20.0], [20.0] * 3)
+  assert sec_dump["rollouts_to_target"]["mean"] == pytest.approx(-10 / 3)
+  text = cr.markdown(s, "synthetic")
+  assert "| sec - dump | +" in text and "| a higher |" in text
+  # Folders without per-problem outcomes: the pair is listed, its difference not computed.
+  bare = {k: {**r, "final_outcomes": None} for k, r in runs.items()}
+  assert all(p["final_heldout"] is None for p in cs.summarise(bare, 20)["pairs"])
+  assert "no per-problem outcomes" in cr.markdown(cs.summarise(bare, 20), "synthetic")
+
+
+def test_welch_interval_matches_scipy():
+  x, y = [10.0, 20.0, 30.0], [40.0, 45.0, 60.0, 70.0]
+  got = cs.welch_interval(x, y)
+  res = stats.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+  assert got["mean"] == pytest.approx(np.mean(x) - np.mean(y))
+  # The t quantile at the Welch df rounded down: a little wider than scipy's exact one.
+  assert got["lo"] <= res.low + 1e-9 and got["hi"] >= res.high - 1e-9
+  assert got["hi"] - got["lo"] < 1.15 * (res.high - res.low)
+  assert cs.welch_interval([1.0], [2.0, 3.0]) is None
 
 
 def test_a_target_the_warm_start_already_meets_is_flagged(run_record):

@@ -5,10 +5,12 @@ import pytest
 from experiments import comparison_stats
 
 
-def _run_record(curve, *, per_step=10, signal=0.5, wall=1.0, ood=0.0, tasks=None) -> dict:
+def _run_record(curve, *, per_step=10, signal=0.5, wall=1.0, ood=0.0, tasks=None,
+                outcomes=None) -> dict:
   """A run's record as `comparison_stats.read_run` gives it, from its held-out accuracy curve
   (one value per evaluation, `per_step` rollouts apart); `tasks`: {task: per-task curve} of a run
-  on several tasks."""
+  on several tasks; `outcomes`: (final per-problem outcomes, their bin indices), or None as in a
+  folder from before outcomes were kept."""
   steps = list(range(len(curve)))
   rollouts = [s * per_step for s in steps]
   tasks = tasks or {}
@@ -24,7 +26,9 @@ def _run_record(curve, *, per_step=10, signal=0.5, wall=1.0, ood=0.0, tasks=None
           "start_heldout": curve[0],
           "final_ood": ood, "signal_frac": signal, "mixed_frac": signal / 2, "wall_s": wall,
           "arm_probs": [],
-          "rollouts_per_step": per_step}
+          "rollouts_per_step": per_step,
+          "final_outcomes": None if outcomes is None else outcomes[0],
+          "final_outcome_bins": None if outcomes is None else outcomes[1]}
 
 
 @pytest.fixture
