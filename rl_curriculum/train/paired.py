@@ -85,7 +85,8 @@ def paired_difference(a, b, bins=None) -> dict:
   # seeds' (S - 1) when seed-to-seed spread does.
   df = var ** 2 / sum(v ** 2 / k for v, k in parts if v > 0 and k > 0) if var > 0 else math.inf
   half = t_quantile(df) * se
-  return {"mean": float(mean), "lo": float(mean - half), "hi": float(mean + half), "se": se, "se_problems": math.sqrt(var_problems), "se_seeds": math.sqrt(var_seeds),
+  return {"mean": float(mean), "lo": float(mean - half), "hi": float(mean + half), "se": se,
+          "se_problems": math.sqrt(var_problems), "se_seeds": math.sqrt(var_seeds),
           "n_problems": int(n), "seeds": [int(a.shape[0]), int(b.shape[0])]}
 
 
