@@ -14,8 +14,11 @@ saw) after SFT -> after RL: two-digit sums and differences 96-98% throughout, tw
 products 12% -> 8%, one-digit products 13% -> 33% and one-digit sums 64% -> 64% on 15 and 22
 held-out problems (too few to compare), three-term and out-of-distribution bins near 0: no gain
 beyond noise on unseen problems, while batch accuracy on the practised prompts rises 66% -> 74%.
-The warm start's numbers move by several points from machine to machine (float rounding differs
-with the thread count and grows over 1,500 steps).
+The warm start repeats exactly on one machine, but not across machines: XLA:CPU picks its kernels
+by the CPU (vector width, cache blocking) and splits reductions by the thread count, so float
+rounding differs, and 1,500 SFT steps amplify it into other greedy answers; two 2-core machines
+gave two-digit sums (add_2d_2d) 83.6% and 97.7% held out after SFT. Compare runs made from one
+warm start (experiments.compare_curricula does: one per setting), not numbers from two machines.
 Overrides: --config.rl.steps=50 --config.curriculum.name=uniform --config.curriculum.options={}
 """
 

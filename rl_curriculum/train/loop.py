@@ -239,11 +239,14 @@ def _run_steps(loop: Loop, state: RunState, start: int, before: dict, writer: Me
   with _Preemption() as preemption:
     for step in range(start + 1, config.rl.steps + 1):
       state, metrics = run_step(loop, state, step, writer.print)
+      accuracy = None
       if step % config.eval.every == 0 or step == config.rl.steps:
         accuracy = summary.evaluate(config, run, programs_lib.policy(state),
                                     record=_record(loop, step))
         metrics.update(summary.eval_metrics(config, run, accuracy, before))
       writer.write(step, {**metrics, **(first if step == start + 1 else {})})
+      if accuracy is not None and step < config.rl.steps:  # the last one ends in the table
+        writer.print(summary.eval_line(step, accuracy, before, run.ood))
       if state.health.stopped:
         raise recovery.Collapsed(state.health.stopped)
       if jax.process_count() > 1:  # a SIGTERM that reached one host stops them all
@@ -280,6 +283,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   is_main = jax.process_index() == 0
   with workdir_lib.Lock(workdir, enabled=is_main):
     changes = workdir_lib.check_config(config, workdir, allow_changes=allow_config_change)
+    done = summary.finished(config, workdir) if is_main else None
+    if distributed.any_process(done is not None):
+      if not is_main:
+        return {"process_index": jax.process_index()}
+      _main_process_print(
+          f"already finished: {workdir} holds all {config.rl.steps} RL steps of this config "
+          f"(summary.json, report.png); nothing to do. A fresh --workdir, or a larger "
+          f"--config.rl.steps, trains on.")
+      if done.get("table"):
+        _main_process_print("\nHeld-out greedy accuracy per bin (%):\n" + done["table"])
+      return done
     loop, state, start, before = _start(config, workdir, task)
     first = {}
     if changes:

@@ -66,18 +66,23 @@ class MetricsWriter:
       first checkpoint), step 0 included.
     enabled: False on processes other than 0.
     console_keys: metric names shown on the progress line.
+    stream: where the progress line goes (default stdout).
+    clock: seconds, for the progress line's rate (default `time.monotonic`).
   """
 
   def __init__(self, workdir: str, *, total_steps: int, resume_step: int = 0,
                enabled: bool = True, console_keys=("reward_mean", "correct_mean"),
-               stream=None):
+               stream=None, clock=time.monotonic):
     self.enabled = enabled
     self.total_steps = total_steps
     self.console_keys = tuple(console_keys)
     self.stream = stream or sys.stdout
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self._start = time.time()
     self._start_step = resume_step
+    self._first_done = None  # when this process's first step was written: it compiles
+    self._first_seconds = 0.0
+    self._clock = clock
+    self._start = clock()
     self._tb = None
     if not enabled:
       return
@@ -104,17 +109,26 @@ class MetricsWriter:
     return row
 
   def _progress(self, step: int, row: dict) -> None:
+    """The progress line. The first step a process runs also compiles its programs, so its
+    time is shown apart, and the rate and ETA are those of the steps after it."""
     done = step - self._start_step
-    elapsed = time.time() - self._start
-    rate = elapsed / max(done, 1)
-    eta = rate * max(self.total_steps - step, 0)
+    now = self._clock()
+    if done == 1:
+      self._first_done, self._first_seconds = now, now - self._start
+    if done >= 2 and self._first_done is not None:
+      rate = (now - self._first_done) / (done - 1)
+      eta = rate * max(self.total_steps - step, 0)
+      timing = f"{rate:.2f}s/step ETA {int(eta) // 60}:{int(eta) % 60:02d}"
+    elif done == 1:
+      timing = f"first step {self._first_seconds:.1f}s (compiling)"
+    else:
+      timing = "starting"
     width = 24
     filled = int(width * step / max(self.total_steps, 1))
     bar = "#" * filled + "." * (width - filled)
     parts = [f"{k}={row[k]:.3f}" for k in self.console_keys
              if isinstance(row.get(k), (int, float))]
-    line = (f"\r[{bar}] {step}/{self.total_steps} {rate:.2f}s/step "
-            f"ETA {int(eta) // 60}:{int(eta) % 60:02d} " + " ".join(parts))
+    line = f"\r[{bar}] {step}/{self.total_steps} {timing} " + " ".join(parts)
     self.stream.write(line.ljust(100))
     if step >= self.total_steps:
       self.stream.write("\n")

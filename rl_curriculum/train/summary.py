@@ -18,11 +18,11 @@ import ml_collections
 import numpy as np
 
 from rl_curriculum import tasks as tasks_lib
-from rl_curriculum.train import evaluation, paired, report
+from rl_curriculum.train import checkpointing, evaluation, paired, report
 from rl_curriculum.train.metrics import read_jsonl
 from rl_curriculum.train.prepare import Prepared
 
-__all__ = ["evaluate", "eval_metrics", "task_accuracy", "final_report", "outcomes_path",
+__all__ = ["evaluate", "eval_metrics", "eval_line", "task_accuracy", "final_report", "finished", "outcomes_path",
            "write_outcomes", "read_outcomes"]
 
 
@@ -84,6 +84,15 @@ def eval_metrics(config: ml_collections.ConfigDict, run: Prepared, accuracy: dic
   return metrics
 
 
+def eval_line(step: int, accuracy: Mapping[str, float], before: Mapping[str, float],
+              ood=()) -> str:
+  """One console line of an evaluation during training: each bin's held-out greedy accuracy and
+  its change since before RL, out-of-distribution bins tagged."""
+  parts = [f"{name}{' (ood)' if name in ood else ''} {100 * a:.1f}% "
+           f"({100 * (a - before.get(name, a)):+.1f})" for name, a in accuracy.items()]
+  return f"step {step} held-out greedy accuracy (change since step 0): " + ", ".join(parts)
+
+
 def task_accuracy(config: ml_collections.ConfigDict, run: Prepared, accuracy: dict) -> dict:
   """{task: accuracy} of a mixture's training tasks from per-bin accuracies (weighted by the bins'
   held-out sizes, `evaluation.task_accuracy`)."""
@@ -107,7 +116,7 @@ def final_report(config: ml_collections.ConfigDict, run: Prepared, workdir: str,
     table += "\n" + report.gain_sources_line(sources)
   summary = {"before": before, "after": after, "ood_bins": run.ood, "steps": config.rl.steps,
              "held_out_sizes": run.held_out_sizes, "small_bins": small,
-             "paired_change": changes, "gain_sources": sources,
+             "paired_change": changes, "gain_sources": sources, "table": table,
              "final_metrics": {k: v for k, v in rows[-1].items()
                                if isinstance(v, (int, float))}}
   if isinstance(run.task, tasks_lib.MixtureTask):
@@ -142,3 +151,24 @@ def paired_changes(run: Prepared, before: Optional[dict],
   trained = [b for b in before if b not in run.ood] or list(before)
   cat = lambda d, i: np.concatenate([d[b][i] for b in trained])
   return changes, paired.gain_sources(cat(before, 0), cat(after, 0), cat(before, 1))
+
+
+def finished(config: ml_collections.ConfigDict, workdir: str) -> Optional[dict]:
+  """The summary of a run in `workdir` that already ran all `config.rl.steps` RL steps, or None:
+  its summary.json (written last) says so, metrics.jsonl ends at that step, and that step's
+  checkpoint is there and intact (else the run resumes from an earlier one and steps on)."""
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError):
+    return None  # a summary cut short: the run writes it again
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  if saved.get("steps") != config.rl.steps or not rows or rows[-1]["step"] != config.rl.steps:
+    return None
+  last = os.path.join(workdir, "checkpoints", str(config.rl.steps))
+  if not os.path.isdir(last) or checkpointing.damage(last) is not None:
+    return None
+  return saved

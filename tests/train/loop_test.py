@@ -55,13 +55,18 @@ def _final_params(workdir):
 
 
 @pytest.mark.slow
-def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch):
+def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch, capsys):
   checks = []
   validate = validation.validate
   monkeypatch.setattr(validation, "validate", lambda *a, **k: checks.append(a) or validate(*a, **k))
   summary = loop.train_and_evaluate(toy_config(steps=3), str(tmp_path))
   assert len(checks) == 1  # the config is checked once a run, before anything is built
   monkeypatch.undo()
+  out = capsys.readouterr().out
+  # The evaluation during training (eval.every = 2) reaches the console; the last one is the table.
+  assert "step 2 held-out greedy accuracy (change since step 0): add_1d_1d " in out
+  assert "add_3d_3d (ood) " in out and "step 3 held-out" not in out
+  assert "first step " in out and "(compiling)" in out
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
   assert "kl" not in rows[-1]  # kl_coef = 0: the reference pass is skipped
@@ -93,6 +98,15 @@ def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch):
     assert change["lo"] <= change["mean"] <= change["hi"] and change["n_problems"] == 8
   sources = saved["gain_sources"]
   assert sources["format"] + sources["skill"] == sources["gained"]
+  # The same command again: the run is finished, and says so without building anything.
+  metrics_before = (tmp_path / "metrics.jsonl").read_text()
+  monkeypatch.setattr(loop, "_start", lambda *a: pytest.fail("a finished run was rebuilt"))
+  assert loop.train_and_evaluate(toy_config(steps=3), str(tmp_path)) == saved
+  monkeypatch.undo()
+  out = capsys.readouterr().out
+  assert f"already finished: {tmp_path} holds all 3 RL steps of this config" in out
+  assert saved["table"] in out
+  assert (tmp_path / "metrics.jsonl").read_text() == metrics_before
   # evaluate.py restores the newest checkpoint: its greedy accuracy is the run's final evaluation.
   result = subprocess.run(
       [sys.executable, "-m", "experiments.evaluate", "--config",

@@ -47,6 +47,23 @@ def test_a_fresh_start_drops_the_rows_of_an_earlier_attempt(tmp_path):
   assert [(r["step"], r["reward_mean"]) for r in rows] == [(0, 0.0), (1, 0.5)]
 
 
+def test_the_eta_leaves_out_the_first_step_which_compiles(tmp_path):
+  """A resumed run (after step 2) of 10 steps: its first step takes 50 s (compiling), the next
+  ones 2 s each. The first is shown apart; the rate and ETA are those of the steps after it."""
+  clock = iter([100.0, 150.0, 152.0, 154.0])
+  stream = io.StringIO()
+  writer = metrics_lib.MetricsWriter(str(tmp_path), total_steps=10, resume_step=2, stream=stream,
+                                     clock=lambda: next(clock))
+  lines = []
+  for step in (3, 4, 5):
+    writer.write(step, {"reward_mean": 0.5})
+    lines.append(stream.getvalue().split("\r")[-1])
+  writer.close()
+  assert "3/10 first step 50.0s (compiling) reward_mean=0.500" in lines[0]
+  assert "4/10 2.00s/step ETA 0:12" in lines[1]   # 6 steps left at 2 s
+  assert "5/10 2.00s/step ETA 0:10" in lines[2]
+
+
 def test_disabled_writer_writes_nothing(tmp_path):
   writer = metrics_lib.MetricsWriter(str(tmp_path / "w"), total_steps=2, enabled=False)
   writer.write(1, {"x": 1.0})
