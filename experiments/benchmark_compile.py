@@ -27,11 +27,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
-_QUICK = flags.DEFINE_bool("quick", False, "1 and 2 layers only (a smoke test)")
-_OUT_DIR = flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
-_CONFIG = flags.DEFINE_string("config", "configs/smollm2_arithmetic.py", "run config file")
-_PRESET = flags.DEFINE_string("preset", "smollm2_135m", "the model preset whose shape is planned")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "prompt tokens per row (chat prompts: ~50)")
+FLAGS = flags.FLAGS
 
 LADDER = (2, 4, 8, 16)
 QUICK_LADDER = (1, 2)
@@ -124,14 +120,23 @@ def markdown(result: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_bool("quick", False, "1 and 2 layers only (a smoke test)")
+  flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
+  flags.DEFINE_string("config", "configs/smollm2_arithmetic.py", "run config file")
+  flags.DEFINE_string("preset", "smollm2_135m", "the model preset whose shape is planned")
+  flags.DEFINE_integer("prompt_len", 64, "prompt tokens per row (chat prompts: ~50)")
+
+
 def main(argv):
   del argv
   from rl_curriculum.model.config import PRESETS  # pylint: disable=import-outside-toplevel
-  full = 2 if _QUICK.value else PRESETS[_PRESET.value]().num_layers
-  result = run(_CONFIG.value, _PRESET.value, QUICK_LADDER if _QUICK.value else LADDER, full,
-               _PROMPT_LEN.value)
-  os.makedirs(_OUT_DIR.value, exist_ok=True)
-  stem = os.path.join(_OUT_DIR.value, f"compile_{_PRESET.value}")
+  full = 2 if FLAGS.quick else PRESETS[FLAGS.preset]().num_layers
+  ladder = QUICK_LADDER if FLAGS.quick else LADDER
+  result = run(FLAGS.config, FLAGS.preset, ladder, full, FLAGS.prompt_len)
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  stem = os.path.join(FLAGS.out_dir, f"compile_{FLAGS.preset}")
   with open(stem + ".json", "w") as f:
     json.dump(result, f, indent=1)
   with open(stem + ".md", "w") as f:
@@ -140,4 +145,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

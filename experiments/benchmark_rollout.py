@@ -49,10 +49,8 @@ from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks import arithmetic
 from rl_curriculum.train import examples
 
-_QUICK = flags.DEFINE_bool("quick", False, "tiny model only, small sizes (a smoke test)")
-_OUT_DIR = flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
-_SLOTS = flags.DEFINE_integer("slots", 64, "decode slots of the continuous engine")
-_REPEATS = flags.DEFINE_integer("repeats", 1, "timed calls per engine after the compiling one")
+FLAGS = flags.FLAGS
+
 
 GROUP = 8
 SKIP_SHARE = 0.4
@@ -264,16 +262,24 @@ def markdown(results: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_bool("quick", False, "tiny model only, small sizes (a smoke test)")
+  flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
+  flags.DEFINE_integer("slots", 64, "decode slots of the continuous engine")
+  flags.DEFINE_integer("repeats", 1, "timed calls per engine after the compiling one")
+
+
 def main(argv):
   del argv
-  models = ("tiny",) if _QUICK.value else ("tiny", "smollm2")
-  slots = 8 if _QUICK.value else _SLOTS.value
+  models = ("tiny",) if FLAGS.quick else ("tiny", "smollm2")
+  slots = 8 if FLAGS.quick else FLAGS.slots
   results = {"environment": peak.environment(), "slots": slots, "group": GROUP,
-             "quick": _QUICK.value, "models": {}}
+             "quick": FLAGS.quick, "models": {}}
   for name in models:
-    results["models"][name] = run_model(name, _QUICK.value, slots, _REPEATS.value)
-  os.makedirs(_OUT_DIR.value, exist_ok=True)
-  path = os.path.join(_OUT_DIR.value, "rollout_engine")
+    results["models"][name] = run_model(name, FLAGS.quick, slots, FLAGS.repeats)
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  path = os.path.join(FLAGS.out_dir, "rollout_engine")
   with open(path + ".json", "w") as f:
     json.dump(results, f, indent=1)
   with open(path + ".md", "w") as f:
@@ -282,4 +288,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -35,10 +35,8 @@ from rl_curriculum.sampling import sampler
 from rl_curriculum.train import examples
 from rl_curriculum.train import programs as programs_lib
 
-_OUT = flags.DEFINE_string("out", "benchmarks/results/scaling_cpu.json", "Where the JSON goes.")
-_DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per measurement (median reported).")
-_CHILD = flags.DEFINE_integer("child", 0, "Internal: measure with this many devices, print JSON.")
+FLAGS = flags.FLAGS
+
 
 P, G, TP, T, V = 16, 4, 8, 8, 64
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,16 +109,24 @@ def measure(num_devices: int, repeats: int) -> list:
   return out
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_string("out", "benchmarks/results/scaling_cpu.json", "Where the JSON goes.")
+  flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
+  flags.DEFINE_integer("repeats", 3, "Timed calls per measurement (median reported).")
+  flags.DEFINE_integer("child", 0, "Internal: measure with this many devices, print JSON.")
+
+
 def main(argv):
   del argv
-  if _CHILD.value:
-    print("RESULT " + json.dumps(measure(_CHILD.value, _REPEATS.value)), flush=True)
+  if FLAGS.child:
+    print("RESULT " + json.dumps(measure(FLAGS.child, FLAGS.repeats)), flush=True)
     return
   rows = []
-  for n in map(int, _DEVICES.value):
+  for n in map(int, FLAGS.devices):
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
     result = subprocess.run([sys.executable, "-m", "experiments.benchmark_scaling",
-                             f"--child={n}", f"--repeats={_REPEATS.value}"], cwd=ROOT, env=env,
+                             f"--child={n}", f"--repeats={FLAGS.repeats}"], cwd=ROOT, env=env,
                             capture_output=True, text=True, check=True)
     line = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")][-1]
     rows.extend(json.loads(line[len("RESULT "):]))
@@ -138,11 +144,12 @@ def main(argv):
                 "overhead, not a failure to scale; no speed-up is possible here",
       "rows": rows,
   }
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, "w") as f:
+  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+  with open(FLAGS.out, "w") as f:
     json.dump(report, f, indent=1)
-  print(f"wrote {_OUT.value}")
+  print(f"wrote {FLAGS.out}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -56,22 +56,8 @@ from experiments import comparison_report
 from experiments import comparison_stats
 from rl_curriculum.train import builders, warm_start
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "The setting, configs/compare.py:NAME: the config every run starts from; "
-    "NAME names the run folders and summary files.", lock_config=True)
-_METHODS = flags.DEFINE_list("methods", None, "Methods to run (default: METHODS; any curriculum "
-                             "or post-rollout filter by name, see ALL_METHODS).")
-_SEEDS = flags.DEFINE_integer("seeds", 5, "RL seeds per method (config.rl.seed = 1..seeds).")
-_BUDGET = flags.DEFINE_integer("budget", 0, "Rollouts per run (0 = the setting's default).")
-_LR_SWEEP = flags.DEFINE_list("lr_sweep", ["1e-5", "2e-5", "4e-5"],
-                              "Learning rates tried for uniform and SEC (the others use the "
-                              "setting's).")
-_WORKDIR = flags.DEFINE_string("workdir", "workdirs/compare", "Folder of the run folders.")
-_OUT = flags.DEFINE_string("out", "benchmarks/results", "Folder of the summary files.")
-_ANALYSE_ONLY = flags.DEFINE_bool("analyse_only", False, "Only rebuild the summary.")
-_SHARD = flags.DEFINE_string("shard", "0/1", "i/n: run only every n-th planned run, from the i-th "
-                             "(n processes in parallel; then --analyse_only).")
-flags.mark_flags_as_required(["config"])
+FLAGS = flags.FLAGS
+
 
 # ---------------------------------------------------------------------------------------------
 # Settings and methods.
@@ -293,11 +279,31 @@ def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
   return summary
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  config_flags.DEFINE_config_file(
+      "config", None, "The setting, configs/compare.py:NAME: the config every run starts from; "
+      "NAME names the run folders and summary files.", lock_config=True)
+  flags.DEFINE_list("methods", None, "Methods to run (default: METHODS; any curriculum "
+                    "or post-rollout filter by name, see ALL_METHODS).")
+  flags.DEFINE_integer("seeds", 5, "RL seeds per method (config.rl.seed = 1..seeds).")
+  flags.DEFINE_integer("budget", 0, "Rollouts per run (0 = the setting's default).")
+  flags.DEFINE_list("lr_sweep", ["1e-5", "2e-5", "4e-5"],
+                    "Learning rates tried for uniform and SEC (the others use the "
+                    "setting's).")
+  flags.DEFINE_string("workdir", "workdirs/compare", "Folder of the run folders.")
+  flags.DEFINE_string("out", "benchmarks/results", "Folder of the summary files.")
+  flags.DEFINE_bool("analyse_only", False, "Only rebuild the summary.")
+  flags.DEFINE_string("shard", "0/1", "i/n: run only every n-th planned run, from the i-th "
+                      "(n processes in parallel; then --analyse_only).")
+  flags.mark_flags_as_required(["config"])
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
-  methods = _METHODS.value or list(METHODS)
+  methods = FLAGS.methods or list(METHODS)
   unknown = [m for m in methods if m not in ALL_METHODS]
   if unknown:
     raise app.UsageError(f"unknown methods {unknown}; choose from {ALL_METHODS}")
@@ -305,22 +311,23 @@ def main(argv):
     raise app.UsageError("the comparison needs the uniform baseline (--methods must include it)")
   try:
     name = setting_name(config_flags.get_config_filename(flags.FLAGS["config"]))
-    shard = parse_shard(_SHARD.value)
+    shard = parse_shard(FLAGS.shard)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  config = _CONFIG.value
-  budget = _BUDGET.value or default_budget(config)
-  lrs = [float(x) for x in _LR_SWEEP.value]
-  if not _ANALYSE_ONLY.value:
-    if not run_all(name, config, methods, _SEEDS.value, budget, lrs, _WORKDIR.value,
+  config = FLAGS.config
+  budget = FLAGS.budget or default_budget(config)
+  lrs = [float(x) for x in FLAGS.lr_sweep]
+  if not FLAGS.analyse_only:
+    if not run_all(name, config, methods, FLAGS.seeds, budget, lrs, FLAGS.workdir,
                    shard=shard):
       return
     if shard[1] > 1:
-      print(f"shard {_SHARD.value} done; once every shard is, run again with --analyse_only")
+      print(f"shard {FLAGS.shard} done; once every shard is, run again with --analyse_only")
       return
-  summary = analyse(name, config, _WORKDIR.value, _OUT.value, budget)
+  summary = analyse(name, config, FLAGS.workdir, FLAGS.out, budget)
   print(comparison_report.markdown(summary, name))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=cli.parse_flags)

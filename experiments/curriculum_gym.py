@@ -5,13 +5,14 @@
 
 Runs every curriculum in `CURRICULA` for S seeds on a named setting of `rl_curriculum.curriculum.
 gym` and writes `curriculum_gym.md`, `.json` and `.png` to --out (default workdirs/curriculum_gym/;
-the committed results are those of --out=benchmarks/results/; the setting's name is appended to
-the file names for settings other than the default). Each curriculum compiles once and runs all
-its seeds in one vmapped program: about 4 s a curriculum on 2 cores, a minute or two in all. The table gives, per curriculum, the
-steps to reach the setting's mean-success target (median over seeds), the final mean success over
-learnable bins, the share of batch slots whose group carried a non-zero advantage, and the share of
-slots spent on unlearnable bins over the last quarter of the run. The plot shows the mean share of
-slots per bin over training. A timing of SEC's select + update at K = 16, P = 512 is appended.
+the committed results are those of --out=benchmarks/results/; the setting's name is appended to the
+file names for settings other than the default). Each curriculum compiles once and runs all its
+seeds in one vmapped program: about 4 s a curriculum on 2 cores, a minute or two in all. The table
+gives, per curriculum, the steps to reach the setting's mean-success target (median over seeds), the
+final mean success over learnable bins, the share of batch slots whose group carried a non-zero
+advantage, and the share of slots spent on unlearnable bins over the last quarter of the run. The
+plot shows the mean share of slots per bin over training. A timing of SEC's select + update at
+K = 16, P = 512 is appended.
 Expect a few minutes on 2 CPU cores.
 """
 
@@ -34,15 +35,10 @@ from rl_curriculum.types import Feedback
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
+FLAGS = flags.FLAGS
+
 DEFAULT_SETTING = "ladder6_unlearnable_top"
 
-_SETTING = flags.DEFINE_enum("setting", DEFAULT_SETTING, sorted(gym.SETTINGS),
-                             "Named gym setting.")
-_SEEDS = flags.DEFINE_integer("seeds", 64, "Seeds per curriculum.")
-_STEPS = flags.DEFINE_integer("steps", None, "Steps per run; default: the setting's.")
-_OUT = flags.DEFINE_string("out", "workdirs/curriculum_gym/",
-                           "Output folder (benchmarks/results/ refreshes the committed results).")
-_BENCHMARK = flags.DEFINE_bool("benchmark", True, "Also time SEC select + update (K=16, P=512).")
 
 # name -> constructor(pool, batch_size). Other modules may add entries before calling `run`.
 CURRICULA = {
@@ -321,11 +317,23 @@ def run(setting: str, seeds: int, steps, out: str, benchmark: bool) -> dict:
   return record
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_enum("setting", DEFAULT_SETTING, sorted(gym.SETTINGS),
+                    "Named gym setting.")
+  flags.DEFINE_integer("seeds", 64, "Seeds per curriculum.")
+  flags.DEFINE_integer("steps", None, "Steps per run; default: the setting's.")
+  flags.DEFINE_string("out", "workdirs/curriculum_gym/",
+                      "Output folder (benchmarks/results/ refreshes the committed results).")
+  flags.DEFINE_bool("benchmark", True, "Also time SEC select + update (K=16, P=512).")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  run(_SETTING.value, _SEEDS.value, _STEPS.value, _OUT.value, _BENCHMARK.value)
+  run(FLAGS.setting, FLAGS.seeds, FLAGS.steps, FLAGS.out, FLAGS.benchmark)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

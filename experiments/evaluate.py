@@ -21,21 +21,26 @@ from ml_collections import config_flags
 from experiments import cli
 from rl_curriculum.train import evaluation, loop, prepare
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (checkpoints are read from it).")
-_K = flags.DEFINE_integer("k", 4, "k of pass@k.")
-_SAMPLES = flags.DEFINE_integer("samples", 8, "Sampled completions per prompt for pass@k.")
-flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run folder (checkpoints are read from it).")
+  flags.DEFINE_integer("k", 4, "k of pass@k.")
+  flags.DEFINE_integer("samples", 8, "Sampled completions per prompt for pass@k.")
+  flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
-  config, workdir = _CONFIG.value, _WORKDIR.value
-  if _K.value > _SAMPLES.value:
-    raise app.UsageError(f"--k={_K.value} needs --samples >= k")
+  config, workdir = FLAGS.config, FLAGS.workdir
+  if FLAGS.k > FLAGS.samples:
+    raise app.UsageError(f"--k={FLAGS.k} needs --samples >= k")
   run = prepare.prepare(config, workdir)
   step, params = loop.restore_params(config, run, workdir)
   tok = run.tokenizer
@@ -45,20 +50,21 @@ def main(argv):
                                       tok.decode, **kwargs)
   key = jax.random.PRNGKey(config.seed + 7)
   passk = {name: evaluation.sampled_pass_at_k(
-      run.model.graphdef, params, pool, run.task, tok.decode, k=_K.value,
-      samples=_SAMPLES.value, temperature=config.rl.temperature, key=jax.random.fold_in(key, i),
+      run.model.graphdef, params, pool, run.task, tok.decode, k=FLAGS.k,
+      samples=FLAGS.samples, temperature=config.rl.temperature, key=jax.random.fold_in(key, i),
       **kwargs)
            for i, (name, pool) in enumerate(run.eval_sets.items())}
   print(f"\ncheckpoint step {step} ({'RL' if step else 'starting policy'})")
-  print(f"{'bin':<12} {'greedy':>7} {f'pass@{_K.value}':>8}")
+  print(f"{'bin':<12} {'greedy':>7} {f'pass@{FLAGS.k}':>8}")
   for name in run.eval_sets:
     tag = "  (ood)" if name in run.ood else ""
     print(f"{name:<12} {100 * greedy[name]:7.1f} {100 * passk[name]:8.1f}{tag}")
-  result = {"step": step, "greedy": greedy, f"pass@{_K.value}": passk, "ood": run.ood,
-            "samples": _SAMPLES.value}
+  result = {"step": step, "greedy": greedy, f"pass@{FLAGS.k}": passk, "ood": run.ood,
+            "samples": FLAGS.samples}
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=cli.parse_flags)

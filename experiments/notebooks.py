@@ -15,12 +15,10 @@ import time
 from absl import app
 from absl import flags
 
+FLAGS = flags.FLAGS
+
 NAMES = ("kernels", "curriculum_playground", "quickstart")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-_NAMES = flags.DEFINE_list("names", list(NAMES), "Notebooks of colab/ to run.")
-_WORKDIR = flags.DEFINE_string("workdir", "workdirs/notebooks",
-                               "Folder of the notebooks' figures and run folders.")
 
 
 def run_notebook(name: str, workdir: str) -> float:
@@ -48,14 +46,22 @@ def run_notebook(name: str, workdir: str) -> float:
   return time.perf_counter() - start
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_list("names", list(NAMES), "Notebooks of colab/ to run.")
+  flags.DEFINE_string("workdir", "workdirs/notebooks",
+                      "Folder of the notebooks' figures and run folders.")
+
+
 def main(argv):
   del argv
-  for name in _NAMES.value:
+  for name in FLAGS.names:
     if name not in NAMES:
       raise app.UsageError(f"--names: {name!r} is not one of {', '.join(NAMES)}")
-  for name in _NAMES.value:
-    print(f"colab/{name}.ipynb: {run_notebook(name, _WORKDIR.value):.0f} s", flush=True)
+  for name in FLAGS.names:
+    print(f"colab/{name}.ipynb: {run_notebook(name, FLAGS.workdir):.0f} s", flush=True)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -38,15 +38,20 @@ from ml_collections import config_flags
 
 from experiments import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
-_DEVICES = flags.DEFINE_integer("devices", 8, "Devices to plan for (fake CPU devices).")
-_HBM = flags.DEFINE_float("hbm_gib", 80.0, "Memory per device, GiB.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row (the longest).")
-_OUT = flags.DEFINE_string("out", "", "Also write the report as JSON here.")
-_PROGRAMS = flags.DEFINE_list("programs", ["sampler", "learn"], "Programs to compile.")
-_LAYERS = flags.DEFINE_integer("layers", 0, "Plan the model with this many layers (0: its own).")
-flags.mark_flags_as_required(["config"])
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                  lock_config=True)
+  flags.DEFINE_integer("devices", 8, "Devices to plan for (fake CPU devices).")
+  flags.DEFINE_float("hbm_gib", 80.0, "Memory per device, GiB.")
+  flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row (the longest).")
+  flags.DEFINE_string("out", "", "Also write the report as JSON here.")
+  flags.DEFINE_list("programs", ["sampler", "learn"], "Programs to compile.")
+  flags.DEFINE_integer("layers", 0, "Plan the model with this many layers (0: its own).")
+  flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -55,22 +60,23 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train import validation  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
-  if jax.device_count() != _DEVICES.value:
-    raise app.UsageError(f"JAX sees {jax.device_count()} devices, not {_DEVICES.value}: run this "
+  if jax.device_count() != FLAGS.devices:
+    raise app.UsageError(f"JAX sees {jax.device_count()} devices, not {FLAGS.devices}: run this "
                          "file as a script (python -m experiments.plan), which sets XLA_FLAGS")
   try:
-    report = plan.plan(_CONFIG.value, hbm_gib=_HBM.value, prompt_len=_PROMPT_LEN.value,
-                       programs=tuple(_PROGRAMS.value), num_layers=_LAYERS.value or None)
+    report = plan.plan(FLAGS.config, hbm_gib=FLAGS.hbm_gib, prompt_len=FLAGS.prompt_len,
+                       programs=tuple(FLAGS.programs), num_layers=FLAGS.layers or None)
   except validation.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(plan.describe(report))
-  if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, "w") as f:
+  if FLAGS.out:
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+    with open(FLAGS.out, "w") as f:
       json.dump(report, f, indent=1)
   sys.exit(0 if report["fits"] else 1)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=cli.parse_flags)

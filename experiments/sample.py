@@ -7,6 +7,7 @@ docstring for what to expect).
 import time
 
 from absl import app
+from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import PRESETS
 from rl_curriculum.sampling import sampler
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Sampling demo config file.",
-                                          lock_config=True)
+FLAGS = flags.FLAGS
 
 # Byte-level vocabulary: ids 0..255 are bytes, then three specials.
 PAD_ID, BOS_ID, EOS_ID = 256, 257, 258
@@ -92,12 +92,19 @@ def run(config) -> None:
         f"max_new_tokens {config.max_new_tokens})")
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  config_flags.DEFINE_config_file("config", None, "Sampling demo config file.",
+                                  lock_config=True)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # keeps backend-probing INFO lines out of the output
-  run(_CONFIG.value)
+  run(FLAGS.config)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=cli.parse_flags)

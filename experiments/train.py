@@ -23,29 +23,34 @@ from ml_collections import config_flags
 from experiments import cli
 from rl_curriculum.train import checkpointing, loop, recovery, validation, workdir
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, logs, report.")
-_PLAN_ONLY = flags.DEFINE_bool("plan_only", False, "Print the memory plan and exit.")
-_HBM = flags.DEFINE_float("hbm_gib", 0.0, "Budget per device for --plan_only (0: the device's).")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row for --plan_only.")
-_ALLOW_CHANGE = flags.DEFINE_bool("allow_config_change", False,
-                                  "Resume with a config other than the workdir's (logged).")
-flags.mark_flags_as_required(["config"])
+FLAGS = flags.FLAGS
 
 
 def _plan_only() -> int:
   import jax  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
-  hbm = _HBM.value
+  hbm = FLAGS.hbm_gib
   if not hbm:
     stats = jax.devices()[0].memory_stats() or {}
     if "bytes_limit" not in stats:
       raise app.UsageError("this device does not report its memory; pass --hbm_gib")
     hbm = stats["bytes_limit"] / plan.GIB
-  report = plan.plan(_CONFIG.value, hbm_gib=hbm, prompt_len=_PROMPT_LEN.value)
+  report = plan.plan(FLAGS.config, hbm_gib=hbm, prompt_len=FLAGS.prompt_len)
   print(plan.describe(report))
   return 0 if report["fits"] else 1
+
+
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run folder: checkpoints, logs, report.")
+  flags.DEFINE_bool("plan_only", False, "Print the memory plan and exit.")
+  flags.DEFINE_float("hbm_gib", 0.0, "Budget per device for --plan_only (0: the device's).")
+  flags.DEFINE_integer("prompt_len", 256, "Prompt tokens per row for --plan_only.")
+  flags.DEFINE_bool("allow_config_change", False,
+                    "Resume with a config other than the workdir's (logged).")
+  flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -53,12 +58,12 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # library INFO lines (checkpoint I/O) drown the progress
   try:
-    if _PLAN_ONLY.value:
+    if FLAGS.plan_only:
       sys.exit(_plan_only())
-    if not _WORKDIR.value:
+    if not FLAGS.workdir:
       raise app.UsageError("--workdir is required (except with --plan_only)")
-    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
-                            allow_config_change=_ALLOW_CHANGE.value)
+    loop.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+                            allow_config_change=FLAGS.allow_config_change)
   except (validation.ConfigError, workdir.WorkdirBusy) as e:  # one line naming it, no traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(cli.USAGE_ERROR)
@@ -72,4 +77,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=cli.parse_flags)

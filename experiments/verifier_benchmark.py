@@ -21,8 +21,8 @@ from rl_curriculum.tasks import get_task
 from rl_curriculum.tasks.math_datasets import Gsm8kTask
 from rl_curriculum.tasks.math_datasets import MathTask
 
-_N = flags.DEFINE_integer("n", 4000, "Timed calls per (task, template).")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the fuzzed completions.")
+FLAGS = flags.FLAGS
+
 
 _ALPHABET = list("0123456789+-*/()=.,: abcxyzAB\n\\{}$^") + ["\u0663", "\uff17", "\u00b2",
                                                              "\u2212", "\u00d7", "Answer:"]
@@ -97,12 +97,19 @@ def run(n: int = 4000, seed: int = 0) -> list[dict]:
   return results
 
 
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_integer("n", 4000, "Timed calls per (task, template).")
+  flags.DEFINE_integer("seed", 0, "Seed of the fuzzed completions.")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  for row in run(_N.value, _SEED.value):
+  for row in run(FLAGS.n, FLAGS.seed):
     print(json.dumps(row))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
