@@ -22,8 +22,8 @@ from rl_curriculum.train import checkpointing, evaluation, paired, report
 from rl_curriculum.train.metrics import read_jsonl
 from rl_curriculum.train.prepare import Prepared
 
-__all__ = ["evaluate", "eval_metrics", "eval_line", "task_accuracy", "final_report", "finished", "outcomes_path",
-           "write_outcomes", "read_outcomes"]
+__all__ = ["evaluate", "eval_metrics", "eval_line", "task_accuracy", "final_report", "finished",
+           "outcomes_path", "write_outcomes", "read_outcomes"]
 
 
 def evaluate(config: ml_collections.ConfigDict, run: Prepared, params,
@@ -108,8 +108,9 @@ def final_report(config: ml_collections.ConfigDict, run: Prepared, workdir: str,
   # A bin is too small when its problem space, not the request, limits its held-out set.
   small = [name for name, n in run.held_out_sizes.items()
            if n < min(config.eval.min_held_out, config.task.eval_per_bin)]
-  changes, sources = paired_changes(run, read_outcomes(outcomes_path(workdir, 0)),
-                                    read_outcomes(outcomes_path(workdir, config.rl.steps)))
+  trained = [run.task.bin_names[b] for b in config.task.train_bins]
+  changes, sources = paired_changes(read_outcomes(outcomes_path(workdir, 0)),
+                                    read_outcomes(outcomes_path(workdir, config.rl.steps)), trained)
   table = report.accuracy_table(before, after, ood=run.ood, sizes=run.held_out_sizes,
                                 small=small, changes=changes)
   if sources is not None:
@@ -138,17 +139,17 @@ def final_report(config: ml_collections.ConfigDict, run: Prepared, workdir: str,
   return summary
 
 
-def paired_changes(run: Prepared, before: Optional[dict],
-                   after: Optional[dict]) -> tuple[Optional[dict], Optional[dict]]:
+def paired_changes(before: Optional[dict], after: Optional[dict],
+                   trained) -> tuple[Optional[dict], Optional[dict]]:
   """({bin name: `paired.paired_difference` of after against before}, `paired.gain_sources` over
-  the bins the run trains on, those not out of distribution) from the per-problem outcomes of the
-  evaluations before and after RL; (None, None) when either is missing (a run folder from before
-  outcomes were kept) or their problems differ."""
+  the held-out sets of the bins named in `trained`, the ones RL trains on; all of them if none is
+  evaluated) from the per-problem outcomes of the evaluations before and after RL; (None, None)
+  when either is missing (a run folder from before outcomes were kept) or their problems differ."""
   if before is None or after is None or any(
       b not in after or len(after[b][0]) != len(before[b][0]) for b in before):
     return None, None
   changes = {b: paired.paired_difference(after[b][0], before[b][0]) for b in before}
-  trained = [b for b in before if b not in run.ood] or list(before)
+  trained = [b for b in before if b in trained] or list(before)
   cat = lambda d, i: np.concatenate([d[b][i] for b in trained])
   return changes, paired.gain_sources(cat(before, 0), cat(after, 0), cat(before, 1))
 

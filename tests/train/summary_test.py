@@ -54,3 +54,21 @@ def test_a_run_is_finished_only_with_its_summary_last_row_and_intact_last_checkp
   assert summary.finished(config, workdir) is None
   os.remove(os.path.join(workdir, "summary.json"))
   assert summary.finished(config, workdir) is None
+
+
+def test_paired_changes_count_gains_over_the_trained_bins_only():
+  t, f = True, False
+  before = {"train": (np.array([f, f, t]), np.array([f, t, t])),
+            "held_only": (np.array([f, f]), np.array([t, t]))}  # evaluated, never trained on
+  after = {"train": (np.array([t, t, t]), np.array([t, t, t])),
+           "held_only": (np.array([t, t]), np.array([t, t]))}
+  changes, sources = summary.paired_changes(before, after, ["train"])
+  assert set(changes) == {"train", "held_only"}
+  assert abs(changes["train"]["mean"] - 2 / 3) < 1e-9
+  # Two problems of the trained bin gained: one whose answer did not parse before, one that did.
+  assert sources == {"gained": 2, "format": 1, "skill": 1, "lost": 0, "format_share": 0.5}
+  everything = summary.paired_changes(before, after, ["not evaluated"])[1]
+  assert everything["gained"] == 4  # no trained bin evaluated: every bin counts
+  after["train"] = (np.array([t, t]), np.array([t, t]))  # other problems: nothing to pair
+  assert summary.paired_changes(before, after, ["train"]) == (None, None)
+  assert summary.paired_changes(None, after, ["train"]) == (None, None)
