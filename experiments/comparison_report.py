@@ -96,7 +96,7 @@ def _pair_lines(summary: dict) -> list:
   for pair in rows:
     d, r = pair["final_heldout"], pair["rollouts_to_target"]
     held = (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
-            if d else "no per-problem outcomes")
+            if d else "no per-problem outcomes to pair")
     resolved = ("-" if not d else "a higher" if d["lo"] > 0 else "b higher" if d["hi"] < 0
                 else "no")
     reach = f"{r['mean']:+.0f} [{r['lo']:+.0f}, {r['hi']:+.0f}]" if r else "-"

@@ -156,8 +156,8 @@ def welch_interval(x: Sequence[float], y: Sequence[float]) -> Optional[dict]:
 def pairs(tuned: dict, methods: dict) -> list:
   """Every pair (a, b) of methods, a listed before b, at their tuned learning rates (`tuned`:
   {method: {seed: run}}): the difference a - b in final held-out accuracy, paired per problem
-  over seeds (`paired.paired_difference`; None when a run folder kept no per-problem outcomes),
-  and in rollouts to the target (Welch interval across seeds, when every seed of both reached
+  over seeds (`paired.paired_difference`; None when a run folder kept no per-problem outcomes or
+  the runs were evaluated on different problems), and in rollouts to the target (Welch interval across seeds, when every seed of both reached
   it)."""
   out = []
   names = list(methods)
@@ -165,7 +165,9 @@ def pairs(tuned: dict, methods: dict) -> list:
     for b in names[i + 1:]:
       runs_a, runs_b = list(tuned[a].values()), list(tuned[b].values())
       diff = None
-      if all(r.get("final_outcomes") is not None for r in runs_a + runs_b):
+      both = runs_a + runs_b
+      if all(r.get("final_outcomes") is not None for r in both) and all(
+          np.array_equal(r["final_outcome_bins"], both[0]["final_outcome_bins"]) for r in both):
         bins = runs_a[0]["final_outcome_bins"]
         diff = paired.paired_difference(np.stack([r["final_outcomes"] for r in runs_a]),
                                         np.stack([r["final_outcomes"] for r in runs_b]), bins)

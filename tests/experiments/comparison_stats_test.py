@@ -123,6 +123,13 @@ def test_pairs_compare_every_two_methods_per_problem_and_their_rollouts_to_targe
   bare = {k: {**r, "final_outcomes": None} for k, r in runs.items()}
   assert all(p["final_heldout"] is None for p in cs.summarise(bare, 20)["pairs"])
   assert "no per-problem outcomes" in cr.markdown(cs.summarise(bare, 20), "synthetic")
+  # One run evaluated on other problems (a changed eval set): nothing to pair, no error.
+  other = dict(runs)
+  other[("dump", 2e-5, 2)] = run_record(curves[("dump", 2)],
+                                        outcomes=(outcomes[("dump", 2)][:200], bins[:200]))
+  got = cs.summarise(other, 20, order=("uniform", "sec", "dump"))["pairs"]
+  assert got[0]["final_heldout"] == s["pairs"][0]["final_heldout"]  # uniform - sec: unaffected
+  assert got[1]["final_heldout"] is None and got[2]["final_heldout"] is None
 
 
 def test_welch_interval_matches_scipy():
