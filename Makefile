@@ -32,7 +32,7 @@ benchmark: install
 
 # Curricula on equal rollout budgets, 5 seeds (hours on 2 cores; benchmarks/results/).
 compare: install
-	$(BIN)/python -m experiments.compare_curricula --config configs/compare.py:quickstart --seeds=5
+	$(BIN)/python -m experiments.compare_curricula --config configs/compare.py:scratch --seeds=5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

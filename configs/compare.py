@@ -1,6 +1,6 @@
 """Settings of the curriculum comparison: the config every compared run starts from.
 
-  python -m experiments.compare_curricula --config configs/compare.py:quickstart --seeds=5
+  python -m experiments.compare_curricula --config configs/compare.py:scratch --seeds=5
   python -m experiments.compare_curricula --config configs/compare.py:countdown --seeds=5 \
       --lr_sweep=2e-5,4e-5
   python -m experiments.compare_curricula --config configs/compare.py:toy --methods=uniform,sec \
@@ -12,10 +12,12 @@ curriculum, the RL seed, the learning rate, and the steps that spend the rollout
 default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrides such as
 `--config.rl.group_size=4` change every run: give such a comparison its own --workdir.
 
-- quickstart: the quickstart task and SFT warm start, RLOO, 80 steps of 16 prompts x 8 = 10,240
-  rollouts a run, evaluated every 1,280. Measured (5 seeds, 2e-5 and 4e-5 swept; held-out sets
-  not yet disjoint from training then): every run starts at 79.3% held-out accuracy; tuned
-  uniform ends at 79.1%, SEC at 82.8% [81.3, 84.3]; about 2 minutes a run on one core.
+- scratch: configs/scratch.py (the arithmetic ladder, the tiny model and its SFT warm start),
+  RLOO, 80 steps of 16 prompts x 8 = 10,240 rollouts a run, evaluated every 1,280. Measured
+  under the setting's former name, quickstart (5 seeds, 2e-5 and 4e-5 swept; held-out sets not
+  yet disjoint from training then; benchmarks/results/curricula_quickstart.md): every run starts
+  at 79.3% held-out accuracy; tuned uniform ends at 79.1%, SEC at 82.8% [81.3, 84.3]; about 2
+  minutes a run on one core.
 - countdown: three to five source numbers (no out-of-distribution bin) with the tiny model trained
   here, 20-token completions, 100 steps = 12,800 rollouts a run. Measured the same way: every
   method ends within 1.5 points of 14% (SEC 14.2%, uniform 14.0%); about 6 minutes a run.
@@ -41,10 +43,10 @@ from typing import Optional
 import ml_collections
 
 from configs import multitask
-from configs import quickstart
+from configs import scratch
 from configs import toy
 
-VARIANTS = ("quickstart", "countdown", "countdown_nobonus", "multitask", "toy")
+VARIANTS = ("scratch", "countdown", "countdown_nobonus", "multitask", "toy")
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
@@ -55,7 +57,7 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   """
   if arg not in VARIANTS:
     raise ValueError(f"configs/compare.py takes a setting, one of {VARIANTS}, after a colon: "
-                     f"--config configs/compare.py:quickstart (got {arg!r})")
+                     f"--config configs/compare.py:scratch (got {arg!r})")
   if arg == "toy":
     c = toy.get_config()
     c.eval.every = 2
@@ -67,7 +69,7 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
     c.eval.every = 16               # every 2,048 rollouts
     c.checkpoint.every = 32
     return c
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.rl.steps = 80                   # 80 x 16 prompts x 8 completions = 10,240 rollouts a run
   c.rl.prompts_per_step = 16
   c.eval.every = 10                 # every 1,280 rollouts

@@ -19,7 +19,7 @@ Overrides: --config.curriculum.arms=task (SEC over the three tasks)
 
 import ml_collections
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum.tasks import get_task
 
 TASK = "countdown+zebra+arc1d"
@@ -35,7 +35,7 @@ def bins(names) -> tuple:
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.task.name = TASK                # tasks joined by "+": one pool, each problem its task's
   c.task.train_bins = bins(BINS)    # the (task, difficulty) arms
   c.task.eval_bins = bins(BINS)     # held-out prompts of the same bins (never trained on)

@@ -23,11 +23,11 @@ Not measured: nothing in this file has been run at this size (the planner compil
 the numbers below are the paper's setting, the rest are this project's defaults.
 """
 
-from configs import quickstart
+from configs import scratch
 
 
 def get_config():
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.task.name = "countdown"
   c.task.template = "chat"            # the instruct checkpoint's chat template
   c.task.train_bins = (0, 1, 2)       # n3, n4, n5: three to five source numbers

@@ -1,4 +1,4 @@
-"""The quickstart at toy size, for tests and smoke runs (about a minute on a 2-core CPU).
+"""The scratch setting at toy size, for tests and smoke runs (about a minute on a 2-core CPU).
 
   python -m experiments.train --config configs/toy.py --workdir /tmp/toy
 
@@ -7,11 +7,11 @@ every phase (tokenizer, SFT cache, RL, evaluation, checkpoints, report) quickly,
 end-to-end, resume and multi-process tests need.
 """
 
-from configs import quickstart
+from configs import scratch
 
 
 def get_config():
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.task.train_bins = (0, 1, 2)
   c.task.eval_bins = (0, 2, 8)      # 8 (three-digit sums) is out of distribution
   c.task.train_per_bin = 40

@@ -4,7 +4,7 @@
   python -m experiments.benchmark_compile --quick   # 1-2 layers, a smoke test
 
 Compiles the run's programs (the sampler and the learn step, `rl_curriculum.train.plan`: ahead
-of time, from abstract shapes, no weights) for `--config` (default configs/smollm2_arithmetic.py,
+of time, from abstract shapes, no weights) for `--config` (default configs/quickstart.py,
 SmolLM2-135M with LoRA on every projection) with the model's shape taken from its preset, in both
 layouts of the block stack: scanned (one block with stacked [L, ...] weights under `lax.scan`)
 at the model's full depth, and unrolled (L blocks in the program) at a ladder of depths. XLA's
@@ -124,7 +124,7 @@ def define_flags() -> None:
   """The command's flags; defined when it runs, so that importing this module defines none."""
   flags.DEFINE_bool("quick", False, "1 and 2 layers only (a smoke test)")
   flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
-  flags.DEFINE_string("config", "configs/smollm2_arithmetic.py", "run config file")
+  flags.DEFINE_string("config", "configs/quickstart.py", "run config file")
   flags.DEFINE_string("preset", "smollm2_135m", "the model preset whose shape is planned")
   flags.DEFINE_integer("prompt_len", 64, "prompt tokens per row (chat prompts: ~50)")
 

@@ -4,7 +4,7 @@
 
 Run from the repository root. Each device count runs in its own process
 (`--xla_force_host_platform_device_count=N` must be set before JAX starts), on meshes (N, 1, 1)
-(data parallel) and (1, N, 1) (FSDP), with the quickstart's tiny model (about 3M parameters),
+(data parallel) and (1, N, 1) (FSDP), with the scratch config's tiny model (about 3M parameters),
 16 prompts x 4 completions, 8 prompt and 8 new tokens. Reported: median wall time of one learn
 step and of one greedy sampling call, after a compile-and-warm-up call.
 
@@ -25,7 +25,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
@@ -62,9 +62,9 @@ def _batch():
 
 
 def _config():
-  """The quickstart's learn step (clipping, ratio guard, rollback KL) with two minibatches of
+  """The scratch config's learn step (clipping, ratio guard, rollback KL) with two minibatches of
   the benchmark's P prompts x G completions of T tokens."""
-  config = quickstart.get_config()
+  config = scratch.get_config()
   config.rl.minibatches = 2
   config.rl.max_new_tokens = T
   config.rl.learning_rate = 1e-4

@@ -1,6 +1,6 @@
 """Curricula compared on equal rollout budgets, several seeds each.
 
-  python -m experiments.compare_curricula --config configs/compare.py:quickstart --seeds=5 \
+  python -m experiments.compare_curricula --config configs/compare.py:scratch --seeds=5 \
       --workdir=workdirs/compare --out=benchmarks/results
 
 `--config` is the setting: the config every run starts from, `configs/compare.py:NAME` (see that
@@ -73,7 +73,7 @@ def setting_name(config_flag: str) -> str:
   _, _, name = config_flag.partition(":")
   if not name:
     raise ValueError(f"--config={config_flag} names no setting: give one after a colon, e.g. "
-                     "--config=configs/compare.py:quickstart")
+                     "--config=configs/compare.py:scratch")
   return name
 
 

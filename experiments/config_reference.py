@@ -7,7 +7,7 @@ The config files are the single source: each `c.section.field = value  # comment
 `get_config()` gives one row. A field's comment is the trailing comment of its line, plus comment
 lines directly above it and indented comment lines directly below it (continuations). Values are
 read from the evaluated config, so `tuple(range(12))` shows as the tuple it makes. A config built
-on another one (`c = quickstart.get_config()`) is listed as its overrides, next to the defaults
+on another one (`c = scratch.get_config()`) is listed as its overrides, next to the defaults
 they replace. A config file with variants (a `VARIANTS` tuple of the names its `get_config(arg)`
 takes, as in `--config configs/compare.py:countdown`) is listed as one column per variant of every
 field some variant sets away from the base config's default.
@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "configs")
 OUTPUT = os.path.join(ROOT, "docs", "config_reference.md")
-FIRST = "quickstart.py"  # the base config, listed first
+FIRST = "scratch.py"  # the base config, listed first
 
 
 class Field(NamedTuple):
@@ -34,7 +34,7 @@ class Field(NamedTuple):
 
 
 class ConfigFile(NamedTuple):
-  name: str                # module name, e.g. "quickstart"
+  name: str                # module name, e.g. "scratch"
   docstring: str
   base: Optional[str]      # module the config starts from, or None for a fresh ConfigDict
   fields: list             # [Field] in file order (sections, i.e. empty ConfigDicts, excluded)

@@ -1,7 +1,7 @@
 """Evaluate a run's newest checkpoint (or its starting policy) per difficulty bin.
 
   python -m experiments.evaluate --config configs/quickstart.py --workdir workdirs/quickstart
-  python -m experiments.evaluate --config configs/smollm2_arithmetic.py --workdir /tmp/base --k 4
+  python -m experiments.evaluate --config configs/quickstart.py --workdir /tmp/base --k 4
 
 Prints greedy accuracy and pass@k (k of `--samples` sampled completions at the config's RL
 temperature) for every evaluation bin of the config, and writes them to WORKDIR/eval.json. A

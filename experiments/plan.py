@@ -3,7 +3,7 @@ CPU devices, without weights, and prints per-device memory from XLA's analysis.
 
   python -m experiments.plan --config configs/sec_paper_countdown_qwen3b.py --devices 8 \
       --hbm_gib 80 --out plan.json
-  python -m experiments.plan --config configs/quickstart.py --devices 8 --hbm_gib 1 \
+  python -m experiments.plan --config configs/scratch.py --devices 8 --hbm_gib 1 \
       --config.rl.microbatches=2                  # overrides as in experiments.train
 
 The model's shape comes from `config.model.preset`, or from the config.json of an HF folder named

@@ -107,9 +107,9 @@ def test_target_success_on_the_gym_behaves_as_documented():
 
 def test_target_success_plugs_into_the_trainer_config(monkeypatch):
   """docs/howto.md step 4: one dict entry, then a config naming it validates and builds."""
-  from configs import quickstart  # pylint: disable=import-outside-toplevel
+  from configs import scratch  # pylint: disable=import-outside-toplevel
   monkeypatch.setitem(builders.CURRICULA, "target_success", example.target_success)
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.curriculum.name = "target_success"
   c.curriculum.options = ml_collections.ConfigDict(dict(temperature=0.1))
   validation.validate(c)
@@ -147,9 +147,9 @@ def test_config_reference_is_up_to_date():
 
 
 def test_config_reference_covers_every_field():
-  from configs import quickstart  # pylint: disable=import-outside-toplevel
-  documented = [f.path for f in ref.parse(os.path.join(ROOT, "configs", "quickstart.py")).fields]
-  for leaf in ref.leaf_paths(quickstart.get_config()):
+  from configs import scratch  # pylint: disable=import-outside-toplevel
+  documented = [f.path for f in ref.parse(os.path.join(ROOT, "configs", "scratch.py")).fields]
+  for leaf in ref.leaf_paths(scratch.get_config()):
     assert any(leaf == d or leaf.startswith(d + ".") for d in documented), leaf
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.train import builders, warm_start
@@ -59,10 +59,10 @@ def tiny_model(dtype: str = "float32"):
 
 
 def learn_config(**overrides) -> LearnConfig:
-  """The quickstart's learn config at the shared sizes: two minibatches, Clip-Higher off
+  """The scratch config's learn config at the shared sizes: two minibatches, Clip-Higher off
   (eps_high 0.2), no ratio guard, no rollback on KL, completions of T tokens; `overrides` set
   any field."""
-  base = builders.learn_config(quickstart.get_config())
+  base = builders.learn_config(scratch.get_config())
   small = dict(minibatches=2, eps_high=0.2, ratio_guard=0.0, max_kl=None, max_tokens=T)
   return dataclasses.replace(base, **{**small, **overrides})
 

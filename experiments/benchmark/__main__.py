@@ -50,9 +50,9 @@ is reported separately):
                        step, and its learn part = step - _generate_and_score_completions.
   rl_step              ours: sample (temperature 1; each prompt prefilled once for its G rows)
                        + score (host) + learn, same P, G, Tp, T.
-  curriculum           SEC select and update (each jitted) at K = 6, P = 32, G = 8 (quickstart)
+  curriculum           SEC select and update (each jitted) at K = 6, P = 32, G = 8 (scratch config)
                        and K = 64, P = 256, G = 16, as a fraction of an RL step.
-  end_to_end           train_and_evaluate on the quickstart config (no SFT warm start, few
+  end_to_end           train_and_evaluate on the scratch config (no SFT warm start, few
                        steps): median time/sample_s, time/score_s, time/learn_s of metrics.jsonl.
   tunix                benchmarks/peers/tunix_peer.py in .venv-tunix (its own venv), as a
                        subprocess; skipped with the reason when it is missing or fails.

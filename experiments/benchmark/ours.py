@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import quickstart
+from configs import scratch
 from configs import toy
 from experiments.benchmark import peak
 from experiments.benchmark import timing
@@ -103,7 +103,7 @@ def learn_flops(config, p: int, g: int, tp: int, t: int, mode: str) -> float:
 
 def learn_setup(policy, mode: str, p: int, g: int, tp: int, t: int, num_arms: int = 6,
                 lr: float = 1e-6):
-  """The RL programs as the trainer builds them (`programs.build`), on the quickstart config's
+  """The RL programs as the trainer builds them (`programs.build`), on the scratch config's
   settings.
 
   One minibatch, T new tokens, no rollback-KL pass (max_kl 0: the peers' steps have none), SEC
@@ -113,7 +113,7 @@ def learn_setup(policy, mode: str, p: int, g: int, tp: int, t: int, num_arms: in
   Returns:
     (programs, placed run state, example batch, the policy trained (with adapters under LoRA)).
   """
-  config = quickstart.get_config()
+  config = scratch.get_config()
   if mode == "lora":
     policy = pretrained.attach_lora(policy, lora_lib.LoRAConfig(
         rank=LORA_RANK, alpha=16.0, targets=LORA_TARGETS), seed=1)
@@ -230,9 +230,9 @@ def curriculum_overhead(num_arms: int, p: int, g: int, pool_size: int, repeats: 
 
 
 def end_to_end(steps: int, quick: bool) -> dict:
-  """train_and_evaluate on the quickstart config (the toy config when `quick`), no SFT warm
+  """train_and_evaluate on the scratch config (the toy config when `quick`), no SFT warm
   start, for `steps` RL steps; the median split of steps 2.. from metrics.jsonl."""
-  config = (toy if quick else quickstart).get_config()
+  config = (toy if quick else scratch).get_config()
   config.sft.steps = 0
   config.rl.steps = steps
   config.task.eval_bins = tuple(config.task.train_bins)
@@ -248,7 +248,7 @@ def end_to_end(steps: int, quick: bool) -> dict:
   split = {k: statistics.median(r[f"time/{k}"] for r in rows)
            for k in ("sample_s", "score_s", "learn_s")}
   total = sum(split.values())
-  return {"config": "configs/toy.py" if quick else "configs/quickstart.py",
+  return {"config": "configs/toy.py" if quick else "configs/scratch.py",
           "overrides": {"sft.steps": 0, "rl.steps": steps},
           "prompts": config.rl.prompts_per_step, "group": config.rl.group_size,
           "max_new_tokens": config.rl.max_new_tokens, "steps_timed": len(rows), **split,

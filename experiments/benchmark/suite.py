@@ -66,7 +66,7 @@ def measure_model(name: str, s: Settings, peak_gflops: float) -> dict:
 
 
 def curriculum_rows(results: dict, s: Settings) -> list:
-  """SEC overhead at the quickstart's sizes (and K = 64, P = 256, G = 16 unless quick), each as a
+  """SEC overhead at the scratch config's sizes (and K = 64, P = 256, G = 16 unless quick), each as a
   fraction of an RL step measured earlier in the run."""
   sizes = [(6, 32, 8, 12_000)] + ([] if s.quick else [(64, 256, 16, 100_000)])
   rows = []

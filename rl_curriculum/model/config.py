@@ -3,7 +3,7 @@
 `ModelConfig` is a frozen, hashable dataclass: it lives in the module's static graph definition,
 so two models with equal configs share compiled programs. Presets:
 
-  ModelConfig.tiny(vocab_size=...)    ~3M parameters plus the embedding; the CPU quickstart model
+  ModelConfig.tiny(vocab_size=...)    ~3M parameters plus the embedding; the from-scratch CPU model
   ModelConfig.smollm2_135m()          SmolLM2-135M (Llama architecture, tied embeddings)
   PRESETS["qwen2_5_0_5b"]() ... qwen2_5_7b
                                       Qwen2.5 0.5B / 1.5B / 3B / 7B (Qwen Team 2024; q/k/v bias;

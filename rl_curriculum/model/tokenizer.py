@@ -1,7 +1,7 @@
 """Tokenizers: a SentencePiece model trained on a task corpus, for models trained here.
 
-The tiny quickstart model has no pretrained vocabulary, so its tokenizer is trained on the text of
-the task it learns (prompts and targets). Digits are split into single pieces so numbers are read
+The tiny model trained from scratch (configs/scratch.py) has no pretrained vocabulary, so its
+tokenizer is trained on the text of the task it learns (prompts and targets). Digits are split into single pieces so numbers are read
 digit by digit, which is what arithmetic needs. Checkpoints that ship their own tokenizer are read
 by `rl_curriculum.model` loaders instead.
 

@@ -56,7 +56,7 @@ _ATTEMPTS_PER_PROBLEM = 20
 # A bin also stops once this many times the draws it took to meet its latest new prompt (and at
 # least _STALE_MIN) brought no new prompt: its space is then exhausted in all likelihood (a prompt
 # of probability p stays unseen that long with probability exp(-p * gap)), and small bins do not
-# spend 20 * per_bin draws (5 s of the quickstart's 7) on repeats.
+# spend 20 * per_bin draws (5 s of the scratch setting's 7) on repeats.
 _STALE_FACTOR = 2
 _STALE_MIN = 2000
 

@@ -58,7 +58,7 @@ class LearnConfig:
   """Static hyperparameters of `learn` (hashable: part of the jit cache key).
 
   No field has a default: `builders.learn_config` fills every one from `config.rl` and
-  `config.curriculum`, the one place the defaults live (configs/quickstart.py documents each).
+  `config.curriculum`, the one place the defaults live (configs/scratch.py documents each).
   """
   algorithm: str              # rloo | grpo | dr_grpo | reinforce_pp | counterfactual | ppo
   epochs: int                 # passes over the batch

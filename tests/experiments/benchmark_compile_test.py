@@ -16,7 +16,7 @@ def test_power_fit_recovers_a_power_law():
 
 
 def test_the_planned_config_is_the_run_config_with_the_presets_shape():
-  config = bench.load_config("configs/smollm2_arithmetic.py", "smollm2_135m", scan=False)
+  config = bench.load_config("configs/quickstart.py", "smollm2_135m", scan=False)
   assert config.model.source == "" and config.model.preset == "smollm2_135m"
   assert config.model.scan_layers is False and config.model.lora_rank == 8
 

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_plan_gives_every_method_the_same_rollouts():
-  config = compare.get_config("quickstart")
+  config = compare.get_config("scratch")
   budget = cc.default_budget(config)
   todo = cc.plan(config, list(cc.METHODS), 2, budget, [2e-5, 4e-5])
   # Seed by seed: the tuned methods first, then the sweep, then the rest.
@@ -59,9 +59,9 @@ def test_settings_are_config_variants_named_by_the_config_argument():
   with pytest.raises(ValueError, match="names no setting"):
     cc.setting_name("configs/compare.py")
   assert compare.get_config("countdown").task.name == "countdown"
-  assert cc.default_budget(compare.get_config("quickstart")) == 80 * 16 * 8
+  assert cc.default_budget(compare.get_config("scratch")) == 80 * 16 * 8
   for bad in (None, "nope"):
-    with pytest.raises(ValueError, match="quickstart"):
+    with pytest.raises(ValueError, match="scratch"):
       compare.get_config(bad)
 
 

@@ -1,4 +1,4 @@
-"""One process of a toy quickstart run; run by multiprocess_test.py (one or two at a time).
+"""One process of a toy run; run by multiprocess_test.py (one or two at a time).
 
   XLA_FLAGS=--xla_force_host_platform_device_count=4 python multiprocess_script.py WORKDIR \
       STEPS NUM_PROCESSES PROCESS_ID PORT

@@ -1,5 +1,5 @@
 """Two processes with `jax.distributed` (CPU, loopback coordinator, 4 fake devices each) run the
-toy quickstart, are killed after a checkpoint, resume, and end where one 8-device process ends."""
+toy config, are killed after a checkpoint, resume, and end where one 8-device process ends."""
 
 import os
 import signal

@@ -25,7 +25,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from configs import quickstart  # pylint: disable=wrong-import-position
+from configs import scratch  # pylint: disable=wrong-import-position
 from rl_curriculum import curriculum as cur  # pylint: disable=wrong-import-position
 from rl_curriculum.model import transformer  # pylint: disable=wrong-import-position
 from rl_curriculum.model.config import ModelConfig  # pylint: disable=wrong-import-position
@@ -72,7 +72,7 @@ def setup():
       prompt_ids=np.arange(P, dtype=np.int32), arms=np.array([0, 1, 2, 0], np.int32),
       rewards=rewards, correct=rewards > 0.5, valid=np.ones((P, G), bool),
       train_groups=np.arange(P, dtype=np.int32), train_valid=np.ones(P, bool))
-  learn_config = dataclasses.replace(builders.learn_config(quickstart.get_config()),
+  learn_config = dataclasses.replace(builders.learn_config(scratch.get_config()),
                                      minibatches=2, kl_coef=0.1, max_tokens=T)
   return graphdef, params, optimizer, curriculum, cur_state, batch, learn_config
 

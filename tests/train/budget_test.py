@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum import curriculum as cur
 from rl_curriculum import tasks
 from rl_curriculum.curriculum import allocation, prompt_stats
@@ -25,7 +25,7 @@ S, G, TP, T, V = test_util.P, test_util.G, test_util.TP, test_util.T, test_util.
 
 
 def _config(**rl):
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.rl.prompts_per_step, c.rl.group_size = S, G
   for name, value in rl.items():
     c.rl[name] = value
@@ -153,7 +153,7 @@ def _learn_setup(curriculum=None, **overrides):
   graphdef, params = test_util.tiny_model()
   optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = curriculum or cur.sec(2, batch_size=S, alpha=1.0)
-  base = builders.learn_config(quickstart.get_config())
+  base = builders.learn_config(scratch.get_config())
   config = dataclasses.replace(base, **{**dict(minibatches=1, max_kl=None, ratio_guard=0.0,
                                                max_tokens=T), **overrides})
   learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
@@ -274,7 +274,7 @@ def test_greso_marks_the_slots_it_could_not_fill_inactive():
      "config.curriculum.options: greso: refill must be True or False"),
 ])
 def test_bad_fields_are_named(fields, message):
-  c = test_util.set_fields(quickstart.get_config(), **fields)
+  c = test_util.set_fields(scratch.get_config(), **fields)
   with pytest.raises(validation.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
                      .replace("[", r"\[").replace("]", r"\]")):
     validation.validate(c)

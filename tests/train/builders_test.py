@@ -3,13 +3,13 @@ curriculum's arms."""
 
 import pytest
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum.train import builders, rl_types, validation
 import test_util
 
 
 def _config(**fields):
-  c = quickstart.get_config()
+  c = scratch.get_config()
   return test_util.set_fields(c, **fields)
 
 
@@ -25,7 +25,7 @@ def test_loss_side_methods_reach_the_learn_config():
           learn.kl_reward_coef) == ("dr_grpo", "seq_mean_token_sum_norm", 3.0, 0.01, 2.0, 5, 10,
                                     "sample", 0.05)
   # Every method is off in the shipped config.
-  default = builders.learn_config(quickstart.get_config())
+  default = builders.learn_config(scratch.get_config())
   assert (default.dual_clip, default.entropy_coef, default.tis_cap, default.capo_positive_steps,
           default.capo_ramp_steps, default.kl_reward_coef) == (0.0, 0.0, 0.0, 0, 0, 0.0)
   assert default.grpo_std == "population"
@@ -40,7 +40,7 @@ def test_adaptive_temperature_reaches_the_learn_config():
   learn = builders.learn_config(c)
   assert (learn.temperature_target, learn.temperature_rate, learn.temperature_min,
           learn.temperature_max) == (1.5, 0.05, 0.6, 1.2)
-  assert not rl_types.adaptive_temperature(builders.learn_config(quickstart.get_config()))
+  assert not rl_types.adaptive_temperature(builders.learn_config(scratch.get_config()))
   assert rl_types.adaptive_temperature(learn)
 
 

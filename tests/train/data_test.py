@@ -1,6 +1,6 @@
 """Tests of rl_curriculum/train/data.py: held-out prompts are never trained on, whatever the bin.
 
-The arithmetic task with the quickstart's bins (train 0-5, evaluate 0-11), smaller counts per bin.
+The arithmetic task with the scratch config's bins (train 0-5, evaluate 0-11), smaller counts per bin.
 Bin spaces used below, enumerated by hand: add_1d_1d (bin 0) 100 prompts, add_2d_2d (bin 2) 8100,
 mul_1d_1d (bin 4) 64.
 """

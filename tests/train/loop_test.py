@@ -201,7 +201,7 @@ def test_rl_seed_changes_the_rl_stream_only():
   assert warm_start.fingerprint(c) == warm_start.fingerprint(d)
 
 
-def _cli(workdir, *overrides, config="quickstart"):
+def _cli(workdir, *overrides, config="scratch"):
   return [sys.executable, "-m", "experiments.train",
           "--config", os.path.join(ROOT, "configs", f"{config}.py"), "--workdir", workdir,
           *overrides]

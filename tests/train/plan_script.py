@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import distributed
@@ -20,7 +20,7 @@ TP = 12
 
 
 def _config():
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.rl.prompts_per_step = 8
   c.rl.group_size = 4
   c.rl.max_new_tokens = 8

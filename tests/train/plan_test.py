@@ -92,11 +92,11 @@ def test_train_entrypoint_plans_without_a_workdir():
 
 
 def test_model_shape_reads_an_hf_config_json_and_rejects_a_folder_without_one(tmp_path):
-  from configs import quickstart  # pylint: disable=import-outside-toplevel
+  from configs import scratch  # pylint: disable=import-outside-toplevel
   from rl_curriculum.model import hf_io  # pylint: disable=import-outside-toplevel
   from rl_curriculum.model.config import PRESETS  # pylint: disable=import-outside-toplevel
   from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
-  config = quickstart.get_config()
+  config = scratch.get_config()
   config.model.source = str(tmp_path)
   config.model.dtype = "bfloat16"
   config.model.scan_layers = True

@@ -8,7 +8,7 @@ import optax
 import pytest
 from flax import nnx
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
@@ -266,7 +266,7 @@ def test_kl_term_is_aggregated_like_the_policy_loss(aggregation):
 
 
 def test_k1_as_a_loss_is_rejected():
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.rl.kl_coef, c.rl.kl_estimator = 0.1, "k1"
   with pytest.raises(validation.ConfigError, match="config.rl.kl_estimator: k1 cannot be a loss"):
     validation.validate(c)

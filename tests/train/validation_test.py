@@ -4,18 +4,18 @@ import re
 
 import pytest
 
-from configs import quickstart
+from configs import scratch
 from rl_curriculum.train import builders, validation
 import test_util
 
 
 def _config(**fields):
-  c = quickstart.get_config()
+  c = scratch.get_config()
   return test_util.set_fields(c, **fields)
 
 
 def test_the_shipped_config_is_valid():
-  validation.validate(quickstart.get_config())
+  validation.validate(scratch.get_config())
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -91,7 +91,7 @@ def test_a_whole_number_of_oversampled_prompts_is_accepted():
     ("adarft", dict(beta=2.0), "adarft: beta must lie in"),
 ])
 def test_curriculum_option_values_are_checked_by_building_it(name, options, message):
-  c = quickstart.get_config()
+  c = scratch.get_config()
   c.curriculum.name = name
   c.curriculum.options = options
   with pytest.raises(validation.ConfigError, match="config.curriculum.options: " + message):
