@@ -1,8 +1,8 @@
 """Tests of rl_curriculum/train/data.py: held-out prompts are never trained on, whatever the bin.
 
-The arithmetic task with the scratch config's bins (train 0-5, evaluate 0-11), smaller counts per bin.
-Bin spaces used below, enumerated by hand: add_1d_1d (bin 0) 100 prompts, add_2d_2d (bin 2) 8100,
-mul_1d_1d (bin 4) 64.
+The arithmetic task with the scratch config's bins (train 0-5, evaluate 0-11), smaller counts
+per bin. Bin spaces used below, enumerated by hand: add_1d_1d (bin 0) 100 prompts, add_2d_2d
+(bin 2) 8100, mul_1d_1d (bin 4) 64.
 """
 
 import os
@@ -288,3 +288,17 @@ def test_splits_take_a_size_per_bin_and_pools_take_arms_per_bin(tmp_path):
   expected = [0.0] * 12 + [float(arithmetic.bin_names.index(n))
                            for n in ["add_2d_2d"] * 5 + ["sub_2d_2d"] * 3]
   assert [float(d) for d in pools.rl.difficulty] == expected
+
+
+def test_the_quickstart_reports_only_bins_with_its_full_held_out_count():
+  # The main job's table claims 200 unseen problems in every bin it reports.
+  from configs import quickstart  # pylint: disable=import-outside-toplevel
+  c = quickstart.get_config()
+  task = tasks.get_task(c.task.name, template=c.task.template)
+  got = data.make_splits(task, c.task.train_bins, c.task.eval_bins,
+                         train_per_bin=c.task.train_per_bin, sft_per_bin=c.task.sft_per_bin,
+                         eval_per_bin=c.task.eval_per_bin,
+                         held_out_fraction=c.task.held_out_fraction)
+  assert c.task.eval_per_bin >= 200
+  assert {b: s.count for b, s in got.sizes.items()} == {b: c.task.eval_per_bin
+                                                         for b in c.task.eval_bins}
