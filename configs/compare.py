@@ -15,7 +15,7 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
 - scratch: configs/scratch.py (the arithmetic ladder, the tiny model and its SFT warm start),
   RLOO, 80 steps of 16 prompts x 8 = 10,240 rollouts a run, evaluated every 1,280. Measured
   under the setting's former name, quickstart (5 seeds, 2e-5 and 4e-5 swept; held-out sets not
-  yet disjoint from training then; benchmarks/results/curricula_quickstart.md): every run starts
+  yet disjoint from training then; benchmarks/results/curricula_scratch.md): every run starts
   at 79.3% held-out accuracy; tuned uniform ends at 79.1%, SEC at 82.8% [81.3, 84.3]; about 2
   minutes a run on one core.
 - countdown: three to five source numbers (no out-of-distribution bin) with the tiny model trained
