@@ -4,7 +4,7 @@
 
 The base config: every field of every config is set and documented here, and the other configs
 start from this one (the quickstart puts SmolLM2-135M-Instruct in the model's place). This
-setting is the tests', the notebooks' and the comparisons' small model.
+setting is the tests', the notebooks' and most comparisons' small model.
 
 What it does: trains a SentencePiece tokenizer and a ~3M-parameter transformer from scratch on
 the arithmetic ladder (a short SFT warm start, cached in the workdir), then runs RL with RLOO
