@@ -102,6 +102,8 @@ def get_config() -> ml_collections.ConfigDict:
                                     # number of decode slots refilled from a queue of rows, each
                                     # prompt's keys and values stored once per group)
   c.rl.decode_slots = 64            # continuous: decode slots (a multiple of data x fsdp)
+  c.rl.decode_shrink = 3            # continuous: halve the slots up to this many times once the
+                                    # rows left fit (the tail's slot-steps; same tokens; 0 = fixed)
   c.rl.prefill_chunk = 0            # prompt positions per prefill pass (0 = the whole prompt;
                                     # at most the prompt buffer)
   c.rl.temperature = 1.0            # sampling temperature; the losses' log-probs are those of

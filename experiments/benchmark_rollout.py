@@ -6,7 +6,8 @@
 For each model and workload it rolls out R = P x G rows with the static engine (`sampler`, a
 decode row per rollout row until the longest completion of its call ends, as many rows per call
 as fit in the cache memory) and with the continuous engine (`sampling.continuous`, `--slots`
-decode slots refilled from a queue, each prompt's keys and values stored once), both given the
+decode slots refilled from a queue, halved up to `--shrink` times as the rows run out, each
+prompt's keys and values stored once; `continuous_fixed`: the same on fixed slots), all given the
 same cache memory: the static engine's rows per call are the most whole groups whose caches
 (Tp + N slots each) fit in the continuous engine's P x Tp prompt slots plus S x N completion
 slots. Workloads:
@@ -136,7 +137,7 @@ def _static(policy, w: Workload, rows_per_call: int, key, active):
   return kept, steps, pre_s, dec_s, prefilled
 
 
-def _continuous(policy, w: Workload, slots: int, key, active):
+def _continuous(policy, w: Workload, slots: int, shrink: int, key, active):
   stop = tuple(sorted({w.eos_id, *w.stop_ids}))
   cut = None if w.stop_after is None else jnp.asarray(w.stop_after)
   t0 = time.perf_counter()
@@ -146,9 +147,9 @@ def _continuous(policy, w: Workload, slots: int, key, active):
   t1 = time.perf_counter()
   state = jax.block_until_ready(continuous.run(policy.graphdef, policy.params, state,
                                                jnp.float32(w.temperature), stop_ids=stop,
-                                               group=GROUP))
+                                               group=GROUP, shrink=shrink))
   t2 = time.perf_counter()
-  return (float(state.mask.sum()), int(state.iterations) * slots, t1 - t0, t2 - t1,
+  return (float(state.mask.sum()), int(state.slot_steps), t1 - t0, t2 - t1,
           len(w.tokens) // GROUP * w.tokens.shape[1])
 
 
@@ -167,16 +168,22 @@ def measure(engine, active: np.ndarray, repeats: int) -> dict:
           "decode_over_prefill": (steps / dec_s) / (prefilled / pre_s)}
 
 
-def compare(policy, w: Workload, slots: int, repeats: int, active=None) -> dict:
-  """Both engines on the workload's rows; the static engine at equal cache memory."""
+def compare(policy, w: Workload, slots: int, shrink: int, repeats: int, active=None,
+            fixed: bool = True) -> dict:
+  """Both engines on the workload's rows (the continuous one also on fixed slots when `fixed`
+  and shrink > 0); the static engine at equal cache memory."""
   active = np.ones(len(w.tokens), bool) if active is None else active
   prompts, tp = len(w.tokens) // GROUP, w.tokens.shape[1]
   per_call = static_rows_per_call(prompts, tp, w.max_new_tokens, slots)
   key = jax.random.PRNGKey(0)
-  out = {"static": measure(lambda a: _static(policy, w, per_call, key, a), active, repeats),
-         "continuous": measure(lambda a: _continuous(policy, w, slots, key, a), active, repeats)}
+  engines = {"static": lambda a: _static(policy, w, per_call, key, a),
+             "continuous": lambda a: _continuous(policy, w, slots, shrink, key, a)}
+  if fixed and shrink:
+    engines["continuous_fixed"] = lambda a: _continuous(policy, w, slots, 0, key, a)
+  out = {name: measure(engine, active, repeats) for name, engine in engines.items()}
   out["static"]["rows_per_call"] = per_call
-  out["continuous"]["slots"] = slots
+  out["continuous"].update(slots=slots, shrink=shrink,
+                           stage_slots=list(continuous.stage_slots(slots, 1, shrink)))
   cache_slots = prompts * tp + slots * w.max_new_tokens
   out["cache_slot_budget"] = cache_slots
   out["speedup"] = out["continuous"]["tokens_per_s"] / out["static"]["tokens_per_s"]
@@ -188,7 +195,7 @@ def compare(policy, w: Workload, slots: int, repeats: int, active=None) -> dict:
   return out
 
 
-def skip_pass(policy, w: Workload, slots: int, full: dict) -> dict:
+def skip_pass(policy, w: Workload, slots: int, shrink: int, full: dict) -> dict:
   """The long-tailed rows with 40% of the groups inactive: saved rollouts against saved
   slot-steps, per engine (`full`: the same rows' `compare` with every group active)."""
   rng = np.random.default_rng(1)
@@ -197,7 +204,7 @@ def skip_pass(policy, w: Workload, slots: int, full: dict) -> dict:
   active = np.ones(groups, bool)
   active[skipped] = False
   active = np.repeat(active, GROUP)
-  part = compare(policy, w, slots, 1, active)
+  part = compare(policy, w, slots, shrink, 1, active, fixed=False)
   out = {"rollouts_saved_frac": 1 - active.mean()}
   for engine in ("static", "continuous"):
     saved = 1 - part[engine]["slot_steps"] / full[engine]["slot_steps"]
@@ -215,7 +222,7 @@ def load(name: str):
   return pretrained.load_pretrained("smollm2-135m-instruct", dtype="float32")
 
 
-def run_model(name: str, quick: bool, slots: int, repeats: int) -> dict:
+def run_model(name: str, quick: bool, slots: int, shrink: int, repeats: int) -> dict:
   policy = load(name)
   # Rows per slot decide how much of a call the longest row alone occupies: 16 here (8 for
   # SmolLM2, to keep its run to minutes on 2 cores).
@@ -227,28 +234,32 @@ def run_model(name: str, quick: bool, slots: int, repeats: int) -> dict:
     prompts, tp, n = 64, 32, 96
   timing.log(f"{name}: long tail, {prompts * GROUP} rows, {slots} slots")
   tail = long_tail(policy, prompts, tp, n)
-  out = {"long_tail": compare(policy, tail, slots, repeats)}
+  out = {"long_tail": compare(policy, tail, slots, shrink, repeats)}
   timing.log(f"{name}: tasks")
   out["tasks"] = compare(policy, task_rows(policy, prompts, 24 if name != "tiny" else n // 4),
-                         slots, repeats)
+                         slots, shrink, repeats)
   timing.log(f"{name}: skipped groups")
-  out["skipped"] = skip_pass(policy, tail, slots, out["long_tail"])
+  out["skipped"] = skip_pass(policy, tail, slots, shrink, out["long_tail"])
   return out
 
 
 def markdown(results: dict) -> str:
   lines = ["# Rollout engines: static vs continuous at equal cache memory", "",
            f"{results['environment'].get('cpu', 'this machine')}; "
-           f"{results['slots']} decode slots for the continuous engine. "
+           f"{results['slots']} decode slots for the continuous engine, halved up to "
+           f"{results.get('shrink', 0)} times as the rows run out (`continuous_fixed`: never). "
            "Written by `python -m experiments.benchmark_rollout`.", "",
            "| model | workload | engine | slot utilisation | tokens/s | decode/prefill | "
            "speedup |", "|---|---|---|---|---|---|---|"]
   for model, per in results["models"].items():
     for workload in ("long_tail", "tasks"):
       r = per[workload]
-      for engine in ("static", "continuous"):
+      for engine in ("static", "continuous_fixed", "continuous"):
+        if engine not in r:
+          continue
         e = r[engine]
-        speed = f"{r['speedup']:.2f}x" if engine == "continuous" else ""
+        speed = (f"{e['tokens_per_s'] / r['static']['tokens_per_s']:.2f}x"
+                 if engine != "static" else "")
         lines.append(f"| {model} | {workload} | {engine} | {e['slot_utilisation']:.3f} | "
                      f"{e['tokens_per_s']:.1f} | {e['decode_over_prefill']:.2f} | {speed} |")
   lines += ["", "Skipped groups (40% of the long-tailed rows' groups inactive): share of decode "
@@ -267,6 +278,7 @@ def define_flags() -> None:
   flags.DEFINE_bool("quick", False, "tiny model only, small sizes (a smoke test)")
   flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
   flags.DEFINE_integer("slots", 64, "decode slots of the continuous engine")
+  flags.DEFINE_integer("shrink", 3, "halvings of the continuous engine's slots as rows run out")
   flags.DEFINE_integer("repeats", 1, "timed calls per engine after the compiling one")
 
 
@@ -274,10 +286,11 @@ def main(argv):
   del argv
   models = ("tiny",) if FLAGS.quick else ("tiny", "smollm2")
   slots = 8 if FLAGS.quick else FLAGS.slots
-  results = {"environment": peak.environment(), "slots": slots, "group": GROUP,
+  results = {"environment": peak.environment(), "slots": slots, "shrink": FLAGS.shrink,
+             "group": GROUP,
              "quick": FLAGS.quick, "models": {}}
   for name in models:
-    results["models"][name] = run_model(name, FLAGS.quick, slots, FLAGS.repeats)
+    results["models"][name] = run_model(name, FLAGS.quick, slots, FLAGS.shrink, FLAGS.repeats)
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   path = os.path.join(FLAGS.out_dir, "rollout_engine")
   with open(path + ".json", "w") as f:

@@ -228,7 +228,8 @@ def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, 
 
 def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   """Both engines' programs: the static sampler's prefill and decode, the continuous engine's
-  start and run (with config.rl.decode_slots slots)."""
+  start and run (with config.rl.decode_slots slots, halved up to config.rl.decode_shrink
+  times)."""
   options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
   shared = dict(max_new_tokens=options["max_new_tokens"], pad_id=options["pad_id"],
@@ -238,7 +239,8 @@ def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   return {"static": _plan_programs(*args, sampler.prefill, sampler.decode, shared, loop),
           "continuous": _plan_programs(*args, continuous.start, continuous.run,
                                        {**shared, "slots": config.rl.decode_slots},
-                                       {**loop, "group": options["group"]})}
+                                       {**loop, "group": options["group"],
+                                        "shrink": config.rl.decode_shrink})}
 
 
 def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:

@@ -78,6 +78,7 @@ class Programs(NamedTuple):
                            # stop_ids, pad_id, group, mesh, prefill_chunk)
   engine: str              # config.rl.engine: static | continuous
   slots: int               # the continuous engine's decode slots (config.rl.decode_slots)
+  shrink: int              # and their halvings as the rows run out (config.rl.decode_shrink)
   train_shardings: Any     # of the train state, by logical axes
   base_shardings: Any      # of the frozen base (None without LoRA)
   ref_shardings: Any       # of the KL reference's weights (None without one)
@@ -149,7 +150,7 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
                    stop_ids=tuple(tokens.stop_ids), pad_id=tokens.pad_id,
                    group=budget.group_slots(config), mesh=mesh,
                    prefill_chunk=config.rl.prefill_chunk),
-      engine=config.rl.engine, slots=config.rl.decode_slots,
+      engine=config.rl.engine, slots=config.rl.decode_slots, shrink=config.rl.decode_shrink,
       train_shardings=train_shardings,
       base_shardings=(None if model.frozen is None
                       else mesh_lib.param_shardings(model.frozen, mesh)),
@@ -225,7 +226,7 @@ def sample(programs: Programs, params: Any, prompt_tokens: jax.Array, prompt_mas
   if programs.engine == "continuous":
     return continuous.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
                              temperature=temperature, active=active, slots=programs.slots,
-                             **programs.sampler)
+                             shrink=programs.shrink, **programs.sampler)
   rollout = sampler.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
                            temperature=temperature, active=active, **programs.sampler)
   steps = jnp.max(jnp.sum(rollout.mask, axis=1)).astype(jnp.int32)

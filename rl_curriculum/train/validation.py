@@ -212,14 +212,17 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
 
 
 def _validate_engine(rl: ml_collections.ConfigDict) -> None:
-  """config.rl's rollout engine: a known engine, positive decode slots, a prefill chunk >= 0
-  (the mesh and the prompt buffer are checked where they are known: `check_decode_slots`,
-  `check_prefill_chunk`)."""
+  """config.rl's rollout engine: a known engine, positive decode slots, halvings and a prefill
+  chunk >= 0 (the mesh and the prompt buffer are checked where they are known:
+  `check_decode_slots`, `check_prefill_chunk`)."""
   if rl.engine not in ENGINES:
     _fail("rl.engine", f"must be one of {ENGINES}, got {rl.engine!r}")
   if not isinstance(rl.decode_slots, int) or rl.decode_slots < 1:
     _fail("rl.decode_slots", f"must be a whole number >= 1 (decode slots of the continuous "
           f"engine), got {rl.decode_slots!r}")
+  if not isinstance(rl.decode_shrink, int) or rl.decode_shrink < 0:
+    _fail("rl.decode_shrink", f"must be a whole number >= 0 (halvings of the decode slots, 0 = "
+          f"fixed), got {rl.decode_shrink!r}")
   if not isinstance(rl.prefill_chunk, int) or rl.prefill_chunk < 0:
     _fail("rl.prefill_chunk", f"must be a whole number >= 0 (0 = the whole prompt), got "
           f"{rl.prefill_chunk!r}")

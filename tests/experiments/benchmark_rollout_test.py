@@ -23,13 +23,13 @@ def test_static_rows_per_call_spend_the_same_cache():
 
 @pytest.fixture(scope="module")
 def quick():
-  return bench.run_model("tiny", quick=True, slots=8, repeats=1)
+  return bench.run_model("tiny", quick=True, slots=8, shrink=2, repeats=1)
 
 
 def test_quick_run_reports_both_engines(quick, tmp_path):
   for workload in ("long_tail", "tasks"):
     r = quick[workload]
-    for engine in ("static", "continuous"):
+    for engine in ("static", "continuous", "continuous_fixed"):
       e = r[engine]
       assert 0 < e["slot_utilisation"] <= 1
       assert e["tokens_per_s"] > 0 and e["decode_over_prefill"] > 0
@@ -37,12 +37,15 @@ def test_quick_run_reports_both_engines(quick, tmp_path):
     assert r["speedup"] == pytest.approx(r["continuous"]["tokens_per_s"]
                                          / r["static"]["tokens_per_s"])
   tail = quick["long_tail"]
-  assert tail["continuous"]["slot_utilisation"] > tail["static"]["slot_utilisation"]
+  assert (tail["continuous"]["slot_utilisation"] > tail["continuous_fixed"]["slot_utilisation"]
+          > tail["static"]["slot_utilisation"])
+  assert tail["continuous"]["stage_slots"] == [8, 4, 2]
   assert tail["continuous"]["tokens_kept"] == sum_lengths(tail)
   skipped = quick["skipped"]
   assert 0 < skipped["continuous"]["slot_steps_saved_frac"] <= 1
-  text = bench.markdown({"environment": {}, "slots": 8, "models": {"tiny": quick}})
+  text = bench.markdown({"environment": {}, "slots": 8, "shrink": 2, "models": {"tiny": quick}})
   assert "| tiny | long_tail | continuous |" in text
+  assert "| tiny | long_tail | continuous_fixed |" in text
   json.dumps(quick)  # what main writes
 
 

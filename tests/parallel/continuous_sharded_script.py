@@ -1,7 +1,8 @@
 """Continuous engine on 8 fake CPU devices: rows, prompts and decode slots over the batch axes.
 
 Run by continuous_sharded_test.py as `python continuous_sharded_script.py OUT.json SHAPE...`; for
-each mesh shape (data,fsdp,tensor) it samples greedily and with per-row keys on the mesh and on
+each mesh shape (data,fsdp,tensor) it samples greedily and with per-row keys on the mesh (8
+slots), and with per-row keys on 16 slots halved twice as the rows run out ("shrunk"), against
 one device, and writes how far the results are apart and where the caches live.
 """
 
@@ -38,14 +39,15 @@ def _inputs():
   return prompts, mask, active, stop_after
 
 
-def _sample(params, graphdef, inputs, greedy, mesh=None):
+def _sample(params, graphdef, inputs, greedy, mesh=None, slots=8, shrink=0):
   prompts, mask, active, stop_after = inputs
   if mesh is not None:
     rows = lambda x: distributed.place(jnp.asarray(x), mesh_lib.batch_sharding(mesh, x.ndim))
     prompts, mask, active, stop_after = map(rows, (prompts, mask, active, stop_after))
   return continuous.sample(graphdef, params, prompts, mask, jax.random.PRNGKey(4),
-                           max_new_tokens=N, eos_id=V, slots=8, temperature=0.9, greedy=greedy,
-                           group=G, mesh=mesh, active=active, stop_after=stop_after)
+                           max_new_tokens=N, eos_id=V, slots=slots, temperature=0.9,
+                           greedy=greedy, group=G, mesh=mesh, active=active,
+                           stop_after=stop_after, shrink=shrink)
 
 
 def main(out_path, shapes):
@@ -59,15 +61,16 @@ def main(out_path, shapes):
     mesh = mesh_lib.make_mesh(shape)
     placed = distributed.place(params, mesh_lib.param_shardings(params, mesh))
     out = {}
-    for greedy, ref in refs.items():
-      gen = _sample(placed, graphdef, inputs, greedy, mesh)
-      host = jax.device_get(gen)
-      name = "greedy" if greedy else "sampled"
+    for name, greedy, slots, shrink in (("greedy", True, 8, 0), ("sampled", False, 8, 0),
+                                        ("shrunk", False, 16, 2)):
+      gen = _sample(placed, graphdef, inputs, greedy, mesh, slots, shrink)
+      host, ref = jax.device_get(gen), refs[greedy]
       out[name] = {
           "tokens_equal": bool((host.rollout.tokens == ref.rollout.tokens).all()),
           "mask_equal": bool((host.rollout.mask == ref.rollout.mask).all()),
           "logprobs_diff": float(np.abs(host.rollout.logprobs - ref.rollout.logprobs).max()),
           "tokens_kept": float(host.rollout.mask.sum()),
+          "slot_steps": int(host.slot_steps),
           "rows_sharded": not gen.rollout.tokens.sharding.is_fully_replicated}
     results["meshes"][",".join(map(str, shape))] = out
   state = continuous.start(graphdef, placed, *[distributed.place(jnp.asarray(x),

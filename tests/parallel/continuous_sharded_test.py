@@ -1,6 +1,6 @@
 """The continuous engine on 8 fake CPU devices equals it on one, with rows, prompts and decode
 slots split over the batch axes (continuous_sharded_script.py, run in a subprocess so that this
-process keeps one device)."""
+process keeps one device), also with its slots halved as the rows run out."""
 
 import json
 import os
@@ -29,13 +29,14 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+@pytest.mark.parametrize("mode", ["greedy", "sampled", "shrunk"])
 def test_sharded_engine_matches_one_device(results, shape, mode):
   r = results["meshes"][shape][mode]
   assert results["devices"] == 8
   assert r["tokens_equal"] and r["mask_equal"] and r["rows_sharded"]
   assert r["logprobs_diff"] <= 1e-5
   assert 0 < r["tokens_kept"] < 16 * 7  # skipped rows and short rows kept nothing past their end
+  assert r["slot_steps"] >= r["tokens_kept"]
 
 
 def test_caches_are_split_over_the_batch_shards(results):

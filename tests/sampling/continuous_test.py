@@ -43,11 +43,12 @@ def _prompts(seed=0):
   return tokens, mask
 
 
-def _both(model, slots, *, key=1, **kwargs):
+def _both(model, slots, *, key=1, shrink=0, **kwargs):
   tokens, mask = _prompts()
   kwargs = dict(max_new_tokens=N, group=G, **{"eos_id": NEVER, **kwargs})
   static = sampler.sample(*model, tokens, mask, jax.random.PRNGKey(key), **kwargs)
-  gen = continuous.sample(*model, tokens, mask, jax.random.PRNGKey(key), slots=slots, **kwargs)
+  gen = continuous.sample(*model, tokens, mask, jax.random.PRNGKey(key), slots=slots,
+                          shrink=shrink, **kwargs)
   return jax.device_get(static), jax.device_get(gen)
 
 
@@ -118,6 +119,28 @@ def test_long_tail_lengths_keep_the_slots_busy(model):
   assert kept / gen.slot_steps >= 2 * kept / (R * N)
 
 
+def test_stage_slots_halve_while_the_shards_split_evenly():
+  assert continuous.stage_slots(64, 1, 3) == (64, 32, 16, 8)
+  assert continuous.stage_slots(64, 1, 0) == (64,)
+  assert continuous.stage_slots(12, 1, 3) == (12, 6, 3)  # 3 is odd: no fourth halving
+  assert continuous.stage_slots(16, 8, 3) == (16, 8)     # one slot per shard
+  assert continuous.stage_slots(48, 4, 5) == (48, 24, 12)     # 3 a shard: odd
+
+
+@pytest.mark.parametrize("slots,shrink", [(8, 3), (6, 2)])
+def test_shrinking_slots_equal_static_engine_at_fewer_slot_steps(model, slots, shrink):
+  """Long-tailed lengths: the halved stages give every row the static engine's tokens, greedy
+  and sampled, and compute fewer slot-steps than the fixed slots for the same rows."""
+  lengths = np.random.default_rng(0).integers(1, N + 1, R).astype(np.int32)
+  lengths[[1, 9]] = N
+  for kwargs in (dict(greedy=True), dict(temperature=1.3, key=5)):
+    static, fixed = _both(model, slots, stop_after=lengths, **kwargs)
+    _, shrunk = _both(model, slots, stop_after=lengths, shrink=shrink, **kwargs)
+    _assert_same(static, shrunk.rollout)
+    np.testing.assert_array_equal(shrunk.rollout.mask.sum(axis=1), lengths)
+    assert lengths.sum() <= shrunk.slot_steps < fixed.slot_steps
+
+
 def test_chunked_prefill_matches_whole_prefill(model):
   tokens, mask = _prompts(seed=3)
   whole = prompt_prefill.prefill_prompts(*model, tokens[::G], mask[::G])
@@ -184,6 +207,7 @@ def test_compiled_once_per_shape(model):
     (dict(slots=2.5), "slots must be a positive"),
     (dict(slots=4, group=5), "groups of 5"),
     (dict(slots=4, max_new_tokens=0), "max_new_tokens"),
+    (dict(slots=4, shrink=-1), "shrink must be"),
 ])
 def test_bad_settings_raise(model, kwargs, match):
   tokens, mask = _prompts()

@@ -25,20 +25,44 @@ def _config(lora: bool, kl: str):
   return c
 
 
-def _placed_learn_inputs(config, workdir):
-  """The learn step's inputs for one step, as the loop builds and places them: a fresh run
-  state, the KL reference, and a batch the loop's own rollout collected."""
+def _first_rollout(config, workdir):
+  """(run, programs, placed fresh run state, step 1's batch and rollout statistics, its learn
+  key), as the loop builds them."""
   run = prepare.prepare(config, workdir, log=lambda _: None)
   mesh = prepare.run_mesh(config)
   progs, state = loop.fresh_state(config, run, mesh)
   state = programs.place(progs, state)
-  ref = programs.place_reference(progs, programs.reference(config, run.model))
   k_select, k_sample, k_learn, k_filter = loop.step_keys(prepare.rl_root_key(config), 1)
   selection, curriculum = progs.select(state.curriculum, k_select)
   state = state._replace(curriculum=curriculum)
-  batch, _ = rollouts.collect(config, run, progs, rollouts.row_layout(config, mesh), state,
-                              selection, k_sample, k_filter)
+  batch, stats = rollouts.collect(config, run, progs, rollouts.row_layout(config, mesh), state,
+                                  selection, k_sample, k_filter)
+  return run, progs, state, batch, stats, k_learn
+
+
+def _placed_learn_inputs(config, workdir):
+  """The learn step's inputs for one step, as the loop builds and places them: a fresh run
+  state, the KL reference, and a batch the loop's own rollout collected."""
+  run, progs, state, batch, _, k_learn = _first_rollout(config, workdir)
+  ref = programs.place_reference(progs, programs.reference(config, run.model))
   return run, programs.learn_inputs(state, batch, k_learn, ref)
+
+
+def test_the_continuous_engine_collects_the_static_engines_batch(tmp_path):
+  """The loop's rollout on 4 decode slots (halved once as the rows run out) holds the static
+  engine's tokens, mask and scores, log-probs to 1e-5, for fewer slot-steps."""
+  out = {}
+  for engine in ("static", "continuous"):
+    config = toy.get_config()  # its SFT warm start answers, so completions end at EOS
+    config.rl.engine, config.rl.decode_slots, config.rl.decode_shrink = engine, 4, 1
+    workdir = str(tmp_path / engine)
+    test_util.copy_warm_start(test_util.shared_warm_start(config), workdir)
+    out[engine] = jax.device_get(_first_rollout(config, workdir)[3:5])
+  (static, static_stats), (cont, cont_stats) = out["static"], out["continuous"]
+  for field in ("tokens", "mask", "rewards", "correct", "train_groups"):
+    np.testing.assert_array_equal(getattr(cont, field), getattr(static, field), err_msg=field)
+  np.testing.assert_allclose(cont.sampler_logprobs, static.sampler_logprobs, atol=1e-5, rtol=0)
+  assert cont_stats["rollout/slot_steps"] < static_stats["rollout/slot_steps"]
 
 
 @pytest.mark.slow

@@ -123,6 +123,7 @@ def test_mixture_fields_are_named(fields, message):
     (dict(rl__engine="continuous", rl__decode_slots=0), "config.rl.decode_slots: must be a whole "
      "number >= 1"),
     (dict(rl__prefill_chunk=-4), "config.rl.prefill_chunk: must be a whole number >= 0"),
+    (dict(rl__decode_shrink=-1), "config.rl.decode_shrink: must be a whole number >= 0"),
 ])
 def test_engine_fields_are_named(fields, message):
   with pytest.raises(validation.ConfigError, match=re.escape(message)):
