@@ -131,9 +131,9 @@ def test_scanned_forward_and_gradients_equal_unrolled(variant):
 
   grads = loss(graphdef)(params)
   grads_s = loss(graphdef_s)(params_s)
-  # Gradient entries reach about 30, where float32 resolves 4e-6: the kernel tolerance 1e-5,
-  # absolute and relative.
-  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5, rtol=1e-5)
+  # A whole transformer's gradients: the module tolerance. Entries reach about 30 and some near
+  # 0.1 are sums of such terms, so a CPU that vectorises the sums differently moves them by ~2e-5.
+  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-4, rtol=1e-5)
 
 
 def test_scanned_cache_decoding_equals_full_forward_and_unrolled():
@@ -187,9 +187,9 @@ def test_scanned_shared_prefix_equals_unrolled_values_and_gradients():
   for a, b in zip(hiddens_s, hiddens):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
   np.testing.assert_allclose(loss_s, loss, rtol=1e-5)
-  # Gradient entries reach about 30, where float32 resolves 4e-6: the kernel tolerance 1e-5,
-  # absolute and relative.
-  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-5, rtol=1e-5)
+  # A whole transformer's gradients: the module tolerance. Entries reach about 30 and some near
+  # 0.1 are sums of such terms, so a CPU that vectorises the sums differently moves them by ~2e-5.
+  _assert_states_equal(grads_s, layer_stacking.stack_layers(grads), atol=1e-4, rtol=1e-5)
 
 
 # --- rematerialisation ---------------------------------------------------------------------------
@@ -237,9 +237,9 @@ def test_remat_with_a_cache_keeps_shared_prefix_gradients():
       return jnp.sum(jnp.sin(hidden))
     return jax.jit(jax.grad(f))(params)
 
-  # The simple-kernel tolerance, as everywhere in this file: XLA may order the recomputed
-  # forward's sums differently from the saved one's (gradients up to ~5 here).
-  _assert_states_equal(grad(graphdef_r), grad(graphdef), atol=1e-5)
+  # A whole transformer's gradients, up to ~26 here: the module tolerance. XLA may order the
+  # recomputed forward's sums differently from the saved one's.
+  _assert_states_equal(grad(graphdef_r), grad(graphdef), atol=1e-4, rtol=1e-5)
 
 
 # --- program size ---------------------------------------------------------------------------------

@@ -235,8 +235,10 @@ def test_vcrl_mask_trains_only_the_high_variance_groups():
   # The same update as training on groups 0 and 1 alone (padding slots for the others).
   alone = _batch(rewards)._replace(train_valid=jnp.array([True, True, False, False]))
   alone_state, _, alone_metrics = _step(alone, vcrl)
+  # Two programs that differ in their padding slots: the kernel tolerance (the sums may be
+  # ordered differently; 1.4e-6 seen on one CPU).
   for a, b in zip(_leaves(masked_state.params), _leaves(alone_state.params)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(a, b, atol=1e-5)
   everything, _, _ = _step(_batch(rewards), vcrl)
   assert any(not np.allclose(a, b) for a, b in zip(_leaves(masked_state.params),
                                                     _leaves(everything.params)))
