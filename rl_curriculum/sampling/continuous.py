@@ -238,7 +238,9 @@ def run(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=Fals
   static (stop_ids a sorted tuple of ints)."""
   rows, shards = state.tokens.shape[0], state.queue.shape[0]
   stop = jnp.asarray(stop_ids, jnp.int32)
-  scanned = transformer.merge_params(graphdef, params).config.scan_layers
+  config = transformer.merge_params(graphdef, params).config
+  scanned = config.scan_layers
+  params = mesh_lib.gathered_vocab_weights(params, mesh, config.dtype)  # once for every stage
   layout = None if mesh is None else (lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh,
                                                                                    axis))
 
