@@ -13,20 +13,28 @@ logits in chunks of 128 positions:
   - memory: XLA's analysis of the compiled learn step (what `experiments/plan.py` reports, here
     from the GPU compiler and from the CPU compiler of the same programs) and the device's
     measured peak (`memory_stats()["peak_bytes_in_use"]`).
-Writes one JSON.
+Before that, both rollout engines (`experiments/benchmark_rollout.py`'s long-tailed workload:
+completion lengths log-normal, p90 about 4.7x the median) on the same models in bfloat16, static
+against continuous at equal cache memory, `ROLLOUT` sizes: slot utilisation, tokens/s and the
+speed-up, as in benchmarks/results/rollout_engine.json.
+
+Writes one JSON, after every part (a part that fails records its error and the next one runs).
 """
 
 import argparse
 import json
 import os
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import benchmark_rollout
 from rl_curriculum import curriculum as cur
+from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import PRESETS
 from rl_curriculum.sampling import sampler
@@ -40,6 +48,10 @@ PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "TPU v5p"
          "TPU v4": 275e12}
 P, G, TP, T = 64, 8, 256, 512
 SMOKE = (8, 2, 8, 8)   # --smoke: the tiny model at these sizes, to check the script on a CPU
+# Rollout engines: prompts (x 8 rows), prompt length, max new tokens, decode slots, halvings. The
+# static engine's rows per call at equal cache memory come to 240, a divisor of the 960 rows.
+ROLLOUT = (120, 128, 1024, 256, 3)
+ROLLOUT_SMOKE = (4, 16, 32, 8, 2)
 
 
 def _peak_flops(kind: str):
@@ -154,6 +166,40 @@ def measure(preset: str, sizes=(P, G, TP, T)) -> dict:
   }
 
 
+def rollout_engines(preset: str, sizes=ROLLOUT) -> dict:
+  """Static and continuous engines on the long-tailed rows of a random-init `preset` (bfloat16
+  weights and caches), as `experiments.benchmark_rollout` measures them on the CPU."""
+  prompts, tp, n, slots, shrink = sizes
+  extra = {"vocab_size": 256} if preset == "tiny" else {}
+  config = PRESETS[preset](dtype="bfloat16", param_dtype="bfloat16", scan_layers=True, **extra)
+  graphdef, params = transformer.init_model(config, seed=0)
+  policy = pretrained.Policy(config=config, graphdef=graphdef, params=params, tokenizer=None,
+                             context_length=tp + n)
+  rows = benchmark_rollout.long_tail(policy, prompts, tp, n)
+  out = benchmark_rollout.compare(policy, rows, slots, shrink, repeats=1)
+  out["model"], out["params"] = preset, config.num_params
+  return out
+
+
+def _write(report, out):
+  with open(out, "w") as f:
+    json.dump(report, f, indent=1)
+
+
+def _part(report, key, out, fn, *args):
+  """Runs one measurement into report[key] (its error message if it fails), then writes."""
+  t0 = time.time()
+  try:
+    result = fn(*args)
+  except Exception as e:  # pylint: disable=broad-except
+    traceback.print_exc()
+    result = {"error": f"{type(e).__name__}: {e}"[:2000]}
+  result["wall_s"] = time.time() - t0
+  report[key].append(result)
+  print(json.dumps(result), flush=True)
+  _write(report, out)
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="")
@@ -164,17 +210,19 @@ def main():
   device = jax.devices()[0]
   report = {"device": device.device_kind, "platform": device.platform,
             "bf16_peak_flops": _peak_flops(device.device_kind), "jax": jax.__version__,
-            "runs": []}
-  presets = ("tiny",) if args.smoke else ("qwen2_5_0_5b", "qwen2_5_1_5b")
-  for preset in presets:
-    if report["runs"] and time.time() - start > args.budget_s / 2:
-      break   # the second model takes about as long as the first
-    report["runs"].append(measure(preset, SMOKE if args.smoke else (P, G, TP, T)))
-    print(json.dumps(report["runs"][-1]), flush=True)
+            "rollout_engines": [], "runs": []}
   out = args.out or os.path.join("benchmarks", "results",
                                  f"gpu_{device.device_kind.replace(' ', '_')}.json")
-  with open(out, "w") as f:
-    json.dump(report, f, indent=1)
+  presets = ("tiny",) if args.smoke else ("qwen2_5_0_5b", "qwen2_5_1_5b")
+  for preset in presets:
+    if report["rollout_engines"] and time.time() - start > args.budget_s / 4:
+      break
+    _part(report, "rollout_engines", out, rollout_engines, preset,
+          ROLLOUT_SMOKE if args.smoke else ROLLOUT)
+  for preset in presets:
+    if report["runs"] and time.time() - start > args.budget_s * 2 / 3:
+      break   # the second model takes about as long as the first
+    _part(report, "runs", out, measure, preset, SMOKE if args.smoke else (P, G, TP, T))
   print(f"wrote {out}")
 
 
