@@ -126,8 +126,6 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=F
   num_new = state.tokens.shape[1]
   prompt_len = state.key_mask.shape[1] - num_new
   stop = jnp.asarray(stop_ids, jnp.int32)
-  params = mesh_lib.gathered_vocab_weights(
-      params, mesh, transformer.merge_params(graphdef, params).config.dtype)
 
   def running(s):
     return (s.step < num_new) & ~jnp.all(s.done)

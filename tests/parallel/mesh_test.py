@@ -179,3 +179,21 @@ def test_constrain_rows_leaves_rows_that_do_not_divide_to_gspmd(monkeypatch):
                                             jnp.zeros((n, 2)))
   assert len(constrained(8)) == 1
   assert constrained(6) == []
+
+
+def test_gathered_vocab_weights_casts_only_the_vocabulary_weights():
+  config = ModelConfig.tiny(vocab_size=64, dtype="bfloat16", param_dtype="float32")
+  _, params = transformer.init_model(config, seed=0)
+  gathered = mesh_lib.gathered_vocab_weights(params, None, jnp.bfloat16)
+  flat = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+  out = dict(jax.tree_util.tree_flatten_with_path(gathered)[0])
+  assert flat.keys() == out.keys()
+  for path, x in flat.items():
+    names = jax.tree_util.keystr(path)
+    if "embed" in names and x.shape[0] == 64:   # the tied embedding: [vocab, d_model]
+      assert out[path].dtype == jnp.bfloat16
+      np.testing.assert_array_equal(np.asarray(out[path]), np.asarray(x.astype(jnp.bfloat16)))
+    else:
+      assert out[path].dtype == x.dtype
+      np.testing.assert_array_equal(np.asarray(out[path]), np.asarray(x))
+  assert any(out[p].dtype == jnp.bfloat16 for p in out)
