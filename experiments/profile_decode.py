@@ -3,7 +3,7 @@
   python -m experiments.profile_decode            # SmolLM2-135M-Instruct, 64 slots, ~2 min
   python -m experiments.profile_decode --quick    # the tiny model, seconds
 
-The rollout benchmark measures decode at 0.25-0.54 of prefill's per-token rate. This profile
+The rollout benchmark measures decode at 0.23-0.57 of prefill's per-token rate. This profile
 times, on `--slots` decode slots with every slot busy, one iteration of the continuous engine's
 decode loop and its parts, each as its own jitted program (median of `--repeats` calls):
 
