@@ -1,5 +1,4 @@
-"""experiments/profile_decode.py on the tiny model: its parts add up and its FLOP count is the
-model's."""
+"""experiments/profile_decode.py on the tiny model: what it times and its FLOP count."""
 
 import jax
 import numpy as np
@@ -20,14 +19,17 @@ def test_flops_per_token_count_every_weight_of_the_blocks_and_the_head():
   assert flops["head"] == 2 * sizes["embed/value"]
 
 
-def test_parts_add_up_to_the_iteration():
+def test_profile_measures_each_part_and_reads_the_keys_it_says():
   policy = benchmark_rollout.load("tiny")
   r = profile_decode.profile(policy, slots=8, prompts=2, tp=8, n=8, repeats=1)
-  parts = ("blocks", "attention", "head", "draw", "bookkeeping")
-  assert sum(r[p + "_s"] for p in parts) == pytest.approx(r["loop_iteration_s"])
-  assert sum(r["shares"].values()) == pytest.approx(1.0)
-  assert r["decode_over_prefill"] == pytest.approx(r["decode_tok_s"] / r["prefill_tok_s"])
+  for part in ("loop_iteration", "forward", "head", "draw", "prefill"):
+    assert r[part + "_s"] > 0, part
+  # Keys read at completion lengths 2, n, 4n: the prompt's 8, half the completion, the new token.
+  assert list(r["forward_s_by_keys"]) == ["10", "13", "25"]
+  assert np.isfinite(r["attention_s_per_key"])
+  assert r["decode_tok_s"] == pytest.approx(8 / r["loop_iteration_s"])
+  assert r["prefill_tok_s"] == pytest.approx(2 * 8 / r["prefill_s"])
   assert 0 < r["decode_over_prefill_at_equal_flop_rate"] <= 1
-  assert len(r["forward_s_by_keys"]) == 3 and np.isfinite(r["attention_s_per_key"])
-  assert "| attention |" in profile_decode.markdown({"environment": {}, "model": "tiny",
-                                                     "profile": r})
+  text = profile_decode.markdown({"environment": {}, "model": "tiny", "profile": r})
+  for part in ("blocks", "attention", "head", "draw", "bookkeeping"):
+    assert f"| {part} |" in text
