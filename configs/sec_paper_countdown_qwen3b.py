@@ -17,7 +17,8 @@ fit: bfloat16 compute on float32 master parameters and Adam moments, scanned lay
 block), each block rematerialised in the backward pass, gradient accumulation over
 `rl.microbatches`, the continuous rollout engine (512 decode slots for 2048 rows, one copy of
 each prompt's keys and values), the output head in chunks of `rl.logits_chunk` positions (no [rows, T, vocab]
-logits), and the old-policy pass one microbatch of rows at a time.
+logits), vocabulary-parallel in the policy loss (each device computes the logits and the head
+gradient of its share of the vocabulary), and the old-policy pass one microbatch of rows at a time.
 
 Not measured: nothing in this file has been run at this size (the planner compiles it on CPU);
 the numbers below are the paper's setting, the rest are this project's defaults.

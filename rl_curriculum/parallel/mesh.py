@@ -205,6 +205,22 @@ def param_shardings(params: Any, mesh: Mesh,
   return tree_shardings(params, mesh, rules)
 
 
+def _vocab_weights(params: Any, recast: Any) -> Any:
+  """`params` with `recast(value, logical)` applied to each weight that has a `vocab` axis (the
+  embedding, an untied head); other leaves unchanged."""
+
+  def one(x):
+    if not isinstance(x, nnx.Variable):
+      return x
+    value = x.get_value() if hasattr(x, "get_value") else x.value
+    logical = tuple(nnx.get_partition_spec(x).get_value() or ())
+    if value is None or "vocab" not in logical:
+      return x
+    return x.replace(recast(value, logical))
+
+  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 def gathered_vocab_weights(params: Any, mesh: Optional[Mesh], dtype: Any,
                            rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
   """`params` with each weight that has a `vocab` axis (the embedding, an untied head) in the
@@ -215,21 +231,60 @@ def gathered_vocab_weights(params: Any, mesh: Optional[Mesh], dtype: Any,
   model computes with are unchanged (it casts them to `dtype` where it reads them)."""
   rules = LOGICAL_AXIS_RULES if rules is None else rules
 
-  def one(x):
-    if not isinstance(x, nnx.Variable):
-      return x
-    value = x.get_value() if hasattr(x, "get_value") else x.value
-    logical = tuple(nnx.get_partition_spec(x).get_value() or ())
-    if value is None or "vocab" not in logical:
-      return x
+  def recast(value, logical):
     value = value.astype(dtype)
-    if mesh is not None:
-      kept = tuple(name if name == "vocab" else None for name in logical)
-      value = jax.lax.with_sharding_constraint(
-          value, NamedSharding(mesh, logical_to_mesh(kept, value.shape, mesh, rules)))
-    return x.replace(value)
+    if mesh is None:
+      return value
+    kept = tuple(name if name == "vocab" else None for name in logical)
+    return jax.lax.with_sharding_constraint(
+        value, NamedSharding(mesh, logical_to_mesh(kept, value.shape, mesh, rules)))
 
-  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return _vocab_weights(params, recast)
+
+
+def vocab_axes(size: int, mesh: Mesh) -> Tuple[str, ...]:
+  """The mesh axes (in `MESH_AXES` order, those of size > 1) over which a vocabulary of `size`
+  entries is split by `vocab_sharded_weights`: each one kept if its size times that of the axes
+  kept before it divides `size`."""
+  kept = []
+  for axis in MESH_AXES:
+    n = mesh.shape[axis]
+    if n > 1 and size % (math.prod(mesh.shape[a] for a in kept) * n) == 0:
+      kept.append(axis)
+  return tuple(kept)
+
+
+def _vocab_spec(ndim: int, vocab_dim: int, axes: Tuple[str, ...]) -> PartitionSpec:
+  spec = [None] * ndim
+  spec[vocab_dim] = axes if len(axes) > 1 else (axes[0] if axes else None)
+  return PartitionSpec(*spec)
+
+
+def vocab_sharded_weights(params: Any, mesh: Optional[Mesh]) -> Any:
+  """`params` with each weight that has a `vocab` axis split over that axis on every mesh axis
+  that divides it (`vocab_axes`) and whole along its other axes (a sharding constraint; dtype
+  unchanged; None: unchanged). The layout of a vocabulary-parallel output head: each device
+  computes the logits of its share of the vocabulary for every row, and the gradient of the
+  weights stays split the same way (`vocab_sharded`), so no device holds the whole head or its
+  whole gradient."""
+  if mesh is None:
+    return params
+
+  def recast(value, logical):
+    spec = _vocab_spec(value.ndim, logical.index("vocab"), vocab_axes(value.shape[logical.index(
+        "vocab")], mesh))
+    return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec))
+
+  return _vocab_weights(params, recast)
+
+
+def vocab_sharded(x: jax.Array, mesh: Optional[Mesh]) -> jax.Array:
+  """`x` [..., V] (logits of a vocabulary-parallel head) with its last dimension over
+  `vocab_axes(V, mesh)` and its other dimensions whole (a sharding constraint; None: unchanged)."""
+  if mesh is None:
+    return x
+  spec = _vocab_spec(x.ndim, x.ndim - 1, vocab_axes(x.shape[-1], mesh))
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def opt_state_shardings(opt_state: Any, params: Any, mesh: Mesh,

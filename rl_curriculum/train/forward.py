@@ -108,18 +108,18 @@ def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, gr
                        chunk_size=chunk_size)[0]
 
 
-def _head_block(graphdef, params, hidden, tokens, temperature, entropy_grad):
+def _head_block(graphdef, params, hidden, tokens, temperature, entropy_grad, vocab_mesh=None):
   """(log-probs, entropies) f32[B, c] of one chunk of positions; the entropy has a gradient only
-  with `entropy_grad`."""
-  logits = scaled_logits(graphdef, params, hidden, temperature)
+  with `entropy_grad`. With `vocab_mesh` the logits are split over the vocabulary."""
+  logits = mesh_lib.vocab_sharded(scaled_logits(graphdef, params, hidden, temperature), vocab_mesh)
   logp = logprobs_lib.token_logprobs(logits, tokens)
   return logp, logprobs_lib.token_entropy(logits if entropy_grad else jax.lax.stop_gradient(logits))
 
 
 def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
                   temperature: Union[float, jax.Array] = 1.0, chunk_size: Optional[int] = None,
-                  constrain: Optional[Callable[[Any], Any]] = None, entropy_grad: bool = False
-                  ) -> Tuple[jax.Array, jax.Array]:
+                  constrain: Optional[Callable[[Any], Any]] = None, entropy_grad: bool = False,
+                  vocab_mesh: Any = None) -> Tuple[jax.Array, jax.Array]:
   """Log-probs and entropies of the tokens under softmax(head(hidden) / temperature), without the
   [B, T, V] logits.
 
@@ -140,16 +140,31 @@ def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
       otherwise leave every chunk's rows whole on each device).
     entropy_grad: static; whether the entropy is differentiable (an entropy bonus in the loss).
       Without it the entropy carries no gradient (a metric), and no backward pass goes through it.
+    vocab_mesh: None, or a mesh on which the head runs vocabulary-parallel (instead of
+      `constrain`): the vocabulary weights split over their vocabulary axis
+      (`mesh_lib.vocab_sharded_weights`), each chunk's rows whole on every device and its logits
+      split over the vocabulary (`mesh_lib.vocab_sharded`; the softmax's max and sum become
+      small all-reduces). Under FSDP the weights are otherwise gathered whole for every chunk and
+      their gradient built whole ([V, D] in float32 on every device) before it is scattered.
 
   Returns:
     (logp f32[B, T], entropy f32[B, T]).
 
   Raises:
-    ValueError: chunk_size < 1.
+    ValueError: chunk_size < 1, or both `constrain` and `vocab_mesh`.
   """
   b, t = tokens.shape
+  if constrain is not None and vocab_mesh is not None:
+    raise ValueError("head_logprobs takes `constrain` or `vocab_mesh`, not both")
+  if vocab_mesh is not None:
+    params = mesh_lib.vocab_sharded_weights(params, vocab_mesh)
+    whole = mesh_lib.replicated(vocab_mesh)
+    constrain = lambda tree: jax.tree.map(
+        lambda x: jax.lax.with_sharding_constraint(x, whole), tree)
   if chunk_size is None or chunk_size >= t:
-    return _head_block(graphdef, params, hidden, tokens, temperature, entropy_grad)
+    if vocab_mesh is not None:
+      hidden, tokens = constrain((hidden, tokens))
+    return _head_block(graphdef, params, hidden, tokens, temperature, entropy_grad, vocab_mesh)
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
   n = -(-t // chunk_size)
@@ -161,7 +176,7 @@ def head_logprobs(graphdef, params, hidden: jax.Array, tokens: jax.Array, *,
 
   @jax.checkpoint
   def block(prm, h, tok):
-    return _head_block(graphdef, prm, h, tok, temperature, entropy_grad)
+    return _head_block(graphdef, prm, h, tok, temperature, entropy_grad, vocab_mesh)
 
   def body(carry, xs):
     return carry, block(params, *(xs if constrain is None else constrain(xs)))

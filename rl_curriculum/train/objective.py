@@ -61,8 +61,7 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
                                         temperature=(config.temperature if temperature is None
                                                      else temperature),
                                         chunk_size=config.logits_chunk or None,
-                                        constrain=forward.row_constraint(mesh),
-                                        entropy_grad=config.entropy_coef > 0)
+                                        vocab_mesh=mesh, entropy_grad=config.entropy_coef > 0)
   old = jax.lax.stop_gradient(logp) if view.logp_old is None else view.logp_old
   norm = normaliser or {"policy": None, "tokens": None}
   m, guard_frac = view.mask, jnp.zeros(())

@@ -57,7 +57,9 @@ distribution the rollout drew its tokens from (`forward`): temperature is the st
 Memory: the output head runs `logits_chunk` positions at a time (`forward.head_logprobs`), and
 the passes without gradient (old policy, reference, new policy) run one microbatch of rows at a
 time (`view.row_blocks`), so neither the [rows, T, V] logits nor the activations of all rows
-exist at once. With a mesh, every minibatch, microbatch and row block keeps its rows over the batch axes.
+exist at once. With a mesh, every minibatch, microbatch and row block keeps its rows over the batch
+axes, and the policy loss's head runs vocabulary-parallel (each device the logits and head gradient
+of its share of the vocabulary, for every row of a chunk).
 
 Rows are prompt-major: row b = p * G + g holds completion g of prompt p. A batch may hold more
 groups (S) than the policy trains on (P; S > P with a post-rollout filter): the curriculum sees

@@ -47,6 +47,8 @@ def constant_logprobs(graphdef, params: Any, rows: tuple, *, group: int, config:
     prompt_tokens, prompt_mask, tokens = mesh_lib.constrain_rows(block, mesh)
     hidden = forward.completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
                                        group, constrain=forward.row_constraint(mesh))
+    # Rows layout, not vocabulary-parallel: no gradient to keep split, and inside this row-block
+    # loop the vocabulary-parallel head's collectives can deadlock XLA:CPU's fake devices.
     logp, _ = forward.head_logprobs(graphdef, params, hidden, tokens,
                                     temperature=(config.temperature if temperature is None
                                                  else temperature),

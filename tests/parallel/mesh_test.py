@@ -197,3 +197,20 @@ def test_gathered_vocab_weights_casts_only_the_vocabulary_weights():
       assert out[path].dtype == x.dtype
       np.testing.assert_array_equal(np.asarray(out[path]), np.asarray(x))
   assert any(out[p].dtype == jnp.bfloat16 for p in out)
+
+
+@pytest.mark.parametrize("size,expected", [(16, ("data", "fsdp", "tensor")),
+                                           (12, ("data", "tensor")), (6, ("data",)), (7, ())])
+def test_vocab_axes_keep_the_mesh_axes_whose_product_divides_the_vocabulary(size, expected):
+  mesh = AbstractMesh((2, 4, 2), mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+  assert mesh_lib.vocab_axes(size, mesh) == expected
+  # Axes of size 1 are never listed.
+  flat = AbstractMesh((1, 8, 1), mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+  assert mesh_lib.vocab_axes(64, flat) == ("fsdp",)
+
+
+def test_vocab_sharded_layout_is_identity_without_a_mesh():
+  _, params = transformer.init_model(ModelConfig.tiny(vocab_size=64), seed=0)
+  assert mesh_lib.vocab_sharded_weights(params, None) is params
+  x = jnp.ones((2, 3, 64))
+  assert mesh_lib.vocab_sharded(x, None) is x

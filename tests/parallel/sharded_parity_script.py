@@ -32,7 +32,7 @@ from rl_curriculum.model.config import ModelConfig  # pylint: disable=wrong-impo
 from rl_curriculum.parallel import distributed  # pylint: disable=wrong-import-position
 from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=wrong-import-position
 from rl_curriculum.sampling import sampler  # pylint: disable=wrong-import-position
-from rl_curriculum.train import builders, rl_step  # pylint: disable=wrong-import-position
+from rl_curriculum.train import builders, forward, rl_step  # pylint: disable=wrong-import-position
 from rl_curriculum.train.state import init_train_state
 from rl_curriculum.train.rl_types import Batch
 
@@ -106,6 +106,38 @@ def max_diff(a, b):
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def head_gradient(shape):
+  """The chunked output head's parameter gradient on a mesh of `shape` (a tied 4096-entry
+  vocabulary): per-device temporary bytes of the compiled gradient, vocabulary-parallel and with
+  the rows split over the batch axes (the FSDP layout, which gathers the head), and the largest
+  difference of each gradient from the one-device gradient."""
+  config = ModelConfig.tiny(vocab_size=4096, d_model=64, num_layers=1, num_heads=2,
+                            num_kv_heads=1, mlp_dim=64, tie_embeddings=True)
+  graphdef, params = transformer.init_model(config, seed=0)
+  rng = np.random.default_rng(1)
+  hidden = jnp.asarray(rng.normal(size=(8, 16, 64)), jnp.float32)
+  tokens = jnp.asarray(rng.integers(0, 4096, (8, 16)), jnp.int32)
+  weights = jnp.asarray(rng.normal(size=(8, 16)), jnp.float32)
+
+  def grad_fn(**layout):
+    return jax.jit(jax.grad(lambda prm, h: jnp.sum(weights * forward.head_logprobs(
+        graphdef, prm, h, tokens, temperature=0.7, chunk_size=2, **layout)[0])))
+
+  with jax.default_device(jax.devices()[0]):
+    expected = jax.device_get(grad_fn()(params, hidden))
+  mesh = mesh_lib.make_mesh(shape)
+  placed = distributed.place(params, mesh_lib.param_shardings(params, mesh))
+  rows = distributed.place(hidden, mesh_lib.batch_sharding(mesh, 3))
+  out = {"whole_gradient_bytes": int(np.prod(params["embed"].get_value().shape)) * 4}
+  for name, layout in (("vocab_parallel", {"vocab_mesh": mesh}),
+                       ("rows", {"constrain": forward.row_constraint(mesh)})):
+    fn = grad_fn(**layout)
+    out[name + "_temp_bytes"] = fn.lower(placed, rows).compile().memory_analysis(
+        ).temp_size_in_bytes
+    out[name + "_diff"] = max_diff(jax.device_get(fn(placed, rows)), expected)
+  return out
+
+
 def main(out_path, shapes):
   parts = setup()
   with jax.default_device(jax.devices()[0]):
@@ -141,6 +173,7 @@ def main(out_path, shapes):
         "max_param_bytes_per_device": max(per_device.values()),
         "embed_spec": str(state.params["embed"].get_value().sharding.spec),
     }
+  results["head_gradient"] = head_gradient((1, 8, 1))
   with open(out_path, "w") as f:
     json.dump(results, f, indent=1)
 

@@ -67,3 +67,15 @@ def test_fsdp_shards_parameters(parity, shape, fsdp, tensor):
   assert per_device <= 1.02 * total / fsdp
   if tensor == 1:
     assert per_device >= 0.98 * total / fsdp
+
+
+@pytest.mark.slow
+def test_vocabulary_parallel_head_never_builds_the_whole_head_gradient(parity):
+  """On 8 devices (FSDP) the vocabulary-parallel head's gradient program holds less than the
+  whole [V, D] float32 gradient of the tied head, where the rows-split head (weights gathered for
+  every chunk) holds at least that; both equal the one-device gradient."""
+  r = parity["head_gradient"]
+  assert r["vocab_parallel_temp_bytes"] < r["whole_gradient_bytes"] / 2
+  assert r["rows_temp_bytes"] >= r["whole_gradient_bytes"]
+  assert r["vocab_parallel_diff"] <= 1e-5
+  assert r["rows_diff"] <= 1e-5
