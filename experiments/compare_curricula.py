@@ -275,8 +275,14 @@ def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
     json.dump(summary, f, indent=1)
   with open(stem + ".md", "w") as f:
     f.write(comparison_report.markdown(summary, name))
-  comparison_report.plot(summary, stem + ".png", train_names, name)
+  comparison_report.plot(summary, stem + ".png", arm_names(config, task), name)
   return summary
+
+
+def arm_names(config, task) -> list:
+  """The names of the curriculum's arms in arm order: every training bin, including those left
+  out of the held-out mean for having too few held-out problems (SEC still draws them)."""
+  return [task.bin_names[b] for b in config.task.train_bins]
 
 
 def define_flags() -> None:

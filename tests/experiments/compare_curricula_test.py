@@ -158,3 +158,12 @@ def test_countdown_without_the_bonus_differs_from_countdown_only_in_the_bonus():
   assert plain.task.format_bonus > 0 and nobonus.task.format_bonus == 0.0
   nobonus.task.format_bonus = plain.task.format_bonus
   assert nobonus.to_dict() == plain.to_dict()
+
+
+def test_arm_names_label_every_trained_bin_including_those_left_out_of_the_mean():
+  """The plot's arm labels follow SEC's arms, every training bin in order: the scratch setting's
+  one-digit bins (too few held-out problems for the mean) are arms too."""
+  config = compare.get_config("scratch")
+  names = cc.arm_names(config, builders.build_task(config))
+  assert len(names) == len(config.task.train_bins) == 6
+  assert names[0] == "add_1d_1d" and "mul_1d_1d" in names
