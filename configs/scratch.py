@@ -142,6 +142,9 @@ def get_config() -> ml_collections.ConfigDict:
                                     # policy loss (0 = off)
   c.rl.tis_cap = 0.0                # truncated importance sampling: advantages times
                                     # min(pi_old / pi_sampler, cap) per token (0 = off, e.g. 2)
+  c.rl.proximal = "recompute"       # the old policy's log-probs: recompute (a forward pass at the
+                                    # update's start) | loglinear (interpolated between sampler
+                                    # and policy by version, A-3PO; no forward pass)
   c.rl.capo_positive_steps = 0      # CAPO: first updates learn from positive advantages only
   c.rl.capo_ramp_steps = 0          # CAPO: then negative ones phase in over this many updates
                                     # (both 0 = off)

@@ -132,7 +132,7 @@ def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
       whiten_rewards=rl.whiten_rewards, curriculum_feedback=config.curriculum.feedback,
       gamma=rl.gamma, lam=rl.lam, vf_coef=rl.vf_coef, vf_clip=rl.vf_clip,
       value_detach=rl.value_detach, dual_clip=float(rl.dual_clip),
-      entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap),
+      entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap), proximal=rl.proximal,
       capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
       grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef), overlong=rl.overlong,
       overlong_cache=rl.overlong_cache,

@@ -30,7 +30,13 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   present only when configured). The KL and entropy terms are aggregated over tokens like the
   policy loss (`config.aggregation`). The policy loss is dual-clipped with `dual_clip` > 1, and
   with `tis_cap` > 0 its per-token advantages are weighted by truncated importance weights
-  against the sampler (`truncated_is`). Tokens whose old and sampler log-probs differ by more
+  against the sampler (`truncated_is`). The old log-probs are the view's (a forward pass at the
+  update's start), or with the view's `staleness` (`proximal="loglinear"`) interpolated between
+  the sampler's and the policy's (`losses.loglinear_proximal_logprobs`), or on-policy the
+  policy's own without gradient. With the old policy as the proximal one, `tis_cap` > 0 makes
+  this the decoupled PPO objective of Fu et al. (2025), "AReaL: A Large-Scale Asynchronous
+  Reinforcement Learning System for Language Reasoning", arXiv:2505.24298: importance weight
+  pi_prox / mu (truncated at the cap), clipping around pi_prox. Tokens whose old and sampler log-probs differ by more
   than `ratio_guard` nats are dropped from every term. The output head runs
   `config.logits_chunk` positions at a time.
 
@@ -62,7 +68,12 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
                                                      else temperature),
                                         chunk_size=config.logits_chunk or None,
                                         vocab_mesh=mesh, entropy_grad=config.entropy_coef > 0)
-  old = jax.lax.stop_gradient(logp) if view.logp_old is None else view.logp_old
+  if view.logp_old is not None:
+    old = view.logp_old
+  elif view.staleness is not None:  # proximal="loglinear": no forward pass of the old policy
+    old = losses.loglinear_proximal_logprobs(view.sampler_logprobs, logp, view.staleness)
+  else:
+    old = jax.lax.stop_gradient(logp)
   norm = normaliser or {"policy": None, "tokens": None}
   m, guard_frac = view.mask, jnp.zeros(())
   if config.ratio_guard > 0:
@@ -216,7 +227,7 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
     (trained, opt_state, metrics, logp_old): metrics f32[] are means over the minibatches that
     stepped (including "loss" and "grad_norm"; 0 when none did), and "steps_taken", the number
     of minibatches that stepped; logp_old f32[B, T] are the old log-probs the losses used (those
-    of the view, or on-policy the loss's own stop-gradient log-probs).
+    of the view, or else the losses' own, on-policy or interpolated, from the first epoch).
   """
   num_rows = view.tokens.shape[0]
   p = num_rows // group
@@ -258,6 +269,8 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
   if adapters:  # frozen for the whole update: on every optimizer step that ran
     metrics["adapter_frozen"] = jnp.min(jnp.where(stepped > 0, per_mb["adapter_frozen"], 1.0))
   logp_old = view.logp_old
-  if logp_old is None:  # on-policy: one minibatch of every row, in its shuffled order
-    logp_old = jnp.zeros(view.tokens.shape, jnp.float32).at[rows[0]].set(old_mb[0])
+  if logp_old is None:  # the losses' own old log-probs, from the first epoch's minibatches
+    first = rows[:config.minibatches]
+    logp_old = jnp.zeros(view.tokens.shape, jnp.float32).at[first.reshape(-1)].set(
+        old_mb[:config.minibatches].reshape((-1,) + view.tokens.shape[1:]))
   return trained, opt_state, metrics, logp_old

@@ -378,7 +378,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   params = forward.model_params(train_state.params, frozen)
   view = train_view(batch, scores, params, graphdef=graphdef, ref_params=ref_params,
                     config=config, use_lora=use_lora, value=train_state.value, mesh=mesh,
-                    temperature=tau)
+                    temperature=tau, version=train_state.step)
   view, capo_metrics = advantage_curriculum(view, train_state.step, config)
 
   # 3-4. Optimizer steps.

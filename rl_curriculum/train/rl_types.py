@@ -28,6 +28,8 @@ KL_LOSS_ESTIMATORS = ("k2", "k3")
 # What the step does with completions cut at the length cap (`rewards.overlong_penalty`,
 # `view.train_view`).
 OVERLONG = ("none", "exclude", "penalty")
+# Where the old (proximal) policy's log-probs come from (`view.train_view`).
+PROXIMAL = ("recompute", "loglinear")
 
 
 class Batch(NamedTuple):
@@ -51,6 +53,9 @@ class Batch(NamedTuple):
                                         # estimator (else None)
   truncated: Optional[jax.Array] = None  # bool[S, G] cut at T tokens without a stop token
                                          # (`rewards.truncated_completions`); None: unknown
+  versions: Optional[jax.Array] = None  # i32[R, T] policy version (the train state's update
+                                        # counter) that sampled each token; None: the version
+                                        # the learn step starts from (synchronous)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +91,8 @@ class LearnConfig:
   dual_clip: float            # dual-clip PPO bound c > 1 on negative-advantage tokens (0: off)
   entropy_coef: float         # weight of the entropy bonus subtracted from the loss (0: off)
   tis_cap: float              # truncated importance weights vs the sampler, capped here (0: off)
+  proximal: str               # recompute | loglinear: the old (proximal) policy's log-probs from a
+                              # forward pass, or interpolated by version (no forward pass)
   capo_positive_steps: int    # CAPO: updates that learn from positive advantages only
   capo_ramp_steps: int        # CAPO: updates that then phase the negative ones in (both 0: off)
   grpo_std: str               # grpo: population | sample standard deviation of the group
@@ -131,3 +138,5 @@ class TrainView(NamedTuple):
   logp_ref: Optional[jax.Array] = None    # f32[B, T] reference policy; None: no KL term
   values_old: Optional[jax.Array] = None  # f32[B, T] PPO: value head at sampling time
   returns: Optional[jax.Array] = None     # f32[B, T] PPO: GAE lambda-returns (value targets)
+  staleness: Optional[jax.Array] = None   # f32[B, T] proximal="loglinear": policy versions
+                                          # between each token's sampler and the update's start

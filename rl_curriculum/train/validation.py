@@ -28,7 +28,7 @@ from rl_curriculum.tasks.base import TEMPLATES
 from rl_curriculum.train import budget, builders, data
 from rl_curriculum.train.recovery import ON_COLLAPSE
 from rl_curriculum.train.rl_types import (ALGORITHMS, CURRICULUM_FEEDBACK, DR_GRPO_AGGREGATION,
-                                          KL_LOSS_ESTIMATORS, OVERLONG)
+                                          KL_LOSS_ESTIMATORS, OVERLONG, PROXIMAL)
 
 __all__ = ["ConfigError", "validate", "checked_task"]
 
@@ -188,6 +188,11 @@ def _validate_rl_methods(rl: ml_collections.ConfigDict) -> None:
   for field in ("entropy_coef", "tis_cap", "kl_reward_coef"):
     if getattr(rl, field) < 0:
       _fail(f"rl.{field}", f"must be >= 0 (0 = off), got {getattr(rl, field)}")
+  if rl.proximal not in PROXIMAL:
+    _fail("rl.proximal", f"must be one of {PROXIMAL}, got {rl.proximal!r}")
+  if rl.proximal == "loglinear" and (rl.algorithm == "ppo" or rl.kl_reward_coef != 0):
+    _fail("rl.proximal", "'loglinear' runs no old-policy pass, which PPO's values and a KL in "
+          "the reward (rl.kl_reward_coef) read: use 'recompute' with them")
   for field in ("capo_positive_steps", "capo_ramp_steps"):
     value = getattr(rl, field)
     if not isinstance(value, int) or value < 0:

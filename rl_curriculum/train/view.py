@@ -97,7 +97,8 @@ def overlong_mask(batch: Batch, rows: jax.Array, config: LearnConfig) -> jax.Arr
 
 def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
                config: LearnConfig, use_lora: bool, value: Any = None,
-               mesh: Any = None, temperature: Optional[jax.Array] = None) -> TrainView:
+               mesh: Any = None, temperature: Optional[jax.Array] = None,
+               version: Optional[jax.Array] = None) -> TrainView:
   """Phase 2: the trained groups' rows, their per-token advantages and the constant forward
   passes (old policy, reference, values), all without gradient.
 
@@ -121,6 +122,11 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
 
   The log-probs are those of the sampling temperature: `temperature` f32[] (the adaptive
   controller's), or the static `config.temperature` when None.
+
+  With `proximal="loglinear"` no old-policy pass runs: the view carries each token's staleness,
+  `version` (i32[], the train state's update counter) minus the version that sampled it
+  (`Batch.versions`; 0 everywhere when None), and the objective interpolates the proximal
+  log-probs (`losses.loglinear_proximal_logprobs`).
   """
   _, g = batch.rewards.shape
   rows = forward.trained_rows(batch.train_groups, g)
@@ -138,7 +144,14 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
                                mesh=mesh, temperature=temperature)
   ppo = config.algorithm == "ppo"
   logp_old = values_old = returns = logp_ref = None
-  if not on_policy(config):
+  staleness = None
+  if config.proximal == "loglinear":
+    staleness = jnp.zeros(tokens.shape, jnp.float32)
+    if batch.versions is not None:
+      if version is None:
+        raise ValueError("proximal='loglinear' with Batch.versions needs the learn step's version")
+      staleness = (version - batch.versions[rows]).astype(jnp.float32)
+  elif not on_policy(config):
     logp_old, values_old = logprobs(params, value=value if ppo else None)
   if config.kl_coef != 0 or config.kl_reward_coef != 0:
     ref = lora_lib.disable(params) if use_lora else ref_params
@@ -165,7 +178,8 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
     adv_tokens = jnp.where(mask > 0, (adv_tokens - mean) / (std + 1e-6), 0.0)
   return TrainView(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
                    advantages=adv_tokens, sampler_logprobs=batch.sampler_logprobs[rows],
-                   logp_old=logp_old, logp_ref=logp_ref, values_old=values_old, returns=returns)
+                   logp_old=logp_old, logp_ref=logp_ref, values_old=values_old, returns=returns,
+                   staleness=staleness)
 
 
 def advantage_curriculum(view: TrainView, step: jax.Array,

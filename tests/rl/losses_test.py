@@ -520,6 +520,28 @@ def test_truncated_is_weights_match_reference(use_jit):
 
 
 @test_util.JIT
+def test_loglinear_proximal_logprobs_match_a_float64_reference(use_jit):
+  """log pi_prox = log mu + s / (s + 1) (log pi - log mu) per token, in float64 by hand; s = 0
+  gives the sampler's log-probs exactly, negative staleness counts as 0, and no gradient flows."""
+  logp, logp_sampler, _, _ = _batch(spread=1.0)
+  staleness = np.tile(np.array([0, 1, 2, 3, 7, -1], np.int32), (logp.shape[0], 1))
+  fn = test_util.maybe_jit(losses.loglinear_proximal_logprobs, use_jit)
+  out = np.asarray(fn(logp_sampler, logp, staleness))
+  expected = np.zeros(logp.shape)
+  for b in range(expected.shape[0]):
+    for t in range(expected.shape[1]):
+      s = max(int(staleness[b, t]), 0)
+      mu, pi = float(logp_sampler[b, t]), float(logp[b, t])
+      expected[b, t] = mu + s / (s + 1) * (pi - mu)
+  np.testing.assert_allclose(out, expected, **test_util.TOL)
+  on_policy = staleness <= 0
+  np.testing.assert_array_equal(out[on_policy], np.asarray(logp_sampler, np.float32)[on_policy])
+  g = jax.grad(lambda x: jnp.sum(losses.loglinear_proximal_logprobs(logp_sampler, x, staleness)))(
+      logp)
+  np.testing.assert_array_equal(g, 0.0)
+
+
+@test_util.JIT
 @pytest.mark.parametrize("positive_only_steps,ramp_steps", [(0, 0), (3, 0), (3, 1), (2, 4)])
 def test_advantage_sign_mask_schedule(use_jit, positive_only_steps, ramp_steps):
   adv = np.array([[1.0, -1.0, 0.0, -0.5]], np.float32)

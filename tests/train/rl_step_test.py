@@ -739,6 +739,69 @@ def test_truncated_importance_weights_scale_the_loss(cap, weight):
   assert float(metrics["tis_truncated_frac"]) == (1.0 if cap < 1.5 else 0.0)
 
 
+def test_decoupled_objective_with_interpolated_proximal_policy_matches_float64():
+  """proximal="loglinear" with stale tokens (versions 0-3 behind the update's start) and a
+  behaviour-weight cap: loss = -token_mean(w min(r A, clip(r) A)) with log pi_prox = log mu +
+  s / (s + 1) (log pi - log mu), w = min(pi_prox / mu, cap), r = pi / pi_prox, by hand in float64.
+  No old-policy pass runs."""
+  graphdef, params = test_util.tiny_model()
+  mask = _ragged_mask()
+  rng = np.random.default_rng(5)
+  batch = _batch(_rewards(), mask=mask)
+  logp = np.asarray(forward.completion_logprobs(graphdef, params, batch.prompt_tokens,
+                                                batch.prompt_mask, batch.tokens, G), np.float64)
+  mu = logp + rng.normal(scale=0.5, size=logp.shape)
+  versions = rng.integers(4, 8, size=logp.shape).astype(np.int32)   # the update starts at 7
+  batch = batch._replace(sampler_logprobs=jnp.asarray(mu, jnp.float32),
+                         versions=jnp.asarray(versions))
+  cap, eps = 1.5, 0.2
+  config = test_util.learn_config(minibatches=1, proximal="loglinear", tis_cap=cap)
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  view = view_lib.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
+                             config=config, use_lora=False, version=jnp.asarray(7, jnp.int32))
+  assert view.logp_old is None and view.staleness is not None
+  loss, _ = _objective(config, view, params, graphdef)
+
+  mu = np.asarray(batch.sampler_logprobs, np.float64)
+  s = 7.0 - versions
+  prox = mu + s / (s + 1) * (logp - mu)
+  w = np.minimum(np.exp(prox - mu), cap)
+  r = np.exp(logp - prox)
+  adv = np.asarray(view.advantages, np.float64)
+  m = np.asarray(view.mask, np.float64)
+  per_token = -w * np.minimum(r * adv, np.clip(r, 1 - eps, 1 + eps) * adv)
+  expected = (per_token * m).sum() / m.sum()
+  assert abs(expected) > 1e-3 and np.any(s > 0)
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_loglinear_proximal_on_synchronous_rollouts_uses_the_samplers_logprobs():
+  """Without versions (every token sampled by the policy the step starts from) the interpolated
+  proximal policy is the sampler's: two minibatches of loglinear equal two minibatches against
+  old log-probs set to the sampler's, with no old-policy pass."""
+  graphdef, params = test_util.tiny_model()
+  batch = _batch(_rewards(), mask=_ragged_mask())
+  logp = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
+                                     batch.tokens, G)
+  batch = batch._replace(sampler_logprobs=logp - 0.1)
+  config = test_util.learn_config(minibatches=2, proximal="loglinear")
+  scores = rl_step.score_groups(batch, stability.whitening_init(), config)
+  view = view_lib.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
+                             config=config, use_lora=False, version=jnp.asarray(3, jnp.int32))
+  assert view.logp_old is None
+  np.testing.assert_array_equal(view.staleness, 0.0)
+  explicit = view._replace(staleness=None, logp_old=view.sampler_logprobs)
+  optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
+  run = lambda v: objective.minibatch_updates(
+      params, optimizer.init(params), v, jax.random.PRNGKey(0), graphdef=graphdef, frozen=None,
+      group=G, optimizer=optimizer, config=config)
+  a, b = run(view), run(explicit)
+  np.testing.assert_allclose(float(a[2]["loss"]), float(b[2]["loss"]), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(a[3], np.asarray(view.sampler_logprobs), atol=1e-6)
+  for x, y in zip(jax.tree.leaves(a[0]), jax.tree.leaves(b[0])):   # two Adam steps (rounding)
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+
+
 def test_capo_trains_on_positive_advantages_first_then_phases_negatives_in():
   # On-policy (ratio 1): the loss is -token_mean(w A), with w = 0 on A < 0 in the first phase.
   mask = _ragged_mask()
