@@ -21,9 +21,10 @@ def test_example_batch_has_the_batch_contract():
             "rewards": (P, G), "correct": (P, G), "valid": (P, G), "train_groups": (P,),
             "train_valid": (P,), "truncated": (P, G)}
   assert {k: getattr(batch, k).shape for k in shapes} == shapes
-  # A plain rollout has no per-prompt baseline (only the counterfactual estimator sets one).
-  assert batch.baseline is None
-  dtypes = {k: str(v.dtype) for k, v in batch._asdict().items() if k != "baseline"}
+  # A plain rollout has no per-prompt baseline (only the counterfactual estimator sets one), and
+  # no version tags (every token sampled by the policy the learn step starts from).
+  assert batch.baseline is None and batch.versions is None
+  dtypes = {k: str(v.dtype) for k, v in batch._asdict().items() if v is not None}
   assert dtypes == {"prompt_tokens": "int32", "prompt_mask": "bool", "tokens": "int32",
                     "mask": "float32", "sampler_logprobs": "float32", "prompt_ids": "int32",
                     "arms": "int32", "rewards": "float32", "correct": "bool", "valid": "bool",
