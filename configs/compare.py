@@ -35,7 +35,10 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
   evaluated every 2,048 rollouts; "sec" has the eight (task, bin) arms, "sec_tasks" one arm per
   task. Measured (5 seeds; uniform at 2e-5 and 4e-5, the others at 2e-5): every run starts at
   26.9% held-out accuracy; uniform ends at 28.3% [27.5, 29.2], SEC at 28.7% [27.6, 29.8], the
-  others at 27.7-28.3%, all within noise; about 5 minutes a run on one core.
+  others at 27.7-28.3%, all within noise; about 5 minutes a run on one core. Rerun, uniform and
+  SEC only, from a warm start retrained at 24.3%: uniform 27.1%, SEC 27.3%, paired difference
+  -0.2 [-1.3, +1.0] points (benchmarks/results/curricula_multitask.md; the six-method tables are
+  curricula_multitask_2026-12-02.*).
 - quickstart: configs/quickstart.py (SmolLM2-135M-Instruct, LoRA, no SFT), 30 steps of 8 prompts
   x 4 = 960 rollouts a run, 200 held-out problems a bin evaluated before and after RL only (an
   evaluation of 1,000 problems takes about two minutes, as long as ten RL steps); about 11
