@@ -36,9 +36,9 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   policy's own without gradient. With the old policy as the proximal one, `tis_cap` > 0 makes
   this the decoupled PPO objective of Fu et al. (2025), "AReaL: A Large-Scale Asynchronous
   Reinforcement Learning System for Language Reasoning", arXiv:2505.24298: importance weight
-  pi_prox / mu (truncated at the cap), clipping around pi_prox. Tokens whose old and sampler log-probs differ by more
-  than `ratio_guard` nats are dropped from every term. The output head runs
-  `config.logits_chunk` positions at a time.
+  pi_prox / mu (truncated at the cap), clipping around pi_prox. Tokens whose old and sampler
+  log-probs differ by more than `ratio_guard` nats are dropped from every term. The output head
+  runs `config.logits_chunk` positions at a time, vocabulary-parallel on `mesh`.
 
   With `normaliser` = {"policy": f32[], "tokens": f32[]} (a microbatch of a larger minibatch, see
   `accumulated_gradients`) the policy, KL and entropy terms divide by the minibatch's aggregation
