@@ -63,23 +63,34 @@ ENGINES = ("static", "continuous")
 
 
 class EngineState(NamedTuple):
-  """What the decode loop carries (donated to `run`); rows are global indices, R = empty slot."""
+  """What the decode loop carries (donated to `run`); rows are global indices, R = empty slot.
+
+  The R rows are W generations of R/W (`inflight`: the batches of W steps in flight; W = 1 for
+  one call of `sample`), laid out shard by shard: shard d holds rows [d R/D, (d + 1) R/D), and
+  within it generation w holds the block [w R/(W D), (w + 1) R/(W D)) (prompts likewise, by P).
+  """
   tokens: jax.Array         # i32[R, N] completion buffers (pad_id where nothing was recorded)
   logprobs: jax.Array       # f32[R, N]
   mask: jax.Array           # f32[R, N] 1 on recorded tokens
+  versions: jax.Array       # i32[R, N] policy version (`run`'s `version`) that drew each token
   limit: jax.Array          # i32[R] tokens a row may record (N, or `stop_after`)
+  done: jax.Array           # bool[R] stopped, or never queued (not active)
   row: jax.Array            # i32[S] the row in each slot, R when the slot is empty
   step: jax.Array           # i32[S] tokens the slot's row has recorded
   logits: jax.Array         # f32[S, V] each slot's next-token logits
   cache: prefix_cache.PrefixCache
   prompt_mask: jax.Array    # bool[P, Tp'] real tokens of the prompts' slots
   prompt_logits: jax.Array  # f32[P, V] each prompt's first-token logits
-  queue: jax.Array          # i32[D, R/D] each shard's rows (local index), active ones first
-  queued: jax.Array         # i32[D] active rows per shard
-  taken: jax.Array          # i32[D] rows of the queue given a slot so far
+  queue: jax.Array          # i32[D, R/D] each shard's queued rows (local index), a first-in
+                            # first-out ring: position q holds the q-th row ever queued, mod R/D
+  queued: jax.Array         # i32[D] rows ever queued per shard
+  taken: jax.Array          # i32[D] of them given a slot (or passed over by `inflight.evict`)
+  queue_end: jax.Array      # i32[D, W] `queued` once each generation's rows were queued
   iterations: jax.Array     # i32[] loop iterations run
   slot_steps: jax.Array     # i32[] slot-steps computed (each iteration: the slots of its stage)
-  key: jax.Array
+  drawn: jax.Array          # i32[] tokens recorded
+  keys: jax.Array           # [W] each generation's key (row r's t-th token: fold_in(fold_in(
+                            # key, r), t), r its index in its generation's batch)
 
 
 def _shards(x: jax.Array, d: int) -> jax.Array:
@@ -93,6 +104,44 @@ def _slot_prompts(row: jax.Array, shards: int, rows: int, group: int) -> jax.Arr
   return local.reshape(shards, -1)
 
 
+def generation_parts(row: jax.Array, rows: int, shards: int, generations: int):
+  """(generation, index in its generation's batch) of each row i32[...] (an empty slot's R reads
+  as row R - 1): see `EngineState`'s layout."""
+  per_shard = rows // shards
+  per_generation = per_shard // generations
+  local = jnp.minimum(row, rows - 1) % per_shard
+  shard = jnp.minimum(row, rows - 1) // per_shard
+  return local // per_generation, shard * per_generation + local % per_generation
+
+
+def _slot_keys(state: EngineState) -> jax.Array:
+  """One key per slot for its row's next token: fold_in(fold_in(generation key, batch index),
+  step), as `strategies.row_keys` gives a row of a single call."""
+  rows, shards = state.tokens.shape[0], state.queue.shape[0]
+  generation, index = generation_parts(state.row, rows, shards, state.keys.shape[0])
+  fold = lambda g, r, t: jax.random.fold_in(jax.random.fold_in(state.keys[g], r), t)
+  return jax.vmap(fold)(generation, index, state.step)
+
+
+def put_block(table: jax.Array, new: jax.Array, generation: jax.Array, shards: int,
+              axis: int = 0) -> jax.Array:
+  """table [..., W n, ...] (a generation table on `axis`, `EngineState` layout) with generation
+  `generation`'s block replaced by new [..., n, ...] (batch order), shard by shard."""
+  split = lambda x: x.reshape(x.shape[:axis] + (shards, -1) + x.shape[axis + 1:])
+  block = split(new).astype(table.dtype)
+  start = [0] * (table.ndim + 1)
+  start[axis + 1] = generation * block.shape[axis + 1]
+  return jax.lax.dynamic_update_slice(split(table), block, start).reshape(table.shape)
+
+
+def take_block(table: jax.Array, generation: jax.Array, generations: int, shards: int,
+               axis: int = 0) -> jax.Array:
+  """Generation `generation`'s block of table [..., W n, ...] in batch order: [..., n, ...]."""
+  blocks = table.reshape(table.shape[:axis] + (shards, generations, -1) + table.shape[axis + 1:])
+  out = jax.lax.dynamic_index_in_dim(blocks, generation, axis + 1, keepdims=False)
+  return out.reshape(table.shape[:axis] + (-1,) + table.shape[axis + 1:])
+
+
 def _refill(free: jax.Array, state: EngineState, rows: int):
   """(row i32[S], refilled bool[S], taken i32[D]): each free slot given its shard's next queued
   row, in slot order, while the shard's queue lasts; R where none is left."""
@@ -100,7 +149,7 @@ def _refill(free: jax.Array, state: EngineState, rows: int):
   free = free.reshape(d, -1)
   position = state.taken[:, None] + jnp.cumsum(free, axis=1, dtype=jnp.int32) - 1
   refilled = free & (position < state.queued[:, None])
-  local = jnp.take_along_axis(state.queue, jnp.clip(position, 0, per_shard - 1), axis=1)
+  local = jnp.take_along_axis(state.queue, position % per_shard, axis=1)
   row = jnp.where(refilled, local + per_shard * jnp.arange(d, dtype=jnp.int32)[:, None], rows)
   taken = state.taken + jnp.sum(refilled, axis=1, dtype=jnp.int32)
   return row.reshape(-1), refilled.reshape(-1), taken
@@ -118,14 +167,100 @@ def _seat(state: EngineState, keep: jax.Array, logits: jax.Array, group: int) ->
                         logits=jnp.where(refilled[:, None], first, logits), taken=taken)
 
 
-def _write(buffer: jax.Array, row: jax.Array, step: jax.Array, value: jax.Array, shards: int):
-  """buffer [R, N] with value[s] at (row[s], step[s]) for the occupied slots, shard by shard."""
+def _write(buffer: jax.Array, row: jax.Array, step: Optional[jax.Array], value: jax.Array,
+           shards: int):
+  """buffer [R, N] with value[s] at (row[s], step[s]) for the occupied slots (buffer [R] and
+  step None: at row[s]), shard by shard."""
   per_shard = buffer.shape[0] // shards
   local = jnp.where(row < buffer.shape[0], row % per_shard, per_shard).reshape(shards, -1)
-  put = lambda b, r, t, v: b.at[r, t].set(v, mode="drop")
-  out = jax.vmap(put)(_shards(buffer, shards), local, step.reshape(shards, -1),
-                      value.reshape(shards, -1))
+  by_shard = lambda x: x.reshape(shards, -1)
+  if step is None:
+    out = jax.vmap(lambda b, r, v: b.at[r].set(v, mode="drop"))(
+        _shards(buffer, shards), local, by_shard(value))
+  else:
+    out = jax.vmap(lambda b, r, t, v: b.at[r, t].set(v, mode="drop"))(
+        _shards(buffer, shards), local, by_shard(step), by_shard(value))
   return out.reshape(buffer.shape)
+
+
+def enqueue(state: EngineState, active: jax.Array, generation: jax.Array, limit: jax.Array,
+            pad_id: int) -> EngineState:
+  """The state with generation `generation`'s rows reset (pad_id tokens, nothing recorded,
+  `limit` i32[n] tokens each) and its `active` ones (bool[n], batch order) queued after every
+  row queued before them; the others are done from the start."""
+  d, per_shard = state.queue.shape
+  per_generation = per_shard // state.keys.shape[0]
+  by_shard = active.reshape(d, per_generation)
+  order = jnp.argsort(~by_shard, axis=1, stable=True).astype(jnp.int32)
+  count = jnp.sum(by_shard, axis=1, dtype=jnp.int32)
+  m = jnp.arange(per_generation, dtype=jnp.int32)[None, :]
+  position = jnp.where(m < count[:, None], (state.queued[:, None] + m) % per_shard, per_shard)
+  queue = jax.vmap(lambda q, i, v: q.at[i].set(v, mode="drop"))(
+      state.queue, position, generation * per_generation + order)
+  queued = state.queued + count
+  block = lambda table, new: put_block(table, new, generation, d)
+  fill = lambda x, value: jnp.full((active.shape[0],) + x.shape[1:], value, x.dtype)
+  return state._replace(
+      tokens=block(state.tokens, fill(state.tokens, pad_id)),
+      logprobs=block(state.logprobs, fill(state.logprobs, 0)),
+      mask=block(state.mask, fill(state.mask, 0)),
+      versions=block(state.versions, fill(state.versions, 0)),
+      limit=block(state.limit, limit), done=block(state.done, ~active), queue=queue,
+      queued=queued, queue_end=state.queue_end.at[:, generation].set(queued))
+
+
+def empty(cache: prefix_cache.PrefixCache, prompt_mask: jax.Array, prompt_logits: jax.Array,
+          keys: jax.Array, *, rows: int, slots: int, max_new_tokens: int, shards: int,
+          pad_id: int) -> EngineState:
+  """An engine of `rows` rows (W = len(keys) generations; every row done, none queued) and
+  `slots` empty slots around a prompt cache, its mask and its prompts' first-token logits."""
+  n, w = max_new_tokens, keys.shape[0]
+  return EngineState(
+      tokens=jnp.full((rows, n), pad_id, jnp.int32), logprobs=jnp.zeros((rows, n), jnp.float32),
+      mask=jnp.zeros((rows, n), jnp.float32), versions=jnp.zeros((rows, n), jnp.int32),
+      limit=jnp.full((rows,), n, jnp.int32), done=jnp.ones((rows,), bool),
+      row=jnp.full((slots,), rows, jnp.int32), step=jnp.zeros((slots,), jnp.int32),
+      logits=jnp.zeros((slots, prompt_logits.shape[-1]), jnp.float32), cache=cache,
+      prompt_mask=prompt_mask, prompt_logits=prompt_logits,
+      queue=jnp.zeros((shards, rows // shards), jnp.int32),
+      queued=jnp.zeros((shards,), jnp.int32), taken=jnp.zeros((shards,), jnp.int32),
+      queue_end=jnp.zeros((shards, w), jnp.int32), iterations=jnp.zeros((), jnp.int32),
+      slot_steps=jnp.zeros((), jnp.int32), drawn=jnp.zeros((), jnp.int32), keys=keys)
+
+
+# The fields laid out by rows or slots over the mesh's batch axes (the cache has its own axis).
+_BY_ROWS = ("tokens", "logprobs", "mask", "versions", "limit", "done", "row", "step", "logits",
+            "queue", "queued", "taken", "queue_end")
+
+
+def constrain(state: EngineState, mesh) -> EngineState:
+  """The state's row and slot arrays and cache over the mesh's batch axes (None: unchanged)."""
+  if mesh is None:
+    return state
+  scanned = not isinstance(state.cache.k, (tuple, list))
+  cache = mesh_lib.constrain_rows(state.cache, mesh, 1 if scanned else 0)
+  by_rows = mesh_lib.constrain_rows({f: getattr(state, f) for f in _BY_ROWS}, mesh)
+  return state._replace(cache=cache, **by_rows)
+
+
+def prefill_groups(graphdef, params, prompt_tokens: jax.Array, prompt_mask: jax.Array, *,
+                   group: int, mesh=None, chunk: int = 0):
+  """(f32[P, V] first-token logits, KVCache, bool[P, Tp'] mask) of the P = R / group prompts of
+  rows i32[R, Tp] (runs of `group` equal prompts), each prefilled once, in chunks
+  (`prompt_prefill.prefill_prompts`)."""
+  r = prompt_tokens.shape[0]
+  layout = None if mesh is None else (lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh,
+                                                                                   axis))
+  first = lambda x: x.reshape((r // group, group) + x.shape[1:])[:, 0]
+  firsts = mesh_lib.constrain_rows((first(prompt_tokens), first(prompt_mask.astype(bool))), mesh)
+  return prompt_prefill.prefill_prompts(graphdef, params, *firsts, chunk=chunk, constrain=layout)
+
+
+def row_limits(rows: int, max_new_tokens: int, stop_after=None) -> jax.Array:
+  """i32[rows] tokens each row may record: `stop_after`, or max_new_tokens when None."""
+  if stop_after is None:
+    return jnp.full((rows,), max_new_tokens, jnp.int32)
+  return jnp.asarray(stop_after, jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
@@ -140,36 +275,18 @@ def start(graphdef, params, prompt_tokens, prompt_mask, key, active=None, stop_a
   after the arrays is static."""
   r, _ = prompt_tokens.shape
   shards = 1 if mesh is None else mesh_lib.batch_size_of(mesh)
-  layout = None if mesh is None else (lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh,
-                                                                                   axis))
-  first = lambda x: x.reshape((r // group, group) + x.shape[1:])[:, 0]
-  firsts = mesh_lib.constrain_rows((first(prompt_tokens), first(prompt_mask.astype(bool))), mesh)
-  logits, prompts, mask = prompt_prefill.prefill_prompts(graphdef, params, *firsts, chunk=chunk,
-                                                         constrain=layout)
+  logits, prompts, mask = prefill_groups(graphdef, params, prompt_tokens, prompt_mask,
+                                         group=group, mesh=mesh, chunk=chunk)
   config = transformer.merge_params(graphdef, params).config
   cache = prefix_cache.from_prompts(
       prompts, prefix_cache.init_completions(config, slots, max_new_tokens))
-  rows_axis = 1 if config.scan_layers else 0
-  cache = mesh_lib.constrain_rows(cache, mesh, rows_axis)
+  state = empty(cache, mask, logits, jnp.stack([key]), rows=r, slots=slots,
+                max_new_tokens=max_new_tokens, shards=shards, pad_id=pad_id)
   active = jnp.ones((r,), bool) if active is None else jnp.asarray(active, bool)
-  by_shard = _shards(active, shards)
-  state = EngineState(
-      tokens=jnp.full((r, max_new_tokens), pad_id, jnp.int32),
-      logprobs=jnp.zeros((r, max_new_tokens), jnp.float32),
-      mask=jnp.zeros((r, max_new_tokens), jnp.float32),
-      limit=(jnp.full((r,), max_new_tokens, jnp.int32) if stop_after is None
-             else jnp.asarray(stop_after, jnp.int32)),
-      row=jnp.full((slots,), r, jnp.int32), step=jnp.zeros((slots,), jnp.int32),
-      logits=jnp.zeros((slots, logits.shape[-1]), jnp.float32), cache=cache,
-      prompt_mask=mask, prompt_logits=logits,
-      queue=jnp.argsort(~by_shard, axis=1, stable=True).astype(jnp.int32),
-      queued=jnp.sum(by_shard, axis=1, dtype=jnp.int32),
-      taken=jnp.zeros((shards,), jnp.int32), iterations=jnp.zeros((), jnp.int32),
-      slot_steps=jnp.zeros((), jnp.int32), key=key)
+  state = enqueue(state, active, jnp.zeros((), jnp.int32),
+                  row_limits(r, max_new_tokens, stop_after), pad_id)
   state = _seat(state, jnp.zeros((slots,), bool), state.logits, group)
-  by_rows = ("tokens", "logprobs", "mask", "limit", "row", "step", "logits", "queue", "queued",
-             "taken")
-  return state._replace(**mesh_lib.constrain_rows({f: getattr(state, f) for f in by_rows}, mesh))
+  return constrain(state, mesh)
 
 
 def stage_slots(slots: int, shards: int, shrink: int) -> Tuple[int, ...]:
@@ -224,20 +341,40 @@ def _compact(state: EngineState, slots: int, scanned: bool) -> EngineState:
   return _on_slots(state, lambda x, axis, fill: _take_slots(x, order, axis), scanned)
 
 
+def pending(state: EngineState, generation: jax.Array) -> jax.Array:
+  """bool[]: a row of generation `generation` has not stopped (queued, seated or evicted)."""
+  shards, generations = state.queue.shape[0], state.keys.shape[0]
+  return jnp.any(~take_block(state.done, generation, generations, shards))
+
+
 @functools.partial(
     jax.jit, static_argnums=(0,),
     static_argnames=("top_k", "top_p", "greedy", "stop_ids", "pad_id", "group", "mesh",
                      "shrink"),
     donate_argnames=("state",))
-def run(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=False, stop_ids=(),
-        pad_id=0, group=1, mesh=None, shrink=0):
-  """The second device program: decodes until every queued row has stopped, halving its slots
-  up to `shrink` times as the rows run out (module docstring); returns the final state
-  (`state.slot_steps` slot-steps computed in `state.iterations` loop iterations), of the
-  input's shapes. temperature is traced f32[]; the keyword arguments are
-  static (stop_ids a sorted tuple of ints)."""
+def run(graphdef, params, state, temperature, version=None, budget=None, due=None, *, top_k=0,
+        top_p=1.0, greedy=False, stop_ids=(), pad_id=0, group=1, mesh=None, shrink=0):
+  """The second device program: seats queued rows in the free slots, then decodes until every
+  queued row has stopped, halving its slots up to `shrink` times as the rows run out (module
+  docstring); returns the final state (`state.slot_steps` slot-steps computed in
+  `state.iterations` loop iterations), of the input's shapes.
+
+  Traced: temperature f32[]; version i32[] (recorded with every token drawn; None: 0); budget
+  i32[] (stop after this many loop iterations, 0: no limit; None: no limit) and due i32[] (stop
+  once generation `due` has no row left, -1: no such condition; None: none), for the rollouts
+  in flight across steps (`inflight`). The keyword arguments are static (stop_ids a sorted tuple
+  of ints).
+
+  Raises:
+    ValueError: shrink > 0 with a budget or a due generation (halving the slots needs a call
+      that runs until every row has stopped).
+  """
+  if shrink and (budget is not None or due is not None):
+    raise ValueError("shrink > 0 needs a run until every row stops: no budget, no due "
+                     "generation")
   rows, shards = state.tokens.shape[0], state.queue.shape[0]
   stop = jnp.asarray(stop_ids, jnp.int32)
+  version = jnp.zeros((), jnp.int32) if version is None else jnp.asarray(version, jnp.int32)
   config = transformer.merge_params(graphdef, params).config
   scanned = config.scan_layers
   params = mesh_lib.gathered_vocab_weights(params, mesh, config.dtype)  # once for every stage
@@ -246,8 +383,7 @@ def run(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=Fals
 
   def advance(s):
     live = s.row < rows
-    keys = strategies.row_keys(s.key, s.row, s.step)
-    token, logprob = strategies.draw_tokens(s.logits, keys, temperature=temperature,
+    token, logprob = strategies.draw_tokens(s.logits, _slot_keys(s), temperature=temperature,
                                             top_k=top_k, top_p=top_p, greedy=greedy)
     token = jnp.where(live, token, pad_id)
     limit = jnp.take(s.limit, jnp.minimum(s.row, rows - 1))
@@ -255,7 +391,12 @@ def run(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=Fals
     go_on = live & ~stops
     s = s._replace(tokens=_write(s.tokens, s.row, s.step, token, shards),
                    logprobs=_write(s.logprobs, s.row, s.step, logprob, shards),
-                   mask=_write(s.mask, s.row, s.step, jnp.ones_like(logprob), shards))
+                   mask=_write(s.mask, s.row, s.step, jnp.ones_like(logprob), shards),
+                   versions=_write(s.versions, s.row, s.step,
+                                   jnp.broadcast_to(version, token.shape), shards),
+                   done=_write(s.done, jnp.where(stops, s.row, rows), None,
+                               jnp.ones(token.shape, bool), shards),
+                   drawn=s.drawn + jnp.sum(live, dtype=jnp.int32))
     prompts = _slot_prompts(s.row, shards, rows, group)
     index = prefix_cache.SlotIndex(prompt=prompts, step=s.step)
     lengths = prefix_cache.gather(jnp.sum(s.prompt_mask, axis=1, dtype=jnp.int32), prompts)
@@ -265,14 +406,25 @@ def run(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=Fals
                    slot_steps=s.slot_steps + s.row.shape[0])
     return _seat(s, go_on, logits, group)
 
-  busy = lambda s: jnp.any(s.row < rows)
+  first_iteration = state.iterations
+
+  def going(s):
+    go = jnp.any(s.row < rows)
+    if budget is not None:
+      go = go & ((budget <= 0) | (s.iterations - first_iteration < budget))
+    if due is not None:
+      go = go & ((due < 0) | pending(s, due))
+    return go
+
+  state = _seat(state, state.row < rows, state.logits, group)  # rows queued since the last call
   place = lambda s: s if mesh is None else _on_slots(
       s, lambda x, axis, fill: mesh_lib.constrain_rows(x, mesh, axis), scanned)
   sizes = stage_slots(state.row.shape[0], shards, shrink)
   for smaller in sizes[1:]:
-    state = jax.lax.while_loop(lambda s, n=smaller: busy(s) & ~_fits(s, rows, n), advance, state)
+    state = jax.lax.while_loop(lambda s, n=smaller: going(s) & ~_fits(s, rows, n), advance,
+                               state)
     state = place(_compact(state, smaller, scanned))
-  state = jax.lax.while_loop(busy, advance, state)
+  state = jax.lax.while_loop(going, advance, state)
   if len(sizes) == 1:
     return state
   # Every slot is free now: the state goes back to the first stage's shapes (so that its
