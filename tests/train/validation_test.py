@@ -5,7 +5,7 @@ import re
 import pytest
 
 from configs import scratch
-from rl_curriculum.train import builders, validation
+from rl_curriculum.train import builders, rollout_config, validation
 import test_util
 
 
@@ -133,13 +133,55 @@ def test_engine_fields_are_named(fields, message):
     validation.validate(_config(**fields))
 
 
+_IN_FLIGHT = dict(rl__engine="continuous", rl__max_staleness=1)
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(rl__max_staleness=-1), "config.rl.max_staleness: must be a whole number >= 0"),
+    (dict(rl__decode_budget=-3), "config.rl.decode_budget: must be a whole number >= 0"),
+    (dict(rl__admission="pace"), "config.rl.admission: must be one of ('wait', 'drop')"),
+    (dict(parallel__rollout_devices=-1), "config.parallel.rollout_devices: must be a whole"),
+    (dict(rl__max_staleness=2), "config.rl.engine: rollouts in flight across steps"),
+    (dict(rl__decode_budget=8), "config.rl.engine: rollouts in flight across steps"),
+    (dict(_IN_FLIGHT, rl__admission="drop"), "config.rl.admission: 'drop' evicts"),
+    (dict(rl__engine="continuous", rl__decode_budget=4, rl__admission="drop"),
+     "config.rl.admission: 'drop' evicts"),
+    (dict(_IN_FLIGHT, rl__temperature_target=1.0), "config.rl.temperature_target: the adaptive"),
+])
+def test_rollouts_in_flight_fields_are_named(fields, message):
+  with pytest.raises(validation.ConfigError, match=re.escape(message)) as error:
+    validation.validate(_config(**fields))
+  assert "\n" not in str(error.value)  # one line
+
+
+def test_the_rollout_devices_split_leaves_the_learner_devices_on_every_process():
+  class Device:
+    def __init__(self, i, process):
+      self.id, self.process_index = i, process
+
+  devices = [Device(i, i // 4) for i in range(8)]      # two processes of four devices
+  split = lambda n, processes=2: rollout_config.split_devices(
+      _config(parallel__rollout_devices=n), devices, processes)
+  learner, rollout = split(2)
+  assert [d.id for d in learner] == [0, 1, 2, 4, 5, 6] and [d.id for d in rollout] == [3, 7]
+  assert split(0) == (devices, devices)
+  for bad in (3, 8, 9):   # odd over two processes; no learner device left
+    with pytest.raises(validation.ConfigError, match=re.escape("config.parallel.rollout_devices")):
+      split(bad)
+  uneven = devices[:3] + devices[4:5]  # process 1 has one device: none left to learn on
+  with pytest.raises(validation.ConfigError, match="leave a process with no learner device"):
+    rollout_config.split_devices(_config(parallel__rollout_devices=2), uneven, 2)
+  validation.validate(_config(**_IN_FLIGHT, rl__decode_budget=4, rl__admission="drop",
+                              parallel__rollout_devices=1))
+
+
 def test_engine_shapes_are_checked_against_the_mesh_and_the_prompt_buffer():
   c = _config(rl__engine="continuous", rl__decode_slots=12, rl__prefill_chunk=16)
-  validation.check_decode_slots(c, 4)
+  rollout_config.check_decode_slots(c, 4)
   with pytest.raises(validation.ConfigError, match=re.escape(
       "config.rl.decode_slots: 12 decode slots do not split over data x fsdp = 8 devices")):
-    validation.check_decode_slots(c, 8)
-  validation.check_prefill_chunk(c, 16)
+    rollout_config.check_decode_slots(c, 8)
+  rollout_config.check_prefill_chunk(c, 16)
   with pytest.raises(validation.ConfigError, match=re.escape(
       "config.rl.prefill_chunk: 16 is longer than the prompt buffer (12 tokens)")):
-    validation.check_prefill_chunk(c, 12)
+    rollout_config.check_prefill_chunk(c, 12)
