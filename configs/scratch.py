@@ -106,6 +106,17 @@ def get_config() -> ml_collections.ConfigDict:
                                     # rows left fit (the tail's slot-steps; same tokens; 0 = fixed)
   c.rl.prefill_chunk = 0            # prompt positions per prefill pass (0 = the whole prompt;
                                     # at most the prompt buffer)
+  # Rollouts in flight across steps (docs/concepts.md#rollouts-overlapped-with-learning; each
+  # needs the continuous engine): step t learns from a batch selected and queued at step t - k,
+  # while the batches of the next k steps decode.
+  c.rl.max_staleness = 0            # k: policy versions a trained token may lag its update
+                                    # (0 = synchronous: each step samples, then learns)
+  c.rl.decode_budget = 0            # decode iterations a step runs (partial rollouts: rows
+                                    # that have not stopped go on at the next step, under its
+                                    # weights); 0 = every queued row decodes to its end
+  c.rl.admission = "wait"           # a batch whose rows have not all stopped when its step
+                                    # comes: wait (decode on until they do) | drop (its
+                                    # unfinished groups are discarded; needs k >= 1, a budget)
   c.rl.temperature = 1.0            # sampling temperature; the losses' log-probs are those of
                                     # logits / temperature, the distribution that sampled
   c.rl.learning_rate = 2e-5         # Adam moves every weight ~lr per step: 3e-4 wrecked the SFT
@@ -208,6 +219,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.parallel = ml_collections.ConfigDict()  # docs/scaling.md
   c.parallel.mesh_shape = (-1, 1, 1)  # devices on (data, fsdp, tensor); one -1 takes the rest
+  c.parallel.rollout_devices = 0    # devices that only sample (the last ones of each process),
+                                    # a data-parallel rollout mesh apart from the learner's
+                                    # mesh_shape over the rest; weights (LoRA: the adapters)
+                                    # sent after every update (0 = the learner's devices sample)
   c.parallel.coordinator_address = ""  # multi-host: host:port of process 0 ("" = env or none)
   c.parallel.num_processes = 1      # 1 = one process (unless the env names a coordinator);
                                     # 0 = let JAX detect the cluster (TPU pod, SLURM, MPI)

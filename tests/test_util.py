@@ -28,6 +28,10 @@ from rl_curriculum.train import builders, warm_start
 from rl_curriculum.train.rl_types import LearnConfig
 from rl_curriculum.types import Feedback
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Wall-clock measurements differ between runs by nature; everything else must match exactly.
+TIMING = ("time/", "tokens_per_s")
+
 # Tolerance of float32 kernels checked against float64 references.
 TOL = dict(rtol=1e-5, atol=1e-5)
 # Every kernel test runs eagerly and under jit.
@@ -173,3 +177,28 @@ def run_rl(config, workdir: str, warm_from: Optional[str] = "shared",
   rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
   assert [r["step"] for r in rows] == list(range(1, config.rl.steps + 1))
   return rows
+
+
+def deterministic(rows: list[dict]) -> list[dict]:
+  """metrics.jsonl rows without their wall-clock measurements (`TIMING`)."""
+  return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def saved_state(workdir: str, step: Optional[int] = None) -> tuple[int, dict]:
+  """(step, saved state) of checkpoint `step` of a run's workdir (None: the newest), read back
+  as it was written."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import checkpointing  # pylint: disable=import-outside-toplevel
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
+  step = manager.latest_step() if step is None else step
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  manager.close()
+  return step, restored["state"]
+
+
+def train_command(workdir: str, *overrides: str, config: str = "scratch") -> list[str]:
+  """The command line of `python -m experiments.train` with configs/<config>.py in `workdir`."""
+  import sys  # pylint: disable=import-outside-toplevel
+  return [sys.executable, "-m", "experiments.train",
+          "--config", os.path.join(ROOT, "configs", f"{config}.py"), "--workdir", workdir,
+          *overrides]

@@ -6,7 +6,10 @@
   4. RL state        the run's programs (`programs.build`, the builder the memory planner uses
                      too), a fresh `RunState` placed on the mesh, or the newest checkpoint's
   5. loop            select -> collect (sample, score on the host, filter; `rollouts`) -> learn
-                     (one jit) -> log / evaluate / save, each step on the one `RunState`
+                     (one jit) -> log / evaluate / save, each step on the one `RunState`; with
+                     rollouts in flight (`pipeline`: rl.max_staleness, rl.decode_budget,
+                     parallel.rollout_devices) queue the batch k steps ahead -> finish this
+                     step's -> learn and decode at once -> score what stopped
   6. report          before/after table, report.png, report.html, summary.json (`summary`)
 
 Per-step randomness is `fold_in(root_key, step)`, and everything that evolves (the run state:
@@ -25,11 +28,13 @@ import ml_collections
 
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import budget, checkpointing, features, programs as programs_lib
-from rl_curriculum.train import recovery, relora, rollouts, summary, validation
+from rl_curriculum.train import budget, checkpointing, features, pipeline
+from rl_curriculum.train import programs as programs_lib, recovery, relora, rollout_config
+from rl_curriculum.train import rollouts, summary, validation
 from rl_curriculum.train import workdir as workdir_lib
 from rl_curriculum.train.metrics import MetricsWriter
-from rl_curriculum.train.prepare import Prepared, prepare, rl_root_key, run_mesh, token_ids
+from rl_curriculum.train.prepare import (Prepared, prepare, rl_root_key, rollout_mesh, run_mesh,
+                                        step_keys, token_ids)
 from rl_curriculum.train.state import RunState, checkpoint_tree, with_checkpoint
 
 __all__ = ["Loop", "fresh_state", "restore_params", "step_keys", "run_step",
@@ -71,6 +76,7 @@ class Loop(NamedTuple):
   merge: Optional[Callable]  # ReLoRA's jitted merge (`relora.make_merge`), or None
   log: Callable[[str], None]  # prints on process 0
   workdir: str
+  side: Optional[pipeline.Side] = None  # where rollouts in flight decode, or None (synchronous)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -79,13 +85,18 @@ class Loop(NamedTuple):
 
 def fresh_state(config: ml_collections.ConfigDict, run: Prepared,
                 mesh) -> tuple[programs_lib.Programs, RunState]:
-  """The run's programs and its state before the first step (not yet placed): the curriculum
-  over the RL pool (with PCL's features of the starting policy) initialised with key 0 of the
-  root (steps count from 1, so no step draws it)."""
+  """The run's programs and its state before the first step (not yet placed, but for an empty
+  pipeline's engine when rollouts are in flight): the curriculum over the RL pool (with PCL's
+  features of the starting policy) initialised with key 0 of the root (steps count from 1, so
+  no step draws it)."""
   pool = features.curriculum_pool(config, run)
-  programs = programs_lib.build(config, run.model, mesh, pool, token_ids(run))
+  rollouts_on = rollout_mesh(config, mesh)
+  programs = programs_lib.build(config, run.model, mesh, pool, token_ids(run), rollouts_on)
   state = programs_lib.init_run_state(config, programs, run.model, pool,
                                       jax.random.fold_in(rl_root_key(config), 0))
+  if rollout_config.in_flight(config):
+    side = pipeline.rollout_side(config, rollouts_on, mesh)
+    state = pipeline.attach(config, run, programs, side, rl_root_key(config), state)
   return programs, state
 
 
@@ -131,6 +142,11 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   continues after, held-out accuracy before RL, measured now on a fresh run)."""
   mesh = run_mesh(config)
   layout = rollouts.row_layout(config, mesh)
+  side = None
+  if rollout_config.in_flight(config):
+    side = pipeline.rollout_side(config, rollout_mesh(config, mesh), mesh)
+  else:
+    rollout_config.check_decode_slots(config, mesh_lib.batch_size_of(mesh))
   log = _main_process_print
   run = prepare(config, workdir, log, task=task)
   programs, state = fresh_state(config, run, mesh)
@@ -144,8 +160,11 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
               root=rl_root_key(config), log=log, merge=merge, workdir=workdir,
               manager=checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                                  max_to_keep=config.checkpoint.keep,
-                                                 writer=True))
+                                                 writer=True),
+              side=side)
   start, state, before = _restore(loop, programs_lib.place(programs, state))
+  if side is not None and start == 0:  # the batches of steps 1 .. k, selected before step 1
+    state = pipeline.restart(loop, state, pipeline.rollout_policy(loop, state), 1, 0)
   if jax.process_index() == 0:  # once the checkpoint fits: the config its next steps are made by
     workdir_lib.record_config(config, workdir)
   if before is None:
@@ -162,15 +181,11 @@ def _record(loop: Loop, step: int) -> Optional[str]:
 # Phase 5: one step.
 # ------------------------------------------------------------------------------------------------
 
-def step_keys(root: jax.Array, step: int) -> jax.Array:
-  """The keys of step `step` (select, sample, learn, filter): split from fold_in(root, step)."""
-  return jax.random.split(jax.random.fold_in(root, step), 4)
-
-
 def _learn(loop: Loop, state: RunState, batch, key: jax.Array, step: int) -> tuple[RunState,
                                                                                    dict]:
   """The learn half of step `step`: the per-prompt statistics observe the batch, the learn
-  program updates the train and curriculum states, PCL's features follow the policy."""
+  program updates the train and curriculum states, PCL's features follow the policy. The
+  metrics are the program's, still on the devices (nothing waits for it to finish)."""
   config, rep = loop.config, loop.programs.replicated
   prompts = budget.observe(state.prompts, batch, step)
   state = state._replace(prompts=distributed.place(prompts, jax.tree.map(lambda _: rep, prompts)))
@@ -180,7 +195,7 @@ def _learn(loop: Loop, state: RunState, batch, key: jax.Array, step: int) -> tup
                                     state._replace(train=train, curriculum=curriculum), rep)
   if config.parallel.check_replicated:
     distributed.assert_replicated(state.curriculum, f"curriculum state after step {step}")
-  return state, jax.device_get(metrics)
+  return state, metrics
 
 
 def _after_update(loop: Loop, state: RunState, step: int, learned: dict,
@@ -200,8 +215,11 @@ def _after_update(loop: Loop, state: RunState, step: int, learned: dict,
 
 def run_step(loop: Loop, state: RunState, step: int,
              log: Callable[[str], None]) -> tuple[RunState, dict]:
-  """One RL step on the run state: select -> collect -> learn -> health, rollback, ReLoRA.
-  Returns the state after the step and its metrics (held-out evaluation aside)."""
+  """One RL step on the run state: select -> collect -> learn -> health, rollback, ReLoRA (with
+  rollouts in flight: `_pipelined_step`). Returns the state after the step and its metrics
+  (held-out evaluation aside)."""
+  if loop.side is not None:
+    return _pipelined_step(loop, state, step, log)
   k_select, k_sample, k_learn, k_filter = step_keys(loop.root, step)
   selection, curriculum = loop.programs.select(state.curriculum, k_select)  # same on every process
   state = state._replace(curriculum=curriculum)
@@ -209,8 +227,45 @@ def run_step(loop: Loop, state: RunState, step: int,
                                   selection, k_sample, k_filter)
   t = time.time()
   state, metrics = _learn(loop, state, batch, k_learn, step)
-  metrics = {**metrics, **stats, "time/learn_s": time.time() - t}
+  metrics = {**jax.device_get(metrics), **stats, "time/learn_s": time.time() - t}
   state, after = _after_update(loop, state, step, metrics, log)
+  return state, {**metrics, **after}
+
+
+def _pipelined_step(loop: Loop, state: RunState, step: int,
+                    log: Callable[[str], None]) -> tuple[RunState, dict]:
+  """Step `step` with rollouts in flight (`pipeline`): queue batch step + k, finish and score
+  batch `step`, learn on it while the engine decodes (learn first when the rollouts have devices
+  of their own, so that both run at once; else decode first, which reads the weights the learn
+  step then donates), score the batches whose rows all stopped."""
+  config = loop.config
+  _, _, k_learn, k_filter = step_keys(loop.root, step)
+  t0 = time.time()
+  version = int(state.train.step)
+  params = pipeline.rollout_policy(loop, state)
+  before = pipeline.engine_counters(state)
+  if step + config.rl.max_staleness <= config.rl.steps:
+    state = pipeline.queue(loop, state, params, step + config.rl.max_staleness, step)
+  state = pipeline.finish(loop, state, params, step, version)
+  batch, stats = pipeline.learn_batch(loop, state, step, k_filter)
+  t1 = time.time()
+  if loop.side.apart:
+    state, metrics = _learn(loop, state, batch, k_learn, step)
+    state = pipeline.decode(loop, state, params, version)
+  else:
+    state = pipeline.decode(loop, state, params, version)
+    state, metrics = _learn(loop, state, batch, k_learn, step)
+  state = pipeline.score_stopped(loop, state)
+  t2 = time.time()
+  metrics = jax.device_get(metrics)
+  t3 = time.time()
+  metrics = {**metrics, **stats,
+             **pipeline.decode_stats(before, pipeline.engine_counters(state), t3 - t0),
+             "time/finish_s": t1 - t0, "time/overlap_s": t2 - t1, "time/learn_wait_s": t3 - t2}
+  rollbacks = state.health.rollbacks
+  state, after = _after_update(loop, state, step, metrics, log)
+  if state.health.rollbacks != rollbacks:  # the restored batches in flight are not this step's
+    state = pipeline.restart(loop, state, pipeline.rollout_policy(loop, state), step + 1, step)
   return state, {**metrics, **after}
 
 

@@ -48,7 +48,8 @@ from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import budget, builders, programs as programs_lib, validation
+from rl_curriculum.train import budget, builders, programs as programs_lib, rollout_config
+from rl_curriculum.train import validation
 from rl_curriculum.train.rl_types import Batch
 
 GIB = 1024 ** 3
@@ -299,8 +300,8 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
     raise validation.ConfigError(
         f"config.parallel.mesh_shape: {rows} rollout rows do not split over data x fsdp = "
         f"{shards} devices")
-  validation.check_decode_slots(config, shards)
-  validation.check_prefill_chunk(config, prompt_len)
+  rollout_config.check_decode_slots(config, shards)
+  rollout_config.check_prefill_chunk(config, prompt_len)
   inputs = abstract_inputs(config, abstract_model(config, shape), mesh, prompt_len=prompt_len)
   report = {"devices": jax.device_count(), "mesh": dict(mesh.shape), "hbm_gib": hbm_gib,
             "model": {"layers": shape.num_layers, "d_model": shape.d_model,

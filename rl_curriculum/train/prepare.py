@@ -20,7 +20,8 @@ from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.tasks.data import TaskPool
-from rl_curriculum.train import builders, data, programs as programs_lib, validation, warm_start
+from rl_curriculum.train import builders, data, programs as programs_lib, rollout_config
+from rl_curriculum.train import validation, warm_start
 
 __all__ = ["Prepared", "run_mesh", "prepare", "rl_root_key", "token_ids"]
 
@@ -40,11 +41,22 @@ class Prepared(NamedTuple):
 
 
 def run_mesh(config: ml_collections.ConfigDict):
-  """The run's device mesh: config.parallel.mesh_shape over the devices of every process."""
+  """The run's (learner's) device mesh: config.parallel.mesh_shape over the devices of every
+  process, less those `parallel.rollout_devices` gives the rollout mesh (`rollout_mesh`)."""
+  learner, _ = rollout_config.split_devices(config, jax.devices(), jax.process_count())
   try:
-    return mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))
+    return mesh_lib.make_mesh(tuple(config.parallel.mesh_shape), learner)
   except ValueError as e:
     raise validation.ConfigError(f"config.parallel.mesh_shape: {e}") from e
+
+
+def rollout_mesh(config: ml_collections.ConfigDict, mesh):
+  """The mesh the rollouts decode on: the learner's `mesh` itself, or with
+  `parallel.rollout_devices` > 0 a data-parallel mesh over those devices."""
+  if config.parallel.rollout_devices == 0:
+    return mesh
+  _, devices = rollout_config.split_devices(config, jax.devices(), jax.process_count())
+  return mesh_lib.make_mesh((-1, 1, 1), devices)
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=None) -> Prepared:
@@ -93,7 +105,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
       f"{len(splits.sft)} SFT, "
       f"{sum(map(len, splits.held_out.values()))} held out, none of them in training; vocab "
       f"{tok.vocab_size}, prompt length {pools.prompt_len}\n  {splits.describe(task.bin_names)}")
-  validation.check_prefill_chunk(config, pools.prompt_len)
+  rollout_config.check_prefill_chunk(config, pools.prompt_len)
 
   # 3. Model, SFT warm start, adapters.
   if policy is not None:
@@ -123,6 +135,13 @@ def rl_root_key(config: ml_collections.ConfigDict) -> jax.Array:
   tokenizer and the SFT warm start, which is what seeds of a curricula comparison should vary."""
   key = jax.random.PRNGKey(config.seed)
   return jax.random.fold_in(key, config.rl.seed) if config.rl.seed else key
+
+
+def step_keys(root: jax.Array, step: int) -> jax.Array:
+  """The keys of RL step `step` (select, sample, learn, filter): split from fold_in(root, step).
+  With rollouts in flight (`pipeline`), batch j is selected, sampled and filtered with step j's
+  keys whenever it is queued."""
+  return jax.random.split(jax.random.fold_in(root, step), 4)
 
 
 def token_ids(run: Prepared) -> programs_lib.TokenIds:

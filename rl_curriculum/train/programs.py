@@ -85,6 +85,8 @@ class Programs(NamedTuple):
   rows: Any                # a rollout's [R, ...] arrays: rows over the batch axes
   replicated: Any          # curriculum state, per-prompt statistics, metrics
   mesh: Any
+  rollout_mesh: Any = None     # where the engine decodes: `mesh`, or the rollout devices'
+  rollout_shardings: Any = None  # the policy's parameters on it (`policy`'s structure)
 
 
 def needs_reference(config: ml_collections.ConfigDict) -> bool:
@@ -118,16 +120,18 @@ def _init_train(config: ml_collections.ConfigDict, optimizer, model: Model):
 
 
 def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.PromptPool,
-          tokens: TokenIds) -> Programs:
+          tokens: TokenIds, rollout_mesh=None) -> Programs:
   """The programs of a run of `config` (checked by `validation.validate`) on `mesh`.
 
   Args:
     config: the run's config.
     model: the policy (arrays or abstract shapes).
-    mesh: the run's device mesh.
+    mesh: the run's (learner's) device mesh.
     pool: the RL pool the curriculum selects from (for PCL, with the prompts' features).
     tokens: the tokenizer's ids the sampler stops and pads with.
+    rollout_mesh: the mesh the sampler decodes on (`prepare.rollout_mesh`); None: `mesh`.
   """
+  rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
   optimizer = builders.build_optimizer(config.rl.learning_rate,
                                        max_grad_norm=config.rl.max_grad_norm)
   curriculum = builders.build_curriculum(config, pool, builders.sampled_prompts(config))
@@ -148,14 +152,17 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
       select=jax.jit(curriculum.select, out_shardings=rep), learn=learn,
       sampler=dict(max_new_tokens=config.rl.max_new_tokens, eos_id=tokens.eos_id,
                    stop_ids=tuple(tokens.stop_ids), pad_id=tokens.pad_id,
-                   group=budget.group_slots(config), mesh=mesh,
+                   group=budget.group_slots(config), mesh=rollout_mesh,
                    prefill_chunk=config.rl.prefill_chunk),
       engine=config.rl.engine, slots=config.rl.decode_slots, shrink=config.rl.decode_shrink,
       train_shardings=train_shardings,
       base_shardings=(None if model.frozen is None
                       else mesh_lib.param_shardings(model.frozen, mesh)),
       ref_shardings=None if ref is None else mesh_lib.param_shardings(ref, mesh),
-      rows=mesh_lib.batch_sharding(mesh, 2), replicated=rep, mesh=mesh)
+      rows=mesh_lib.batch_sharding(mesh, 2), replicated=rep, mesh=mesh,
+      rollout_mesh=rollout_mesh,
+      rollout_shardings=mesh_lib.param_shardings(
+          forward.model_params(model.trainable, model.frozen), rollout_mesh))
 
 
 def init_run_state(config: ml_collections.ConfigDict, programs: Programs, model: Model,
@@ -176,7 +183,7 @@ def shardings(programs: Programs, state: RunState) -> RunState:
   rep = lambda tree: jax.tree.map(lambda _: programs.replicated, tree)
   return state._replace(train=programs.train_shardings, curriculum=rep(state.curriculum),
                         base=programs.base_shardings, prompts=rep(state.prompts),
-                        rollouts=jax.tree.map(lambda _: programs.rows, state.rollouts))
+                        rollouts=jax.tree.map(lambda x: x.sharding, state.rollouts))
 
 
 def _lay_out(programs: Programs, state: RunState, lay: Callable) -> RunState:

@@ -88,7 +88,7 @@ from rl_curriculum.types import Feedback
 
 __all__ = ["batch_overlong_penalty", "score_groups", "update_kl", "should_roll_back", "commit",
            "rollout_temperature", "adapt_temperature", "batch_metrics", "overlong_metrics",
-           "learn", "make_learn"]
+           "staleness_metrics", "learn", "make_learn"]
 
 
 # --- 1. Rewards, advantages and the curriculum's feedback -----------------------------------------
@@ -304,6 +304,20 @@ def overlong_metrics(batch: Batch, config: LearnConfig) -> dict:
   return metrics
 
 
+def staleness_metrics(batch: Batch, view: TrainView, version: jax.Array) -> dict:
+  """With version-tagged tokens (`Batch.versions`, rollouts in flight), the staleness of the
+  trained tokens that count: "staleness_max" and "staleness_mean" of version - the version that
+  drew each (`version`: i32[] the train state's update counter, the policy the update starts
+  from); else nothing."""
+  if batch.versions is None:
+    return {}
+  rows = forward.trained_rows(batch.train_groups, batch.rewards.shape[1])
+  staleness = (version - batch.versions[rows]).astype(jnp.float32)
+  counted = view.mask > 0
+  return {"staleness_max": jnp.max(jnp.where(counted, staleness, 0.0)),
+          "staleness_mean": losses.masked_mean(staleness, view.mask)}
+
+
 def kl_reward_metrics(view: TrainView, config: LearnConfig) -> dict:
   """With a KL in the reward (`kl_reward_coef` = beta != 0), "kl_reward": the mean over trained
   completions with a counted token of beta * sum_t k1 (`rewards.kl_penalty`), what the reward lost
@@ -380,6 +394,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
                     config=config, use_lora=use_lora, value=train_state.value, mesh=mesh,
                     temperature=tau, version=train_state.step)
   view, capo_metrics = advantage_curriculum(view, train_state.step, config)
+  staleness = staleness_metrics(batch, view, train_state.step)
 
   # 3-4. Optimizer steps.
   ppo = config.algorithm == "ppo"
@@ -400,6 +415,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
       (new_trained, new_opt_state, new_cur_state, scores.whitening, new_temperature), skip, config)
 
   # 6. Batch statistics.
+  metrics.update(staleness)
   metrics.update(rollback_metrics)
   metrics.update(batch_metrics(batch, scores, view))
   metrics.update(capo_metrics)

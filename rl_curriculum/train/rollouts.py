@@ -28,7 +28,8 @@ from rl_curriculum.train.rl_types import Batch
 from rl_curriculum.train.state import RunState
 from rl_curriculum.types import Feedback, Selection
 
-__all__ = ["RowLayout", "row_layout", "score_completions", "train_groups", "collect"]
+__all__ = ["RowLayout", "row_layout", "score_completions", "train_groups", "collect",
+           "batch_stats", "rollout_stats"]
 
 
 class RowLayout(NamedTuple):
@@ -48,7 +49,6 @@ def row_layout(config: ml_collections.ConfigDict, mesh) -> RowLayout:
         f"config.parallel.mesh_shape: {num_rows} rollout rows (prompts_per_step x oversample x "
         f"group_size, or allocation_max with an allocation) do not split over data x fsdp = "
         f"{mesh_lib.batch_size_of(mesh)} devices")
-  validation.check_decode_slots(config, mesh_lib.batch_size_of(mesh))
   sharding = mesh_lib.batch_sharding(mesh, 2)
   return RowLayout(mesh=mesh, sharding=sharding, num_rows=num_rows,
                    mine=distributed.local_row_indices(sharding, num_rows))
@@ -166,25 +166,30 @@ def collect(config: ml_collections.ConfigDict, run: Prepared, programs: programs
                               group_valid, (t1 - t0, t2 - t1), slot_steps)
 
 
-def rollout_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Selection,
-                  mask: jax.Array, rewards: np.ndarray, valid: np.ndarray,
-                  group_valid: np.ndarray, seconds: tuple, slot_steps: int = 0) -> dict:
-  """Host statistics of a step's rollout for the log: sampling and scoring time (`seconds` =
-  (sample, score)), tokens per second, the sampled reward, the curriculum's arms, the groups
-  kept by the filter, rollouts sampled and saved, the decode slot-steps the engine computed and
-  the share of them that kept a token, and an allocation's range."""
+def batch_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Selection,
+                rewards: np.ndarray, valid: np.ndarray, group_valid: np.ndarray) -> dict:
+  """Host statistics of a scored batch for the log: the sampled reward, the curriculum's arms,
+  the groups kept by the filter, rollouts sampled and saved, and an allocation's range."""
   arm_counts = np.bincount(np.asarray(selection.arms), minlength=num_arms)
   budgeted = builders.sampled_prompts(config) * config.rl.group_size
-  sample_s, score_s = seconds
-  stats = {"time/sample_s": sample_s, "time/score_s": score_s,
-           "tokens_per_s": float(jnp.sum(mask)) / max(sample_s, 1e-9),
-           "sampled_reward_mean": float(rewards[valid].mean()) if valid.any() else 0.0,
+  stats = {"sampled_reward_mean": float(rewards[valid].mean()) if valid.any() else 0.0,
            "curriculum/arm_frac": arm_counts / arm_counts.sum(),
            "groups_kept": float(group_valid.sum()),
-           "rollouts": float(valid.sum()), "rollouts_saved": float(budgeted - valid.sum()),
-           "rollout/slot_steps": float(slot_steps),
-           "rollout/slot_utilisation": float(jnp.sum(mask)) / max(slot_steps, 1)}
+           "rollouts": float(valid.sum()), "rollouts_saved": float(budgeted - valid.sum())}
   if config.rl.allocation != "none":
     counts = valid.sum(axis=1)
     stats.update({"allocation/min": float(counts.min()), "allocation/max": float(counts.max())})
   return stats
+
+
+def rollout_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Selection,
+                  mask: jax.Array, rewards: np.ndarray, valid: np.ndarray,
+                  group_valid: np.ndarray, seconds: tuple, slot_steps: int = 0) -> dict:
+  """`batch_stats`, and the sampling and scoring time (`seconds` = (sample, score)), tokens per
+  second, the decode slot-steps the engine computed and the share of them that kept a token."""
+  sample_s, score_s = seconds
+  tokens = float(jnp.sum(mask))
+  return {**batch_stats(config, num_arms, selection, rewards, valid, group_valid),
+          "time/sample_s": sample_s, "time/score_s": score_s,
+          "tokens_per_s": tokens / max(sample_s, 1e-9), "rollout/slot_steps": float(slot_steps),
+          "rollout/slot_utilisation": tokens / max(slot_steps, 1)}

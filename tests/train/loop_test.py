@@ -10,13 +10,12 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from configs import toy
 from rl_curriculum import tasks
 from rl_curriculum.tasks import data as tasks_data
-from rl_curriculum.train import checkpointing, data, features, loop, rollouts, validation
+from rl_curriculum.train import data, features, loop, rollouts, validation
 from rl_curriculum.train import prepare as prepare_lib
 from rl_curriculum.train import summary as summary_lib
 from rl_curriculum.train import warm_start
@@ -24,9 +23,7 @@ from rl_curriculum.train import workdir as workdir_lib
 from rl_curriculum.train.metrics import read_jsonl
 import test_util
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Wall-clock measurements differ between runs by nature; everything else must match exactly.
-_TIMING = ("time/", "tokens_per_s")
+ROOT = test_util.ROOT
 
 
 def toy_config(steps=4):
@@ -41,17 +38,8 @@ def _warm(config, workdir: str) -> str:
   return workdir
 
 
-def _deterministic(rows):
-  return [{k: v for k, v in r.items() if not k.startswith(_TIMING)} for r in rows]
-
-
-def _final_params(workdir):
-  """(step, saved state) of the newest checkpoint, read back as it was written."""
-  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
-  step = manager.latest_step()
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  manager.close()
-  return step, restored["state"]
+_deterministic = test_util.deterministic
+_final_params = test_util.saved_state
 
 
 @pytest.mark.slow
@@ -201,10 +189,7 @@ def test_rl_seed_changes_the_rl_stream_only():
   assert warm_start.fingerprint(c) == warm_start.fingerprint(d)
 
 
-def _cli(workdir, *overrides, config="scratch"):
-  return [sys.executable, "-m", "experiments.train",
-          "--config", os.path.join(ROOT, "configs", f"{config}.py"), "--workdir", workdir,
-          *overrides]
+_cli = test_util.train_command
 
 
 @pytest.mark.slow

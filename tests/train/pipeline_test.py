@@ -1,0 +1,161 @@
+"""Rollouts in flight across steps (rl_curriculum/train/pipeline.py), end to end at toy size.
+
+The toy run's completions stop at random lengths (an untrained model draws EOS at random), which
+is what the staleness bound, the admission rules and resuming with rows in flight are about.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import toy
+from rl_curriculum.train import loop
+from rl_curriculum.train.metrics import read_jsonl
+import test_util
+
+STEPS = 5
+
+
+def _config(k=0, budget=0, admission="wait", steps=STEPS, seed=0, **fields):
+  c = toy.get_config()
+  c.rl.steps = steps
+  c.rl.seed = seed
+  c.rl.engine = "continuous"
+  c.rl.decode_slots = 8
+  c.rl.max_staleness = k
+  c.rl.decode_budget = budget
+  c.rl.admission = admission
+  c.checkpoint.keep = 100
+  return test_util.set_fields(c, **fields)
+
+
+_run = test_util.run_rl
+
+
+def _params(workdir, step):
+  return test_util.saved_state(workdir, step)[1]
+
+
+def _assert_same_tree(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _trained(row):
+  """Groups trained at a step, summed over the arms ("curriculum/arm_trained/<arm>")."""
+  return sum(v for k, v in row.items() if k.startswith("curriculum/arm_trained/"))
+
+
+def _assert_close_params(a, b):
+  """The module tolerance: one learn program reads the tokens' versions (for its staleness
+  metrics) and XLA fuses it differently from the other."""
+  for x, y in zip(jax.tree.leaves(a["train"]["params"]), jax.tree.leaves(b["train"]["params"]),
+                  strict=True):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
+
+
+def test_k0_through_the_engine_is_the_synchronous_schedule(tmp_path):
+  """k = 0 with a decode budget keeps its rows in the engine between the phases of a step, but
+  decodes each batch to its end before learning from it: the synchronous loop's tokens (hence
+  rewards) exactly, its updates to the module tolerance."""
+  sync = _run(_config(steps=3), str(tmp_path / "sync"))
+  piped = _run(_config(budget=2, steps=3), str(tmp_path / "piped"))
+  _assert_close_params(_params(str(tmp_path / "sync"), 3), _params(str(tmp_path / "piped"), 3))
+  for a, b in zip(sync, piped, strict=True):
+    assert b["staleness_max"] == 0 and b["curriculum/feedback_delay"] == 0
+    for name in ("reward_mean", "correct_mean", "nonzero_adv_frac", "completion_len"):
+      assert a[name] == b[name], name
+    np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-4, atol=1e-7)
+
+
+def test_k1_learns_step_1_as_the_synchronous_loop_then_a_step_behind(tmp_path):
+  """Batch 1 is selected and sampled with step 1's keys from the starting state in both loops;
+  with k = 1, batch 2 is selected before step 1's feedback and sampled by version 0."""
+  sync_dir, piped_dir = str(tmp_path / "sync"), str(tmp_path / "k1")
+  sync = _run(_config(steps=2), sync_dir)
+  rows = _run(_config(k=1, steps=2), piped_dir)
+  _assert_close_params(_params(sync_dir, 1), _params(piped_dir, 1))
+  for name in ("reward_mean", "correct_mean", "nonzero_adv_frac", "completion_len"):
+    assert rows[0][name] == sync[0][name], name
+  assert [r["staleness_max"] for r in rows] == [0, 1]
+  assert [r["curriculum/feedback_delay"] for r in rows] == [1, 1]
+  second = [np.asarray(x) for x in jax.tree.leaves(_params(piped_dir, 2)["train"]["params"])]
+  assert any(not np.array_equal(x, np.asarray(y)) for x, y in
+             zip(second, jax.tree.leaves(_params(sync_dir, 2)["train"]["params"])))
+
+
+@pytest.mark.parametrize("k,budget,seed", [(1, 0, 0), (2, 2, 0), (2, 1, 3), (3, 2, 5)])
+def test_no_trained_token_is_older_than_k_and_wait_trains_every_group(k, budget, seed, tmp_path):
+  """Random completion lengths (the toy model's, over seeds): every trained token was drawn at
+  most k versions before the update; with `wait` every selected group is trained, k steps after
+  its selection."""
+  rows = _run(_config(k=k, budget=budget, seed=seed), str(tmp_path / "run"))
+  assert 1 <= max(r["staleness_max"] for r in rows) <= k  # the tokens do lag, within the bound
+  for step, r in enumerate(rows, start=1):
+    assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= k
+    assert r["curriculum/feedback_delay"] == min(step, k)
+    assert r["rollout/groups_dropped"] == 0 and r["groups_trained"] == 4
+    assert _trained(r) == 4
+
+
+def test_drop_discards_the_groups_whose_rows_are_late(tmp_path):
+  """One decode iteration a step on 8 slots cannot finish 16 rows of up to 4 tokens in k = 2
+  steps: late groups are dropped (counted nowhere), the others trained, none older than k."""
+  rows = _run(_config(k=2, budget=1, admission="drop"), str(tmp_path / "run"))
+  dropped = [r["rollout/groups_dropped"] for r in rows]
+  assert sum(dropped) > 0
+  for r, d in zip(rows, dropped):
+    assert _trained(r) == r["groups_trained"] == 4 - d
+    assert r["staleness_max"] <= 2
+
+
+@pytest.mark.parametrize("k,budget", [(1, 0), (2, 2)])
+def test_resumed_with_rows_in_flight_equals_uninterrupted(k, budget, tmp_path):
+  """The checkpoint of step 2 holds the batches in flight (queued, partly decoded, scored or
+  not): continuing from it ends as the uninterrupted run, every array of the state equal."""
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  config = _config(k=k, budget=budget)
+  rows = _run(config, straight)
+  shutil.copytree(straight, resumed)
+  for name in os.listdir(os.path.join(resumed, "checkpoints")):
+    if name.isdigit() and int(name) > 2:
+      shutil.rmtree(os.path.join(resumed, "checkpoints", name))
+  os.remove(os.path.join(resumed, "summary.json"))
+  loop.train_and_evaluate(config, resumed)
+  _assert_same_tree(_params(straight, STEPS), _params(resumed, STEPS))
+  again = read_jsonl(os.path.join(resumed, "metrics.jsonl"))[1:]
+  assert test_util.deterministic(rows) == test_util.deterministic(again)
+
+
+@pytest.mark.slow
+def test_sigkill_with_rows_in_flight_then_same_command_matches_uninterrupted(tmp_path):
+  flags = ("--config.rl.engine=continuous", "--config.rl.decode_slots=8",
+           "--config.rl.max_staleness=2", "--config.rl.decode_budget=2", "--config.rl.steps=6",
+           "--config.checkpoint.keep=10")
+  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+  for workdir in (straight, killed):
+    test_util.copy_warm_start(test_util.shared_warm_start(_config()), workdir)
+  command = lambda workdir: test_util.train_command(workdir, *flags, config="toy")
+  subprocess.run(command(straight), check=True, capture_output=True, cwd=test_util.ROOT,
+                 timeout=900)
+  proc = subprocess.Popen(command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          cwd=test_util.ROOT)
+  deadline = time.time() + 900
+  while time.time() < deadline:  # killed between checkpoints, after step 3 is logged
+    rows = read_jsonl(os.path.join(killed, "metrics.jsonl"))
+    if rows and rows[-1]["step"] >= 3:
+      break
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  subprocess.run(command(killed), check=True, capture_output=True, cwd=test_util.ROOT,
+                 timeout=900)
+  _assert_same_tree(_params(straight, 6), _params(killed, 6))
+  assert (test_util.deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
+          == test_util.deterministic(read_jsonl(os.path.join(killed, "metrics.jsonl"))))
