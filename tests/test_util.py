@@ -127,6 +127,15 @@ def device_env(devices: int, **extra) -> dict:
   return {**os.environ, "XLA_FLAGS": flags.strip(), **extra}
 
 
+def run_script(path: str, *args: str, devices: int = 8, timeout: int = 900):
+  """Runs `python path args...` from the repository root in a subprocess that sees `devices`
+  fake CPU devices (`device_env`); returns the CompletedProcess (text output captured)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  return subprocess.run([sys.executable, path, *args], env=device_env(devices, PYTHONPATH=ROOT),
+                        cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 def shared_warm_start(config) -> str:
   """A workdir holding the tokenizer and SFT warm start of `config` (`warm_start.CACHES`), made
   once per test run for each `warm_start.fingerprint` and shared by every test and xdist worker:

@@ -7,8 +7,6 @@ single device.
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -21,9 +19,8 @@ SHAPES = ("8,1,1", "2,4,1", "2,2,2", "1,2,4")
 
 def run_with_devices(script, *args, devices=8, timeout=900):
   """Runs `python script args...` with `devices` fake CPU devices; returns the CompletedProcess."""
-  env = test_util.device_env(devices, PYTHONPATH=ROOT)
-  return subprocess.run([sys.executable, os.path.join(HERE, script), *args], env=env, cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout)
+  return test_util.run_script(os.path.join(HERE, script), *args, devices=devices,
+                              timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -775,6 +775,63 @@ def test_decoupled_objective_with_interpolated_proximal_policy_matches_float64()
   np.testing.assert_allclose(float(loss), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_decoupled_objective_with_recomputed_proximal_policy_matches_float64():
+  """Two minibatches (the proximal policy is recomputed at the update's start) and a behaviour
+  policy mu that is not the proximal one (stale tokens): the policy, moved away from the
+  proximal one, pays -token_mean(min(pi_prox / mu, cap) min(r A, clip(r) A)), r = pi / pi_prox,
+  by hand in float64 (AReaL's decoupled PPO objective)."""
+  graphdef, params = test_util.tiny_model()
+  rng = np.random.default_rng(7)
+  batch = _batch(_rewards(), mask=_ragged_mask())
+  logp_prox = np.asarray(forward.completion_logprobs(
+      graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens, G), np.float64)
+  mu = logp_prox + rng.normal(scale=0.4, size=logp_prox.shape)
+  batch = batch._replace(sampler_logprobs=jnp.asarray(mu, jnp.float32),
+                         versions=jnp.asarray(rng.integers(0, 3, size=mu.shape), jnp.int32))
+  cap, eps_low, eps_high = 1.5, 0.2, 0.28
+  config = test_util.learn_config(tis_cap=cap, eps_low=eps_low, eps_high=eps_high)
+  view = _view(config, batch, params, graphdef)
+  assert view.logp_old is not None and view.staleness is None
+  moved = jax.tree.map(lambda x: x + 0.05 * jnp.asarray(rng.normal(size=x.shape), x.dtype),
+                       params)
+  loss, _ = _objective(config, view, moved, graphdef)
+
+  logp = np.asarray(forward.completion_logprobs(
+      graphdef, moved, batch.prompt_tokens, batch.prompt_mask, batch.tokens, G), np.float64)
+  prox = np.asarray(view.logp_old, np.float64)
+  np.testing.assert_allclose(prox, logp_prox, atol=1e-5)
+  w = np.minimum(np.exp(prox - np.asarray(batch.sampler_logprobs, np.float64)), cap)
+  r = np.exp(logp - prox)
+  adv = np.asarray(view.advantages, np.float64)
+  m = np.asarray(view.mask, np.float64)
+  per_token = -w * np.minimum(r * adv, np.clip(r, 1 - eps_low, 1 + eps_high) * adv)
+  expected = (per_token * m).sum() / m.sum()
+  assert abs(expected) > 1e-3 and np.abs(r - 1)[m > 0].max() > eps_high  # clipping matters
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_learn_logs_the_staleness_of_the_trained_tokens():
+  """Tokens drawn by versions 4-7 learned from version 7 (the train state's counter): the
+  largest and mean staleness over the counted tokens of the trained groups, by hand; a batch
+  without versions logs none."""
+  _, state, cur_state, learn = _setup(minibatches=1)
+  mask = _ragged_mask()
+  versions = np.random.default_rng(3).integers(4, 8, size=mask.shape).astype(np.int32)
+  batch = _batch(_rewards(), mask=mask, train_groups=np.array([0, 2], np.int32),
+                 train_valid=np.array([True, True]))
+  state = state._replace(step=jnp.asarray(7, jnp.int32))
+  _, _, metrics = learn(state, cur_state, batch._replace(versions=jnp.asarray(versions)),
+                        jax.random.PRNGKey(0), None, None)
+  rows = np.concatenate([np.arange(0, G), np.arange(2 * G, 3 * G)])
+  counted = np.asarray(mask)[rows] > 0
+  staleness = (7 - versions[rows])[counted]
+  assert float(metrics["staleness_max"]) == staleness.max()
+  np.testing.assert_allclose(float(metrics["staleness_mean"]), staleness.mean(), rtol=1e-6)
+  _, state, cur_state, learn = _setup(minibatches=1)
+  _, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(0), None, None)
+  assert "staleness_max" not in metrics
+
+
 def test_loglinear_proximal_on_synchronous_rollouts_uses_the_samplers_logprobs():
   """Without versions (every token sampled by the policy the step starts from) the interpolated
   proximal policy is the sampler's: two minibatches of loglinear equal two minibatches against
