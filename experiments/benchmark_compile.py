@@ -18,9 +18,7 @@ program's compile seconds and peak memory, the fit, and the ratio unrolled (extr
 scanned at full depth.
 """
 
-import json
 import math
-import os
 import time
 
 from absl import app
@@ -131,17 +129,12 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
+  from experiments.benchmark import timing  # pylint: disable=import-outside-toplevel
   from rl_curriculum.model.config import PRESETS  # pylint: disable=import-outside-toplevel
   full = 2 if FLAGS.quick else PRESETS[FLAGS.preset]().num_layers
   ladder = QUICK_LADDER if FLAGS.quick else LADDER
   result = run(FLAGS.config, FLAGS.preset, ladder, full, FLAGS.prompt_len)
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  stem = os.path.join(FLAGS.out_dir, f"compile_{FLAGS.preset}")
-  with open(stem + ".json", "w") as f:
-    json.dump(result, f, indent=1)
-  with open(stem + ".md", "w") as f:
-    f.write(markdown(result))
-  print(markdown(result))
+  timing.write_results(FLAGS.out_dir, f"compile_{FLAGS.preset}", result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -28,9 +28,7 @@ prompt tokens per second of the same call's prefill), and `speedup` = continuous
 tokens_per_s. Writes benchmarks/results/rollout_engine.json and .md (`--out_dir`).
 """
 
-import json
 import math
-import os
 import statistics
 import time
 
@@ -291,13 +289,7 @@ def main(argv):
              "quick": FLAGS.quick, "models": {}}
   for name in models:
     results["models"][name] = run_model(name, FLAGS.quick, slots, FLAGS.shrink, FLAGS.repeats)
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  path = os.path.join(FLAGS.out_dir, "rollout_engine")
-  with open(path + ".json", "w") as f:
-    json.dump(results, f, indent=1)
-  with open(path + ".md", "w") as f:
-    f.write(markdown(results))
-  print(markdown(results))
+  timing.write_results(FLAGS.out_dir, "rollout_engine", results, markdown(results))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ the RL randomness (`config.rl.seed`: rollouts, curriculum, minibatches). Each me
 number of rollouts: steps = budget / (P * G * oversample), so a post-rollout filter that samples
 twice the prompts gets half the updates. Uniform sampling and SEC are also run at every learning
 rate of `--lr_sweep`, and each is reported at its best one, so the baseline gets the same tuning
-as the method it is compared with.
+as the method it is compared with. A method may carry rollout settings after "+": "uniform+k2"
+samples up to two policy versions ahead of learning (rl.max_staleness), "uniform+k1+b12+drop"
+decodes 12 iterations a step and drops the groups still decoding when their step comes
+(`split_method`).
 
 Per method the summary gives: rollouts (and steps) to reach the tuned uniform baseline's final
 held-out accuracy, final per-bin and out-of-distribution accuracy with 95% intervals across
@@ -113,6 +116,34 @@ def _curriculum_fields(method: str, config) -> dict:
   raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
 
 
+# Rollout settings a method may carry after "+" ("uniform+k2", "sec+k2+b8+drop"): k<K> samples up
+# to K policy versions ahead (rl.max_staleness), b<B> decodes B iterations a step (partial
+# rollouts, rl.decode_budget), drop discards late groups (rl.admission); any of them runs the
+# continuous engine, whose tokens the static engine's equal for the synchronous runs.
+_ROLLOUT_TOKENS = {"k": "max_staleness", "b": "decode_budget"}
+
+
+def split_method(method: str) -> tuple[str, dict]:
+  """(curriculum method, {config.rl field: value}) of a method name with rollout settings.
+
+  Raises:
+    ValueError: a setting after "+" is none of k<K>, b<B>, drop, wait.
+  """
+  base, *settings = method.split("+")
+  fields = {}
+  for setting in settings:
+    if setting in ("drop", "wait"):
+      fields["admission"] = setting
+    elif setting[:1] in _ROLLOUT_TOKENS and setting[1:].isdigit():
+      fields[_ROLLOUT_TOKENS[setting[0]]] = int(setting[1:])
+    else:
+      raise ValueError(f"method {method!r}: {setting!r} is not a rollout setting (k<K>, b<B>, "
+                       "drop or wait)")
+  if fields:
+    fields["engine"] = "continuous"
+  return base, fields
+
+
 # The default comparison (the recorded results' methods and order).
 METHODS = ("uniform", "easy_to_hard", "sec", "dump", "dynamic_filtering", "vcrl", "vade", "greso",
            "adarft", "lp_teacher")
@@ -128,6 +159,9 @@ def run_config(setting_config, method: str, seed: int, budget: int,
   """The config of one run: the setting, the method's curriculum, the RL seed and the step count
   that spends `budget` rollouts."""
   c = setting_config.copy_and_resolve_references()
+  method, rollout_fields = split_method(method)
+  for field, value in rollout_fields.items():
+    c.rl[field] = value
   fields = _curriculum_fields(method, c)
   c.curriculum.name = fields["name"]
   c.curriculum.options = fields["options"]
@@ -291,7 +325,9 @@ def define_flags() -> None:
       "config", None, "The setting, configs/compare.py:NAME: the config every run starts from; "
       "NAME names the run folders and summary files.", lock_config=True)
   flags.DEFINE_list("methods", None, "Methods to run (default: METHODS; any curriculum "
-                    "or post-rollout filter by name, see ALL_METHODS).")
+                    "or post-rollout filter by name, see ALL_METHODS), each with rollout "
+                    "settings after '+' if any: uniform+k2 (rl.max_staleness=2), "
+                    "uniform+k2+b8+drop (a decode budget of 8 a step, late groups dropped).")
   flags.DEFINE_integer("seeds", 5, "RL seeds per method (config.rl.seed = 1..seeds).")
   flags.DEFINE_integer("budget", 0, "Rollouts per run (0 = the setting's default).")
   flags.DEFINE_list("lr_sweep", ["1e-5", "2e-5", "4e-5"],
@@ -310,9 +346,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   methods = FLAGS.methods or list(METHODS)
-  unknown = [m for m in methods if m not in ALL_METHODS]
+  try:
+    unknown = [m for m in methods if split_method(m)[0] not in ALL_METHODS]
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   if unknown:
-    raise app.UsageError(f"unknown methods {unknown}; choose from {ALL_METHODS}")
+    raise app.UsageError(f"unknown methods {unknown}; choose from {ALL_METHODS}, each with "
+                         "rollout settings after '+' if any (k<K>, b<B>, drop)")
   if "uniform" not in methods:
     raise app.UsageError("the comparison needs the uniform baseline (--methods must include it)")
   try:

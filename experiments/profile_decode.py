@@ -24,8 +24,6 @@ rates of the blocks' widest matmul at M = S and M = P x Tp rows show how the CPU
 depends on M. Writes benchmarks/results/decode_profile.json and .md (`--out_dir`).
 """
 
-import json
-import os
 
 from absl import app
 from absl import flags
@@ -210,13 +208,7 @@ def main(argv):
   timing.log(f"{name}: {slots} slots")
   result = {"environment": peak.environment(), "model": name,
             "profile": profile(policy, slots, *sizes, FLAGS.repeats)}
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  path = os.path.join(FLAGS.out_dir, "decode_profile")
-  with open(path + ".json", "w") as f:
-    json.dump(result, f, indent=1)
-  with open(path + ".md", "w") as f:
-    f.write(markdown(result))
-  print(markdown(result))
+  timing.write_results(FLAGS.out_dir, "decode_profile", result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Timing helpers shared by every stage of the benchmark."""
 
+import json
+import os
 import statistics
 import time
 
@@ -31,3 +33,16 @@ def rates(b: int, tp: int, n: int, prefill_s: float, decode_s: float) -> dict:
   return {"prefill_tok_s": b * tp / prefill_s, "decode_tok_s": b * n / decode_s,
           "new_tok_s": b * n / (prefill_s + decode_s), "prefill_s": prefill_s,
           "decode_s": decode_s, "seconds": prefill_s + decode_s}
+
+
+def write_results(out_dir: str, name: str, results: dict, text: str) -> str:
+  """Writes OUT_DIR/NAME.json (`results`) and OUT_DIR/NAME.md (`text`); prints the markdown and
+  returns the path stem."""
+  os.makedirs(out_dir, exist_ok=True)
+  stem = os.path.join(out_dir, name)
+  with open(stem + ".json", "w") as f:
+    json.dump(results, f, indent=1)
+  with open(stem + ".md", "w") as f:
+    f.write(text)
+  print(text)
+  return stem

@@ -220,6 +220,7 @@ def run_step(loop: Loop, state: RunState, step: int,
   (held-out evaluation aside)."""
   if loop.side is not None:
     return _pipelined_step(loop, state, step, log)
+  start = time.time()
   k_select, k_sample, k_learn, k_filter = step_keys(loop.root, step)
   selection, curriculum = loop.programs.select(state.curriculum, k_select)  # same on every process
   state = state._replace(curriculum=curriculum)
@@ -227,7 +228,8 @@ def run_step(loop: Loop, state: RunState, step: int,
                                   selection, k_sample, k_filter)
   t = time.time()
   state, metrics = _learn(loop, state, batch, k_learn, step)
-  metrics = {**jax.device_get(metrics), **stats, "time/learn_s": time.time() - t}
+  metrics = {**jax.device_get(metrics), **stats, "time/learn_s": time.time() - t,
+             "time/step_s": time.time() - start}
   state, after = _after_update(loop, state, step, metrics, log)
   return state, {**metrics, **after}
 
@@ -261,7 +263,8 @@ def _pipelined_step(loop: Loop, state: RunState, step: int,
   t3 = time.time()
   metrics = {**metrics, **stats,
              **pipeline.decode_stats(before, pipeline.engine_counters(state), t3 - t0),
-             "time/finish_s": t1 - t0, "time/overlap_s": t2 - t1, "time/learn_wait_s": t3 - t2}
+             "time/finish_s": t1 - t0, "time/overlap_s": t2 - t1, "time/learn_wait_s": t3 - t2,
+             "time/step_s": t3 - t0}
   rollbacks = state.health.rollbacks
   state, after = _after_update(loop, state, step, metrics, log)
   if state.health.rollbacks != rollbacks:  # the restored batches in flight are not this step's

@@ -59,11 +59,14 @@ def rollout_mesh(config: ml_collections.ConfigDict, mesh):
   return mesh_lib.make_mesh((-1, 1, 1), devices)
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=None) -> Prepared:
+def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=None,
+            mesh=None) -> Prepared:
   """Phases 1-3: config checks, data and tokenizer, model and SFT warm start (cached in workdir).
 
   `task` is the configured task when the caller has already checked the config with it
-  (`validation.checked_task`); None checks the config here.
+  (`validation.checked_task`); None checks the config here. The SFT warm start is trained and
+  placed on `mesh` (None: `run_mesh(config)`; a process that holds a mesh of its own among
+  several, e.g. `experiments.benchmark_overlap`'s sampler, passes its own).
 
   Raises:
     validation.ConfigError: a config field the run cannot use (before anything compiles).
@@ -116,8 +119,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
   log(f"model: {config.model.source or config.model.preset}, "
       f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M parameters")
   if config.sft.steps:
-    params = warm_start.sft_params(config, workdir, graphdef, params, pools, run_mesh(config),
-                                   log)
+    params = warm_start.sft_params(config, workdir, graphdef, params, pools,
+                                   run_mesh(config) if mesh is None else mesh, log)
   graphdef, trainable, frozen = warm_start.attach_lora(config, graphdef, params)
   return Prepared(task=task, tokenizer=tok, pool=pools.rl, arm_names=arms.names,
                   eval_sets=pools.eval_sets,

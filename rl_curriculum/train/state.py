@@ -64,15 +64,15 @@ class RunState(NamedTuple):
   prompts: Any        # per-prompt statistics (`prompt_stats.PromptStats`) when a method reads
                       # them (`budget.needs_prompt_stats`), else None
   health: Any         # `recovery.Health`: host-side skip streak, origin and rollbacks
-  rollouts: Any = None  # rollouts sampled ahead of their learn step, oldest first; None: each
-                        # step samples its own (the synchronous loop)
+  rollouts: Any = None  # rollouts in flight across steps (`pipeline.InFlight`: the engine's
+                        # rows and each batch's records); None: each step samples its own
 
 
 def checkpoint_tree(config: ml_collections.ConfigDict, state: RunState) -> dict:
   """The arrays a checkpoint holds: the train and curriculum states; the per-prompt statistics
   when the run keeps them; the base weights under LoRA merging (`model.lora_merge_every` > 0),
   which changes them (otherwise the base is the warm start's, which a resumed run rebuilds); and
-  rollouts sampled ahead, when there are any. `health` goes into the checkpoint's metadata
+  the rollouts in flight, when there are any. `health` goes into the checkpoint's metadata
   (`recovery.meta`)."""
   tree = {"train": state.train, "curriculum": state.curriculum}
   if state.prompts is not None:

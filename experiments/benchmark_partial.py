@@ -1,0 +1,203 @@
+"""Partial rollouts against waiting for each batch's longest completion: a step's sampling time.
+
+  python -m experiments.benchmark_partial            # tiny model and SmolLM2-135M, ~10 min
+  python -m experiments.benchmark_partial --quick    # tiny model, small sizes, seconds
+
+Every step samples one batch of R = P x G rows of the rollout benchmark's long-tailed workload
+(random prompts whose completions are cut at log-normal lengths, sigma 1.2, median N / 10:
+`benchmark_rollout.long_tail_lengths`), a new batch with new lengths each step, on S decode
+slots, in two ways:
+
+  whole    each batch decoded to its end in its own step (`continuous.sample`, the slots halving
+           as the rows run out): the step waits for the batch's longest completion
+  partial  the batches of k + 1 steps in flight (`sampling.inflight`), as the training loop keeps
+           them with rl.max_staleness = k and rl.decode_budget = b (`train.pipeline`): each step
+           queues the batch k steps ahead, decodes until the batch due now has stopped (wait
+           admission; usually done already), then b iterations; b keeps up with the workload:
+           ceil(1.1 x R x mean length / S)
+
+Measured over the steps after the pipeline filled (the same batches in both ways): the median
+step's seconds, tokens per second, slot utilisation, decode iterations per step, and the tokens'
+staleness in steps (the step that takes a batch out, less the step that drew each of its
+tokens). `speedup` = whole / partial median step seconds. Writes
+benchmarks/results/partial_rollouts.{json,md} (`--out_dir`).
+"""
+
+import math
+import statistics
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import benchmark_rollout
+from experiments.benchmark import peak
+from experiments.benchmark import timing
+from rl_curriculum.sampling import continuous
+from rl_curriculum.sampling import inflight
+from rl_curriculum.train import examples
+
+FLAGS = flags.FLAGS
+
+GROUP = benchmark_rollout.GROUP
+
+
+def batch(policy, j: int, prompts: int, tp: int, n: int):
+  """Step j's batch: (prompts i32[R, Tp], lengths i32[R]), drawn with seed j."""
+  tokens = np.repeat(examples.random_prompts(prompts, tp, policy.config.vocab_size, seed=j),
+                     GROUP, axis=0)
+  return tokens, benchmark_rollout.long_tail_lengths(len(tokens), n, seed=j)
+
+
+def _stop(policy):
+  return (policy.config.vocab_size,)  # an id no model emits: the lengths alone end rows
+
+
+def whole(policy, batches, slots: int, shrink: int, n: int) -> list[dict]:
+  """Each batch decoded to its end in its own step; per step: seconds, tokens, slot-steps,
+  iterations."""
+  steps = []
+  for j, (tokens, lengths) in enumerate(batches):
+    t0 = time.perf_counter()
+    state = continuous.start(policy.graphdef, policy.params, jnp.asarray(tokens),
+                             jnp.ones(tokens.shape, bool), jax.random.PRNGKey(j), None,
+                             jnp.asarray(lengths), max_new_tokens=n, slots=slots, group=GROUP)
+    state = jax.block_until_ready(continuous.run(
+        policy.graphdef, policy.params, state, jnp.float32(1.0), stop_ids=_stop(policy),
+        group=GROUP, shrink=shrink))
+    steps.append({"seconds": time.perf_counter() - t0, "tokens": int(state.drawn),
+                  "slot_steps": int(state.slot_steps), "iterations": int(state.iterations),
+                  "staleness": [0.0, 0.0]})
+  return steps
+
+
+def partial(policy, batches, slots: int, k: int, budget: int, n: int) -> list[dict]:
+  """The batches in flight, k ahead, `budget` iterations a step; per step (from the first step
+  that takes a batch out): seconds, tokens, slot-steps, iterations, staleness (mean, max)."""
+  w, rows, tp = k + 1, batches[0][0].shape[0], batches[0][0].shape[1]
+  engine = inflight.init(policy.graphdef, policy.params, jax.random.PRNGKey(0), rows=rows,
+                         generations=w, prompt_len=tp, slots=slots, max_new_tokens=n,
+                         group=GROUP)
+  run = lambda state, version, budget_arg, due: continuous.run(
+      policy.graphdef, policy.params, state, jnp.float32(1.0), jnp.int32(version), budget_arg,
+      due, stop_ids=_stop(policy), group=GROUP)
+  steps = []
+  for t in range(len(batches)):
+    t0 = time.perf_counter()
+    before = (int(engine.drawn), int(engine.slot_steps), int(engine.iterations))
+    tokens, lengths = batches[t]  # queued k steps before the step that takes it out
+    engine = inflight.admit(policy.graphdef, policy.params, engine, jnp.asarray(tokens),
+                            jnp.ones(tokens.shape, bool), jax.random.PRNGKey(t),
+                            jnp.int32(t % w), None, jnp.asarray(lengths), max_new_tokens=n,
+                            group=GROUP)
+    due = t - k
+    if due >= 0:
+      engine = run(engine, t, None, jnp.int32(due % w))
+      rows_out = jax.device_get(inflight.harvest(engine, jnp.int32(due % w)))
+    engine = jax.block_until_ready(run(engine, t, jnp.int32(budget), None))
+    seconds = time.perf_counter() - t0
+    if due < 0:
+      continue
+    counted = rows_out.mask > 0
+    stale = t - rows_out.versions[counted]
+    after = (int(engine.drawn), int(engine.slot_steps), int(engine.iterations))
+    steps.append({"seconds": seconds, "tokens": after[0] - before[0],
+                  "slot_steps": after[1] - before[1], "iterations": after[2] - before[2],
+                  "staleness": [float(stale.mean()), float(stale.max())]})
+  return steps
+
+
+def summarise(steps: list[dict]) -> dict:
+  seconds = statistics.median(s["seconds"] for s in steps)
+  tokens = sum(s["tokens"] for s in steps)
+  return {"step_s": seconds, "steps": len(steps),
+          "tokens_per_s": tokens / sum(s["seconds"] for s in steps),
+          "slot_utilisation": tokens / max(sum(s["slot_steps"] for s in steps), 1),
+          "iterations_per_step": statistics.median(s["iterations"] for s in steps),
+          "staleness_mean": float(np.mean([s["staleness"][0] for s in steps])),
+          "staleness_max": float(max(s["staleness"][1] for s in steps))}
+
+
+def run_model(name: str, quick: bool, slots: int, shrink: int, ks, steps: int) -> dict:
+  policy = benchmark_rollout.load(name)
+  if quick:
+    prompts, tp, n = 4, 16, 32
+  elif name == "tiny":
+    prompts, tp, n = 16, 32, 128
+  else:
+    prompts, tp, n = 8, 32, 96
+  all_batches = [batch(policy, j, prompts, tp, n) for j in range(steps + max(ks) + 1)]
+  lengths = np.concatenate([b[1] for b in all_batches])
+  rows = prompts * GROUP
+  budget = math.ceil(1.1 * rows * float(lengths.mean()) / slots)
+  out = {"rows": rows, "slots": slots, "prompt_len": tp, "max_new_tokens": n,
+         "lengths": {"median": float(np.median(lengths)), "p90": float(np.percentile(lengths, 90)),
+                     "mean": float(lengths.mean()), "max": int(lengths.max())},
+         "budget": budget}
+  timing.log(f"{name}: {rows} rows a step, {slots} slots, budget {budget}")
+  whole(policy, all_batches[:1], slots, shrink, n)  # compile
+  measured = whole(policy, all_batches[max(ks):max(ks) + steps], slots, shrink, n)
+  out["whole"] = summarise(measured)
+  for k in ks:
+    partial(policy, all_batches[:k + 2], slots, k, budget, n)  # compile
+    # The same batches the whole runs measured are taken out, after k steps of filling.
+    measured = partial(policy, all_batches[max(ks) - k:max(ks) + steps], slots, k, budget, n)
+    out[f"partial_k{k}"] = summarise(measured)
+    out[f"partial_k{k}"]["speedup"] = out["whole"]["step_s"] / out[f"partial_k{k}"]["step_s"]
+    timing.log(f"{name}: k = {k}: {out[f'partial_k{k}']['speedup']:.2f}x")
+  return out
+
+
+def markdown(results: dict) -> str:
+  lines = ["# Partial rollouts: a step's sampling time on the long-tailed workload", "",
+           f"{results['environment'].get('cpu_model', 'this machine')}; written by "
+           "`python -m experiments.benchmark_partial`. Each step samples one batch; `whole` "
+           "decodes it to its end (slots halving), `partial` keeps k + 1 steps' batches in "
+           "flight with a decode budget a step. Staleness in steps (the step that takes a "
+           "batch out, less the step that drew the token).", "",
+           "| model | rows x slots | lengths median / p90 / max | mode | step s | tokens/s | "
+           "slot utilisation | iterations a step | staleness mean / max | speedup |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for model, r in results["models"].items():
+    lengths = r["lengths"]
+    shape = f"{r['rows']} x {r['slots']}"
+    spread = f"{lengths['median']:.0f} / {lengths['p90']:.0f} / {lengths['max']}"
+    for mode in [m for m in r if m == "whole" or m.startswith("partial")]:
+      e = r[mode]
+      label = mode if mode == "whole" else f"{mode} (budget {r['budget']})"
+      speed = f"{e['speedup']:.2f}x" if "speedup" in e else ""
+      lines.append(f"| {model} | {shape} | {spread} | {label} | {e['step_s']:.3f} | "
+                   f"{e['tokens_per_s']:.0f} | {e['slot_utilisation']:.3f} | "
+                   f"{e['iterations_per_step']:.0f} | {e['staleness_mean']:.2f} / "
+                   f"{e['staleness_max']:.0f} | {speed} |")
+  return "\n".join(lines) + "\n"
+
+
+def define_flags() -> None:
+  """The command's flags; defined when it runs, so that importing this module defines none."""
+  flags.DEFINE_bool("quick", False, "tiny model only, small sizes (a smoke test)")
+  flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
+  flags.DEFINE_integer("slots", 64, "decode slots")
+  flags.DEFINE_integer("shrink", 3, "halvings of the slots as the rows run out (whole batches)")
+  flags.DEFINE_list("staleness", ["1", "2"], "k: steps the batches are queued ahead")
+  flags.DEFINE_integer("steps", 12, "steps measured per mode")
+
+
+def main(argv):
+  del argv
+  models = ("tiny",) if FLAGS.quick else ("tiny", "smollm2")
+  slots = 8 if FLAGS.quick else FLAGS.slots
+  steps = 3 if FLAGS.quick else FLAGS.steps
+  ks = [int(k) for k in FLAGS.staleness]
+  results = {"environment": peak.environment(), "quick": FLAGS.quick, "group": GROUP,
+             "models": {name: run_model(name, FLAGS.quick, slots, FLAGS.shrink, ks, steps)
+                        for name in models}}
+  timing.write_results(FLAGS.out_dir, "partial_rollouts", results, markdown(results))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
