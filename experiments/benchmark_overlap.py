@@ -25,6 +25,7 @@ overlap can buy here is the host work (decoding, scoring, Python) and the phases
 scaling to two cores. Writes benchmarks/results/overlap.{json,md} (`--out_dir`).
 """
 
+import json
 import os
 import socket
 import statistics
@@ -343,6 +344,55 @@ def run_model(name: str, steps: int, root: str) -> dict:
   return out
 
 
+# The pod-scale estimate's assumptions (`pod_estimate`): a TPU v5e chip's peak bfloat16 rate and
+# HBM bandwidth and size (Google's published figures); the share of peak a tuned learn step
+# reaches (maxtext-class model FLOPs utilisation) and a decode iteration reaches (batched, 64
+# rows a chip), each a guess; the completions' mean length, a guess for Countdown traces.
+POD_CHIP = dict(tflops=197.0, hbm_gbps=819.0, hbm_gib=16.0)
+POD_CASES = ({"learn_mfu": 0.4, "decode_mfu": 0.25, "mean_new_tokens": 512},
+             {"learn_mfu": 0.4, "decode_mfu": 0.1, "mean_new_tokens": 1024})
+
+
+def pod_estimate(plan: dict, chips: int, slots: int, *, learn_mfu: float, decode_mfu: float,
+                 mean_new_tokens: int) -> dict:
+  """Step seconds of the planned config on `chips` chips (`POD_CHIP`), sampling then learning on
+  all of them against the two at once on a split, from the planner's report `plan` (its model,
+  workload, the learn step's peak memory and the continuous engine's cache on its devices):
+
+    learn      passes x N x (R L + P Tp) FLOPs, passes = 6 (forward and backward) + 2 (each
+               block recomputed, remat) + 2 (the old policy's forward, more than one minibatch)
+    sample     R L / S decode iterations (the slots kept busy), each max(2 N S FLOPs at
+               decode_mfu, the bfloat16 weights and half the cache read from HBM), plus the
+               prompts' prefill
+    split      the learner gets the fewest chips its memory fits (the planner's peak scaled by
+               devices / chips: every array is sharded over FSDP), the sampler the rest
+
+  N parameters, R rows, P prompts, Tp prompt tokens, L the completions' mean length, S slots.
+  An estimate, not a measurement: the assumptions are the arguments and `POD_CHIP`."""
+  n, w, devices = plan["model"]["params"], plan["workload"], plan["devices"]
+  peak = POD_CHIP["tflops"] * 1e12
+  passes = 6 + (2 if plan["model"]["remat"] != "none" else 0) + (2 if w["minibatches"] > 1
+                                                                   else 0)
+  tokens = w["rows"] * mean_new_tokens + w["prompts"] * w["prompt_len"]
+  learn = lambda c: passes * n * tokens / (c * peak * learn_mfu)
+  cache = plan["sampler_engines"]["continuous"]["cache_gib"] * 2 ** 30 * devices
+  per_iteration = lambda c: max(2 * n * slots / (c * peak * decode_mfu),
+                                (2 * n + cache / 2) / (c * POD_CHIP["hbm_gbps"] * 1e9))
+  prefill = lambda c: 2 * n * w["prompts"] * w["prompt_len"] / (c * peak * learn_mfu)
+  sample = lambda c: w["rows"] * mean_new_tokens / slots * per_iteration(c) + prefill(c)
+  need = plan["programs"]["learn"]["peak_gib"] * devices / POD_CHIP["hbm_gib"]
+  learner = max(1, -(-int(need * 1000) // 1000))
+  sync = sample(chips) + learn(chips)
+  split = max(sample(chips - learner), learn(learner)) if learner < chips else None
+  return {"chips": chips, "learner_chips": learner, "sample_s": sample(chips),
+          "learn_s": learn(chips), "sync_s": sync, "split_s": split,
+          "split_sample_s": sample(chips - learner) if split else None,
+          "split_learn_s": learn(learner) if split else None,
+          "speedup": sync / split if split else None,
+          "assumptions": {"learn_mfu": learn_mfu, "decode_mfu": decode_mfu,
+                          "mean_new_tokens": mean_new_tokens, "slots": slots, **POD_CHIP}}
+
+
 def markdown(results: dict) -> str:
   lines = ["# Sampling and learning overlapped on two processes, against the synchronous loop",
            "", f"{results['environment'].get('cpu_model', 'this machine')}, 2 cores; written by "
@@ -366,6 +416,21 @@ def markdown(results: dict) -> str:
     d = r["heldout_difference"]
     lines.append(f"| {model} | {r['speedup']:.2f}x | {100 * d['mean']:+.1f} "
                  f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] |")
+  if results.get("pod"):
+    lines += ["", f"Pod-scale estimate (`pod_estimate`, not measured) from the planner's report "
+              f"`{results['pod_plan']}`: step seconds on TPU v5e chips ({POD_CHIP['tflops']:.0f} "
+              f"TFLOP/s bfloat16, {POD_CHIP['hbm_gbps']:.0f} GB/s, {POD_CHIP['hbm_gib']:.0f} GiB), "
+              "sampling then learning on every chip against the two at once on a split whose "
+              "learner has the chips its memory needs.", "",
+              "| chips | learn MFU | decode share of peak | mean completion | sample s | learn s | "
+              "sync s | split (learner chips) | split s | split / sync speed |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for e in results["pod"]:
+      a = e["assumptions"]
+      lines.append(f"| {e['chips']} | {a['learn_mfu']} | {a['decode_mfu']} | "
+                   f"{a['mean_new_tokens']} | {e['sample_s']:.1f} | {e['learn_s']:.1f} | "
+                   f"{e['sync_s']:.1f} | {e['learner_chips']} | {e['split_s']:.1f} | "
+                   f"{e['speedup']:.2f}x |")
   return "\n".join(lines) + "\n"
 
 
@@ -376,6 +441,10 @@ def define_flags() -> None:
   flags.DEFINE_integer("steps", 30, "RL steps of each run")
   flags.DEFINE_string("workdir", "workdirs/overlap", "where the runs' folders go")
   flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
+  flags.DEFINE_string("plan", "benchmarks/results/plan_sec_paper_qwen2_5_3b_8dev_continuous.json",
+                      "a planner report (python -m experiments.plan) for the pod-scale estimate")
+  flags.DEFINE_integer("pod_chips", 16, "chips of the pod-scale estimate")
+  flags.DEFINE_integer("pod_slots", 512, "decode slots of the planned config")
   flags.DEFINE_string("worker", "", "internal: run one process of a run (sync, 0 or 1)")
   flags.DEFINE_string("model", "", "internal: the worker's model")
   flags.DEFINE_integer("port", 0, "internal: the coordinator's port")
@@ -392,6 +461,11 @@ def main(argv):
   steps = 4 if FLAGS.quick else FLAGS.steps
   results = {"environment": peak.environment(), "quick": FLAGS.quick,
              "models": {name: run_model(name, steps, FLAGS.workdir) for name in models}}
+  with open(FLAGS.plan) as f:
+    plan = json.load(f)
+  results["pod_plan"] = FLAGS.plan
+  results["pod"] = [pod_estimate(plan, FLAGS.pod_chips, FLAGS.pod_slots, **case)
+                    for case in POD_CASES]
   timing.write_results(FLAGS.out_dir, "overlap", results, markdown(results))
 
 

@@ -11,20 +11,23 @@ slots, in two ways:
   whole    each batch decoded to its end in its own step (`continuous.sample`, the slots halving
            as the rows run out): the step waits for the batch's longest completion
   partial  the batches of k + 1 steps in flight (`sampling.inflight`), as the training loop keeps
-           them with rl.max_staleness = k and rl.decode_budget = b (`train.pipeline`): each step
+           them with rl.max_staleness = k and rl.decode_budget (`train.pipeline`): each step
            queues the batch k steps ahead, decodes until the batch due now has stopped (wait
-           admission; usually done already), then b iterations; b keeps up with the workload:
-           ceil(1.1 x R x mean length / S)
+           admission; usually done already), then while every slot has a row (the budget, N
+           iterations, never binds): a long row goes on over the next steps beside newer rows
+  fixed    as `whole` on fixed slots (no halving): the step waits for its longest completion
+           with every slot
 
-Measured over the steps after the pipeline filled (the same batches in both ways): the median
-step's seconds, tokens per second, slot utilisation, decode iterations per step, and the tokens'
-staleness in steps (the step that takes a batch out, less the step that drew each of its
-tokens). `speedup` = whole / partial median step seconds. Writes
+Measured over the steps after the pipeline filled (the same batches in every way): the mean
+step's seconds (all of them over the steps: a partial step's time varies with what it finishes),
+tokens per second, slot utilisation (tokens / slot-steps computed), decode loop iterations per
+step (what a step's time is proportional to where an iteration costs the same whatever its
+occupied slots, as on accelerators, whose decode reads every weight each iteration), and the
+tokens' staleness in steps (the step that takes a batch out, less the step that drew each of its
+tokens). `speedup` = whole / partial mean step seconds (and over `fixed`). Writes
 benchmarks/results/partial_rollouts.{json,md} (`--out_dir`).
 """
 
-import math
-import statistics
 import time
 
 from absl import app
@@ -81,9 +84,9 @@ def partial(policy, batches, slots: int, k: int, budget: int, n: int) -> list[di
   engine = inflight.init(policy.graphdef, policy.params, jax.random.PRNGKey(0), rows=rows,
                          generations=w, prompt_len=tp, slots=slots, max_new_tokens=n,
                          group=GROUP)
-  run = lambda state, version, budget_arg, due: continuous.run(
+  run = lambda state, version, budget_arg, due, fed=False: continuous.run(
       policy.graphdef, policy.params, state, jnp.float32(1.0), jnp.int32(version), budget_arg,
-      due, stop_ids=_stop(policy), group=GROUP)
+      due, stop_ids=_stop(policy), group=GROUP, fed=fed)
   steps = []
   for t in range(len(batches)):
     t0 = time.perf_counter()
@@ -97,7 +100,8 @@ def partial(policy, batches, slots: int, k: int, budget: int, n: int) -> list[di
     if due >= 0:
       engine = run(engine, t, None, jnp.int32(due % w))
       rows_out = jax.device_get(inflight.harvest(engine, jnp.int32(due % w)))
-    engine = jax.block_until_ready(run(engine, t, jnp.int32(budget), None))
+    # Then while every slot has a row, at most `budget` iterations (the pipeline's decode).
+    engine = jax.block_until_ready(run(engine, t, jnp.int32(budget), None, fed=True))
     seconds = time.perf_counter() - t0
     if due < 0:
       continue
@@ -111,12 +115,11 @@ def partial(policy, batches, slots: int, k: int, budget: int, n: int) -> list[di
 
 
 def summarise(steps: list[dict]) -> dict:
-  seconds = statistics.median(s["seconds"] for s in steps)
+  seconds = sum(s["seconds"] for s in steps)
   tokens = sum(s["tokens"] for s in steps)
-  return {"step_s": seconds, "steps": len(steps),
-          "tokens_per_s": tokens / sum(s["seconds"] for s in steps),
+  return {"step_s": seconds / len(steps), "steps": len(steps), "tokens_per_s": tokens / seconds,
           "slot_utilisation": tokens / max(sum(s["slot_steps"] for s in steps), 1),
-          "iterations_per_step": statistics.median(s["iterations"] for s in steps),
+          "iterations_per_step": float(np.mean([s["iterations"] for s in steps])),
           "staleness_mean": float(np.mean([s["staleness"][0] for s in steps])),
           "staleness_max": float(max(s["staleness"][1] for s in steps))}
 
@@ -129,25 +132,28 @@ def run_model(name: str, quick: bool, slots: int, shrink: int, ks, steps: int) -
     prompts, tp, n = 16, 32, 128
   else:
     prompts, tp, n = 8, 32, 96
-  all_batches = [batch(policy, j, prompts, tp, n) for j in range(steps + max(ks) + 1)]
+  all_batches = [batch(policy, j, prompts, tp, n) for j in range(steps + 2 * max(ks) + 1)]
   lengths = np.concatenate([b[1] for b in all_batches])
   rows = prompts * GROUP
-  budget = math.ceil(1.1 * rows * float(lengths.mean()) / slots)
   out = {"rows": rows, "slots": slots, "prompt_len": tp, "max_new_tokens": n,
          "lengths": {"median": float(np.median(lengths)), "p90": float(np.percentile(lengths, 90)),
                      "mean": float(lengths.mean()), "max": int(lengths.max())},
-         "budget": budget}
-  timing.log(f"{name}: {rows} rows a step, {slots} slots, budget {budget}")
-  whole(policy, all_batches[:1], slots, shrink, n)  # compile
-  measured = whole(policy, all_batches[max(ks):max(ks) + steps], slots, shrink, n)
-  out["whole"] = summarise(measured)
+         "budget": n}
+  timing.log(f"{name}: {rows} rows a step, {slots} slots")
+  measured_batches = all_batches[max(ks):max(ks) + steps]
+  for mode, halvings in (("whole", shrink), ("fixed", 0)):
+    whole(policy, all_batches[:1], slots, halvings, n)  # compile
+    out[mode] = summarise(whole(policy, measured_batches, slots, halvings, n))
   for k in ks:
-    partial(policy, all_batches[:k + 2], slots, k, budget, n)  # compile
-    # The same batches the whole runs measured are taken out, after k steps of filling.
-    measured = partial(policy, all_batches[max(ks) - k:max(ks) + steps], slots, k, budget, n)
+    partial(policy, all_batches[:k + 2], slots, k, n, n)  # compile
+    # The batches the whole runs measured, taken out after k steps of filling, while the k
+    # after them are queued as a run would queue them.
+    measured = partial(policy, all_batches[max(ks):max(ks) + steps + k], slots, k, n, n)
     out[f"partial_k{k}"] = summarise(measured)
-    out[f"partial_k{k}"]["speedup"] = out["whole"]["step_s"] / out[f"partial_k{k}"]["step_s"]
-    timing.log(f"{name}: k = {k}: {out[f'partial_k{k}']['speedup']:.2f}x")
+    for mode in ("whole", "fixed"):
+      out[f"partial_k{k}"][f"speedup_over_{mode}"] = (out[mode]["step_s"]
+                                                      / out[f"partial_k{k}"]["step_s"])
+    timing.log(f"{name}: k = {k}: {out[f'partial_k{k}']['speedup_over_whole']:.2f}x")
   return out
 
 
@@ -155,21 +161,23 @@ def markdown(results: dict) -> str:
   lines = ["# Partial rollouts: a step's sampling time on the long-tailed workload", "",
            f"{results['environment'].get('cpu_model', 'this machine')}; written by "
            "`python -m experiments.benchmark_partial`. Each step samples one batch; `whole` "
-           "decodes it to its end (slots halving), `partial` keeps k + 1 steps' batches in "
-           "flight with a decode budget a step. Staleness in steps (the step that takes a "
+           "decodes it to its end (slots halving), `fixed` the same on fixed slots, `partial_k` "
+           "keeps k + 1 steps' batches in flight and decodes until the next step's batch has "
+           "stopped. Step s: mean over the steps. Staleness in steps (the step that takes a "
            "batch out, less the step that drew the token).", "",
            "| model | rows x slots | lengths median / p90 / max | mode | step s | tokens/s | "
-           "slot utilisation | iterations a step | staleness mean / max | speedup |",
+           "slot utilisation | iterations a step | staleness mean / max | speedup over "
+           "whole / fixed |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for model, r in results["models"].items():
     lengths = r["lengths"]
     shape = f"{r['rows']} x {r['slots']}"
     spread = f"{lengths['median']:.0f} / {lengths['p90']:.0f} / {lengths['max']}"
-    for mode in [m for m in r if m == "whole" or m.startswith("partial")]:
+    for mode in [m for m in r if m in ("whole", "fixed") or m.startswith("partial")]:
       e = r[mode]
-      label = mode if mode == "whole" else f"{mode} (budget {r['budget']})"
-      speed = f"{e['speedup']:.2f}x" if "speedup" in e else ""
-      lines.append(f"| {model} | {shape} | {spread} | {label} | {e['step_s']:.3f} | "
+      speed = (f"{e['speedup_over_whole']:.2f}x / {e['speedup_over_fixed']:.2f}x"
+               if "speedup_over_whole" in e else "")
+      lines.append(f"| {model} | {shape} | {spread} | {mode} | {e['step_s']:.3f} | "
                    f"{e['tokens_per_s']:.0f} | {e['slot_utilisation']:.3f} | "
                    f"{e['iterations_per_step']:.0f} | {e['staleness_mean']:.2f} / "
                    f"{e['staleness_max']:.0f} | {speed} |")
@@ -182,13 +190,14 @@ def define_flags() -> None:
   flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
   flags.DEFINE_integer("slots", 64, "decode slots")
   flags.DEFINE_integer("shrink", 3, "halvings of the slots as the rows run out (whole batches)")
-  flags.DEFINE_list("staleness", ["1", "2"], "k: steps the batches are queued ahead")
+  flags.DEFINE_list("staleness", ["1", "2", "4"], "k: steps the batches are queued ahead")
+  flags.DEFINE_list("models", ["tiny", "smollm2"], "models to run (tiny, smollm2)")
   flags.DEFINE_integer("steps", 12, "steps measured per mode")
 
 
 def main(argv):
   del argv
-  models = ("tiny",) if FLAGS.quick else ("tiny", "smollm2")
+  models = ("tiny",) if FLAGS.quick else tuple(FLAGS.models)
   slots = 8 if FLAGS.quick else FLAGS.slots
   steps = 3 if FLAGS.quick else FLAGS.steps
   ks = [int(k) for k in FLAGS.staleness]

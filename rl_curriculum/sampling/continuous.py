@@ -350,10 +350,11 @@ def pending(state: EngineState, generation: jax.Array) -> jax.Array:
 @functools.partial(
     jax.jit, static_argnums=(0,),
     static_argnames=("top_k", "top_p", "greedy", "stop_ids", "pad_id", "group", "mesh",
-                     "shrink"),
+                     "shrink", "fed"),
     donate_argnames=("state",))
 def run(graphdef, params, state, temperature, version=None, budget=None, due=None, *, top_k=0,
-        top_p=1.0, greedy=False, stop_ids=(), pad_id=0, group=1, mesh=None, shrink=0):
+        top_p=1.0, greedy=False, stop_ids=(), pad_id=0, group=1, mesh=None, shrink=0,
+        fed=False):
   """The second device program: seats queued rows in the free slots, then decodes until every
   queued row has stopped, halving its slots up to `shrink` times as the rows run out (module
   docstring); returns the final state (`state.slot_steps` slot-steps computed in
@@ -362,16 +363,17 @@ def run(graphdef, params, state, temperature, version=None, budget=None, due=Non
   Traced: temperature f32[]; version i32[] (recorded with every token drawn; None: 0); budget
   i32[] (stop after this many loop iterations, 0: no limit; None: no limit) and due i32[] (stop
   once generation `due` has no row left, -1: no such condition; None: none), for the rollouts
-  in flight across steps (`inflight`). The keyword arguments are static (stop_ids a sorted tuple
-  of ints).
+  in flight across steps (`inflight`). With `fed`, the loop also stops once a slot is free with
+  no queued row to take it (every iteration it runs keeps every slot busy; the rows left go on
+  at the next call). The keyword arguments are static (stop_ids a sorted tuple of ints).
 
   Raises:
-    ValueError: shrink > 0 with a budget or a due generation (halving the slots needs a call
-      that runs until every row has stopped).
+    ValueError: shrink > 0 with a budget, a due generation or `fed` (halving the slots needs a
+      call that runs until every row has stopped).
   """
-  if shrink and (budget is not None or due is not None):
+  if shrink and (budget is not None or due is not None or fed):
     raise ValueError("shrink > 0 needs a run until every row stops: no budget, no due "
-                     "generation")
+                     "generation, not fed")
   rows, shards = state.tokens.shape[0], state.queue.shape[0]
   stop = jnp.asarray(stop_ids, jnp.int32)
   version = jnp.zeros((), jnp.int32) if version is None else jnp.asarray(version, jnp.int32)
@@ -414,6 +416,9 @@ def run(graphdef, params, state, temperature, version=None, budget=None, due=Non
       go = go & ((budget <= 0) | (s.iterations - first_iteration < budget))
     if due is not None:
       go = go & ((due < 0) | pending(s, due))
+    if fed:  # some shard has a free slot and nothing queued for it
+      free = jnp.any((s.row >= rows).reshape(shards, -1), axis=1)
+      go = go & ~jnp.any(free & (s.queued <= s.taken))
     return go
 
   state = _seat(state, state.row < rows, state.logits, group)  # rows queued since the last call

@@ -37,7 +37,7 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import prompt_prefill
 
-__all__ = ["ADMISSIONS", "init", "admit", "evict", "Harvest", "harvest", "pending"]
+__all__ = ["ADMISSIONS", "init", "abstract", "admit", "evict", "Harvest", "harvest", "pending"]
 
 # What becomes of a batch whose rows have not all stopped when its step comes to learn from it:
 # wait (decode on until they stop: `continuous.run` with it as `due`) or drop (`evict` them).
@@ -48,20 +48,39 @@ def _shards(mesh) -> int:
   return 1 if mesh is None else mesh_lib.batch_size_of(mesh)
 
 
+def _empty_options(graphdef, params, *, rows, generations, prompt_len, slots, max_new_tokens,
+                   pad_id, group, mesh, chunk) -> dict:
+  """`_empty`'s static arguments for an engine of these sizes (`params`: shapes suffice)."""
+  tokens = jax.ShapeDtypeStruct((group, prompt_len), jnp.int32)
+  logits = jax.eval_shape(
+      lambda p, t: continuous.prefill_groups(graphdef, p, t, jnp.ones(t.shape, bool),
+                                             group=group, chunk=chunk)[0], params, tokens)
+  return dict(config=transformer.merge_params(graphdef, params).config, vocab=logits.shape[-1],
+              rows=rows, generations=generations,
+              width=prompt_prefill.padded_length(prompt_len, chunk), slots=slots,
+              max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh)
+
+
 def init(graphdef, params, key, *, rows, generations, prompt_len, slots, max_new_tokens,
          pad_id=0, group=1, mesh=None, chunk=0) -> continuous.EngineState:
   """An engine for `generations` batches of `rows` rows (whole groups of `group`; prompts of
   `prompt_len` tokens, prefilled `chunk` positions at a time) on `slots` decode slots, every row
   done and nothing queued, laid out over `mesh`'s batch axes; `key` is every generation's until
   `admit` sets its own. `params` give only the model's shapes (arrays or abstract)."""
-  tokens = jax.ShapeDtypeStruct((group, prompt_len), jnp.int32)
-  logits = jax.eval_shape(
-      lambda p, t: continuous.prefill_groups(graphdef, p, t, jnp.ones(t.shape, bool),
-                                             group=group, chunk=chunk)[0], params, tokens)
-  config = transformer.merge_params(graphdef, params).config
-  return _empty(key, config=config, vocab=logits.shape[-1], rows=rows, generations=generations,
-                width=prompt_prefill.padded_length(prompt_len, chunk), slots=slots,
-                max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh)
+  return _empty(key, **_empty_options(
+      graphdef, params, rows=rows, generations=generations, prompt_len=prompt_len, slots=slots,
+      max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh, chunk=chunk))
+
+
+def abstract(graphdef, params, key, **sizes) -> continuous.EngineState:
+  """`init`'s state as `jax.ShapeDtypeStruct`s carrying their shardings (for the memory planner:
+  `key` may be abstract too); `sizes` are `init`'s keyword arguments."""
+  options = _empty_options(graphdef, params, **{"pad_id": 0, "group": 1, "mesh": None,
+                                                "chunk": 0, **sizes})
+  shapes = jax.eval_shape(functools.partial(_empty, **options), key)
+  shardings = _empty.lower(key, **options).compile().output_shardings
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                      shardings)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "vocab", "rows", "generations", "width",

@@ -26,7 +26,12 @@ W = k + 1 generations of the engine (`sampling.inflight`) holding batches t .. t
     lost); with `drop` a group with a row that has not stopped by its step is discarded (it
     counts nowhere, like a skipped prompt), which favours the groups that finish fast;
   - k = 0 and no budget decode each batch to its end before learning from it: the synchronous
-    schedule, through the engine.
+    schedule, through the engine;
+  - with no budget, each step decodes every queued row to its end: a batch is drawn whole by one
+    version, the step after it is queued. With a budget (partial rollouts), a step decodes at
+    most b iterations, and with `wait` only while every slot has a row: a batch's long rows go
+    on over the next steps beside the rows of the batches queued after it, the slots do not idle
+    for a tail, and a step takes about one batch's decoding, not its longest completion's.
 
 Everything in flight (the engine's rows, prompt keys and values, queue; each batch's selection
 and scores) is in `RunState.rollouts`, so checkpoints hold it and a resumed run goes on exactly.
@@ -299,14 +304,20 @@ def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tupl
 
 
 def decode(loop, state: RunState, params: Any, version: int) -> RunState:
-  """`state` after a step's decoding with `params` (of `version`): rl.decode_budget loop
-  iterations, or until every queued row stops (0; then the slots halve as the rows run out)."""
+  """`state` after a step's decoding with `params` (of `version`). Whole batches (no
+  rl.decode_budget): until every queued row stops, the slots halving as the rows run out.
+  Partial rollouts (rl.decode_budget = b): b loop iterations; with `wait`, only while every slot
+  has a row (the rows left go on at the next step, beside the next batch's, and the batch due
+  then is decoded to its end anyway), with `drop` all b (a batch's rows have the budgets of the
+  steps before its own to stop in)."""
   config = loop.config
   b = config.rl.decode_budget
-  budget_arg = jnp.int32(b) if b > 0 else None
+  whole = b <= 0
   engine = continuous.run(loop.programs.graphdef, params, state.rollouts.engine,
-                          jnp.float32(config.rl.temperature), jnp.int32(version), budget_arg,
-                          None, **_run_options(loop, 0 if b > 0 else config.rl.decode_shrink))
+                          jnp.float32(config.rl.temperature), jnp.int32(version),
+                          None if whole else jnp.int32(b), None,
+                          **_run_options(loop, config.rl.decode_shrink if whole else 0),
+                          fed=not whole and config.rl.admission == "wait")
   return state._replace(rollouts=state.rollouts._replace(engine=engine))
 
 

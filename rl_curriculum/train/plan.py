@@ -47,6 +47,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
+from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import sampler
 from rl_curriculum.train import budget, builders, programs as programs_lib, rollout_config
 from rl_curriculum.train import validation
@@ -244,11 +245,40 @@ def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
                                         "shrink": config.rl.decode_shrink})}
 
 
+def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
+  """The continuous engine holding the batches of rl.max_staleness + 1 steps in flight
+  (`sampling.inflight`): `admit` (a batch prefilled into its generation, as "prefill") and a
+  step's `run` (with a budget and a due generation, as "decode"), on the engine state they
+  carry (its KV cache per device, every generation's prompt slots included)."""
+  options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
+  graphdef, rows = inputs.programs.graphdef, prompts.shape[0]
+  shared = dict(max_new_tokens=options["max_new_tokens"], pad_id=options["pad_id"],
+                group=options["group"], mesh=options["mesh"])
+  state = inflight.abstract(graphdef, policy, inputs.key, rows=rows,
+                            generations=config.rl.max_staleness + 1,
+                            prompt_len=inputs.prompt_len, slots=config.rl.decode_slots,
+                            chunk=options["prefill_chunk"], **shared)
+  i32 = lambda: _small(inputs, (), jnp.int32)
+  admit, _ = _measure(lambda: inflight.admit.lower(
+      graphdef, policy, state, prompts, prompt_mask, inputs.key, i32(),
+      _rows(inputs, rows, dtype=jnp.bool_), chunk=options["prefill_chunk"], **shared), resident)
+  stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
+  decode, _ = _measure(lambda: continuous.run.lower(
+      graphdef, policy, state, _small(inputs, (), jnp.float32), i32(), i32(), i32(),
+      stop_ids=stop_ids, pad_id=options["pad_id"], group=options["group"],
+      mesh=options["mesh"], fed=True), resident)
+  return {"prefill": admit, "decode": decode,
+          "cache_gib": mesh_lib.shard_bytes(state.cache) / GIB}
+
+
 def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:
   """(the larger-peak program of the configured engine, both engines' programs and KV cache
-  per device: {"static": {"prefill", "decode", "cache_gib"}, "continuous": {...}})."""
+  per device: {"static": {"prefill", "decode", "cache_gib"}, "continuous": {...}}, and with
+  rollouts in flight "in_flight", the engine the run then decodes with)."""
   engines = _plan_engines(config, inputs)
   mine = engines[config.rl.engine]
+  if rollout_config.in_flight(config):
+    mine = engines["in_flight"] = _plan_in_flight(config, inputs)
   return max((mine["prefill"], mine["decode"]), key=lambda p: p["peak_gib"]), engines
 
 
@@ -282,7 +312,9 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
     step's "argument_bytes", the bytes per device of its inputs, as `programs.learn_inputs` lays
     them out); the sampler entry is the larger-peak program of the configured engine
     (config.rl.engine), and "sampler_engines" lists both engines' programs (static: prefill,
-    decode; continuous: start as "prefill", run as "decode") with their KV cache per device.
+    decode; continuous: start as "prefill", run as "decode") with their KV cache per device;
+    with rollouts in flight (`rollout_config.in_flight`) also "in_flight" (admit as "prefill",
+    a step's run as "decode", the cache of every generation), then the sampler entry's engine.
 
   Raises:
     validation.ConfigError: the config is invalid, its rows do not split over the mesh, or

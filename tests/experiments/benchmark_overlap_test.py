@@ -44,3 +44,22 @@ def test_markdown_reports_both_ways_and_the_paired_difference():
       "speedup": 1.25, "heldout_difference": {"mean": 0.01, "lo": -0.02, "hi": 0.04}}}})
   assert "| tiny | 1,280 | sync | 0.500 | 2.00 | 0.100 | 0.300 | 50.0 |" in text
   assert "| tiny | 1.25x | +1.0 [-2.0, +4.0] |" in text
+
+
+def test_pod_estimate_by_hand():
+  plan = {"devices": 8, "model": {"params": 1e9, "remat": "none"},
+          "workload": {"rows": 100, "prompts": 10, "prompt_len": 20, "minibatches": 1},
+          "programs": {"learn": {"peak_gib": 12.0}},
+          "sampler_engines": {"continuous": {"cache_gib": 0.5}}}
+  e = benchmark_overlap.pod_estimate(plan, 16, 50, learn_mfu=0.5, decode_mfu=0.2,
+                                     mean_new_tokens=40)
+  peak = benchmark_overlap.POD_CHIP["tflops"] * 1e12
+  tokens = 100 * 40 + 10 * 20
+  assert e["learn_s"] == pytest.approx(6 * 1e9 * tokens / (16 * peak * 0.5))
+  iteration = max(2e9 * 50 / (16 * peak * 0.2),
+                  (2e9 + 0.5 * 2 ** 30 * 8 / 2) / (16 * 819e9))
+  prefill = 2e9 * 10 * 20 / (16 * peak * 0.5)
+  assert e["sample_s"] == pytest.approx(100 * 40 / 50 * iteration + prefill)
+  assert e["learner_chips"] == 6   # 12 GiB on 8 devices is 96 GiB: 6 chips of 16 GiB
+  assert e["split_s"] == pytest.approx(max(e["split_sample_s"], e["split_learn_s"]))
+  assert e["speedup"] == pytest.approx(e["sync_s"] / e["split_s"])

@@ -167,3 +167,17 @@ def test_arm_names_label_every_trained_bin_including_those_left_out_of_the_mean(
   names = cc.arm_names(config, builders.build_task(config))
   assert len(names) == len(config.task.train_bins) == 6
   assert names[0] == "add_1d_1d" and "mul_1d_1d" in names
+
+
+def test_a_method_may_carry_rollout_settings():
+  assert cc.split_method("sec") == ("sec", {})
+  assert cc.split_method("uniform+k2+b8+drop") == (
+      "uniform", {"max_staleness": 2, "decode_budget": 8, "admission": "drop",
+                  "engine": "continuous"})
+  config = cc.run_config(compare.get_config("toy"), "uniform+k1", seed=2, budget=64)
+  validation.validate(config)
+  assert (config.rl.max_staleness, config.rl.engine, config.curriculum.name) == (
+      1, "continuous", "uniform")
+  for bad in ("uniform+k", "uniform+x2", "uniform+late"):
+    with pytest.raises(ValueError, match="is not a rollout setting"):
+      cc.split_method(bad)

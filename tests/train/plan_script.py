@@ -43,6 +43,11 @@ def live_bytes_on(device) -> int:
 def main(out):
   config = _config()
   report = plan.plan(config, hbm_gib=1.0, prompt_len=TP)
+  in_flight = _config()
+  in_flight.rl.engine = "continuous"
+  in_flight.rl.max_staleness = 2      # three batches' prompt slots in the engine
+  in_flight.rl.decode_budget = 4
+  in_flight_report = plan.plan(in_flight, hbm_gib=1.0, prompt_len=TP, programs=("sampler",))
 
   # The same learn step, built by the loop's builder and run for real.
   mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))
@@ -76,7 +81,7 @@ def main(out):
   learn_plan = report["programs"]["learn"]
   peak = learn_plan["peak_gib"] * plan.GIB
   with open(out, "w") as f:
-    json.dump({"report": report, "live_before": before, "live_after": after,
+    json.dump({"report": report, "in_flight": in_flight_report, "live_before": before, "live_after": after,
                "argument_bytes": learn_plan["argument_gib"] * plan.GIB,
                "peak_bytes": peak, "loss_finite": bool(jnp.isfinite(metrics["loss"])),
                "fits_above": plan.plan(config, hbm_gib=1.01 * max(

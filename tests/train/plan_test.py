@@ -56,6 +56,19 @@ def test_both_engines_are_planned_with_their_caches(measured):
 
 
 @pytest.mark.slow
+def test_rollouts_in_flight_are_planned_with_every_generations_prompt_slots(measured):
+  """With rl.max_staleness = 2 the engine holds three batches' prompts: W x P x Tp prompt slots
+  and S x N completion slots, and its programs are the run's sampler."""
+  report = measured["in_flight"]
+  engines = report["sampler_engines"]
+  p, tp, n, slots, w = 8, 12, 8, 8, 3
+  ratio = engines["in_flight"]["cache_gib"] / engines["continuous"]["cache_gib"]
+  assert abs(ratio - (w * p * tp + slots * n) / (p * tp + slots * n)) < 1e-6
+  sampler = report["programs"]["sampler"]
+  assert sampler in (engines["in_flight"]["prefill"], engines["in_flight"]["decode"])
+
+
+@pytest.mark.slow
 def test_the_verdict_flips_at_the_planned_peak(measured):
   assert measured["fits_above"] is True
   assert measured["fits_below"] is False
