@@ -244,16 +244,6 @@ def _env(devices: int = 1) -> dict:
   return env
 
 
-def _link(base: str, folder: str) -> str:
-  from rl_curriculum.train import warm_start  # pylint: disable=import-outside-toplevel
-  os.makedirs(folder, exist_ok=True)
-  for cache in warm_start.CACHES:
-    src, dst = os.path.abspath(os.path.join(base, cache)), os.path.join(folder, cache)
-    if os.path.exists(src) and not os.path.lexists(dst):
-      os.symlink(src, dst)
-  return folder
-
-
 def _check(procs, what: str) -> None:
   for proc in procs:
     proc.wait()
@@ -315,7 +305,7 @@ def _steady(seconds: list) -> float:
 def run_model(name: str, steps: int, root: str) -> dict:
   """Both ways for one model: step times, held-out accuracy and its paired difference."""
   # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import paired, prepare, summary
+  from rl_curriculum.train import paired, prepare, summary, warm_start
   config = model_config(name, steps)
   base = os.path.join(root, name, "base")
   timing.log(f"{name}: warm start in {base}")
@@ -323,7 +313,7 @@ def run_model(name: str, steps: int, root: str) -> dict:
   out = {"steps": steps, "rollouts": steps * config.rl.prompts_per_step * config.rl.group_size}
   outcomes = {}
   for way in ("sync", "overlap"):
-    folder = _link(base, os.path.join(root, name, way))
+    folder = warm_start.link_caches(base, os.path.join(root, name, way))
     timing.log(f"{name}: {way}")
     times = (run_sync if way == "sync" else run_overlap)(name, steps, folder)
     record = os.path.join(folder, "heldout_final.npz")

@@ -192,15 +192,6 @@ def run_name(method: str, seed: int, learning_rate: float) -> str:
 # Driver.
 
 
-def _link_warm_start(base: str, folder: str) -> None:
-  """Shares the setting's tokenizer and SFT warm start with a run folder (symlinks)."""
-  os.makedirs(folder, exist_ok=True)
-  for name in warm_start.CACHES:
-    src, dst = os.path.abspath(os.path.join(base, name)), os.path.join(folder, name)
-    if os.path.exists(src) and not os.path.lexists(dst):
-      os.symlink(src, dst)
-
-
 def plan(base_config, methods: Sequence[str], seeds: int, budget: int,
          lr_sweep: Sequence[float]) -> list:
   """[(method, learning_rate, seed, config)] of every run, seed by seed, so that a comparison cut
@@ -242,7 +233,7 @@ def run_all(name: str, base_config, methods: Sequence[str], seeds: int, budget: 
     folder = os.path.join(root, run_name(method, seed, lr))
     if os.path.exists(os.path.join(folder, "compare.json")):
       continue
-    _link_warm_start(base, folder)
+    warm_start.link_caches(base, folder)
     log(f"[{i + 1}/{len(todo)}] {run_name(method, seed, lr)}: {config.rl.steps} steps")
     # Wall time of earlier attempts stopped by SIGTERM (a SIGKILL loses its attempt's time).
     partial = os.path.join(folder, "compare_partial.json")

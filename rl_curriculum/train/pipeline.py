@@ -92,7 +92,7 @@ class Side(NamedTuple):
   mesh: Any                 # the rollout mesh (the learner's own when not apart)
   layout: rollouts.RowLayout  # a batch's rows over its batch axes
   apart: bool               # on devices of their own (parallel.rollout_devices > 0)
-  sent: dict                # the frozen base last sent there under LoRA ({"of": id, "base": ...})
+  sent: dict                # under LoRA: {"of": the base last sent, "base": its copy there}
 
 
 def generations(config: ml_collections.ConfigDict) -> int:

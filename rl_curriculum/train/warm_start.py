@@ -35,6 +35,18 @@ CACHES = (RECORD, TOKENIZER_FILE, SFT_DIR)
 _RL_ONLY = {"model": ("lora_merge_every",), "task": ("format_bonus",)}
 
 
+def link_caches(base: str, folder: str) -> str:
+  """`folder` (made if missing) sharing the tokenizer and SFT warm start in workdir `base` by
+  symbolic links, for runs that differ only in what the fingerprint leaves out (their RL
+  fields: the seeds and methods of a comparison, the ways of a benchmark); returns `folder`."""
+  os.makedirs(folder, exist_ok=True)
+  for name in CACHES:
+    src, dst = os.path.abspath(os.path.join(base, name)), os.path.join(folder, name)
+    if os.path.exists(src) and not os.path.lexists(dst):
+      os.symlink(src, dst)
+  return folder
+
+
 def fingerprint(config: ml_collections.ConfigDict) -> dict:
   """The config fields that determine the SFT result; a cached warm start must match them.
   (`rl.seed` is not among them: seeds of an RL comparison share one warm start; nor are

@@ -43,7 +43,7 @@ def test_wall_time_of_a_run_stopped_by_sigterm_is_kept(tmp_path, monkeypatch):
   outcomes = iter([{"preempted_at": 2}, {}])
   monkeypatch.setattr(prepare, "prepare", lambda *args, **kwargs: None)
   monkeypatch.setattr(loop, "train_and_evaluate", lambda config, folder: next(outcomes))
-  monkeypatch.setattr(cc, "_link_warm_start",
+  monkeypatch.setattr(cc.warm_start, "link_caches",
                       lambda base, folder: os.makedirs(folder, exist_ok=True))
   config = compare.get_config("toy")
   lr = float(config.rl.learning_rate)

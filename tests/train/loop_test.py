@@ -3,10 +3,8 @@
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -273,20 +271,9 @@ _TOY_FLAGS = ["--config.checkpoint.every=2", "--config.rl.steps=6"]
 def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
   straight = _warm(toy_config(), str(tmp_path / "straight"))
   killed = _warm(toy_config(), str(tmp_path / "killed"))
-  subprocess.run(_cli(straight, *_TOY_FLAGS, config="toy"), check=True, capture_output=True,
-                 cwd=ROOT, timeout=900)
-  proc = subprocess.Popen(_cli(killed, *_TOY_FLAGS, config="toy"), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, cwd=ROOT)
-  deadline = time.time() + 900
-  while time.time() < deadline:  # kill between checkpoints: after step 3 is logged
-    rows = read_jsonl(os.path.join(killed, "metrics.jsonl"))
-    if rows and rows[-1]["step"] >= 3:
-      break
-    time.sleep(0.2)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  subprocess.run(_cli(killed, *_TOY_FLAGS, config="toy"), check=True, capture_output=True,
-                 cwd=ROOT, timeout=900)
+  # Killed between checkpoints: after step 3 is logged (checkpoints every 2 steps).
+  test_util.killed_and_resumed(lambda workdir: _cli(workdir, *_TOY_FLAGS, config="toy"),
+                               straight, killed, after_step=3)
   a, b = _final_params(straight), _final_params(killed)
   assert a[0] == b[0] == 6
   for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):

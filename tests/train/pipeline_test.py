@@ -6,9 +6,6 @@ is what the staleness bound, the admission rules and resuming with rows in fligh
 
 import os
 import shutil
-import signal
-import subprocess
-import time
 
 import jax
 import numpy as np
@@ -137,25 +134,12 @@ def test_resumed_with_rows_in_flight_equals_uninterrupted(k, budget, tmp_path):
 def test_sigkill_with_rows_in_flight_then_same_command_matches_uninterrupted(tmp_path):
   flags = ("--config.rl.engine=continuous", "--config.rl.decode_slots=8",
            "--config.rl.max_staleness=2", "--config.rl.decode_budget=2", "--config.rl.steps=6",
-           "--config.checkpoint.keep=10")
+           "--config.checkpoint.every=2", "--config.checkpoint.keep=10")
   straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
   for workdir in (straight, killed):
     test_util.copy_warm_start(test_util.shared_warm_start(_config()), workdir)
   command = lambda workdir: test_util.train_command(workdir, *flags, config="toy")
-  subprocess.run(command(straight), check=True, capture_output=True, cwd=test_util.ROOT,
-                 timeout=900)
-  proc = subprocess.Popen(command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          cwd=test_util.ROOT)
-  deadline = time.time() + 900
-  while time.time() < deadline:  # killed between checkpoints, after step 3 is logged
-    rows = read_jsonl(os.path.join(killed, "metrics.jsonl"))
-    if rows and rows[-1]["step"] >= 3:
-      break
-    time.sleep(0.1)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  subprocess.run(command(killed), check=True, capture_output=True, cwd=test_util.ROOT,
-                 timeout=900)
+  test_util.killed_and_resumed(command, straight, killed, after_step=3)  # between checkpoints
   _assert_same_tree(_params(straight, 6), _params(killed, 6))
   assert (test_util.deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
           == test_util.deterministic(read_jsonl(os.path.join(killed, "metrics.jsonl"))))
