@@ -140,7 +140,10 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
     selection, curriculum = programs.select(state.curriculum, k_select)
     state = state._replace(curriculum=curriculum)
     valid = budget.slot_mask(config, selection, state.prompts)
-    return (selection.prompt_ids, jax.device_put(valid, rep[LEARNER]), state.train.params)
+    # A copy of the weights goes out: the transfer to the other process reads its source after
+    # device_put returns, and the next learn step donates the weights it would be reading.
+    weights = jax.tree.map(jnp.copy, state.train.params)
+    return (selection.prompt_ids, jax.device_put(valid, rep[LEARNER]), weights)
 
   def sample(batch_step, received):
     """Sampler: the batch's completions, scored."""
@@ -194,8 +197,8 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
   # Batch 1, sampled before the first update; then each step learns batch t while batch t + 1
   # is sampled by the weights before that update.
   selections = {1: request(1)}
-  reply = send(sample(1, send(selections[1], request_like, request_src, request_dst)),
-               reply_like, reply_src, reply_dst)
+  ours = sample(1, send(selections[1], request_like, request_src, request_dst))
+  reply = send(ours, reply_like, reply_src, reply_dst)
   times, sample_s = [], []
   for step in range(1, steps + 1):
     t0 = time.perf_counter()
@@ -205,8 +208,9 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
       received = send(selections[step + 1], request_like, request_src, request_dst)
     metrics = learn(step, selections.pop(step), reply, max(step - 2, 0)) if role == LEARNER \
         else None
-    nxt = send(sample(step + 1, received), reply_like, reply_src, reply_dst) if step < steps \
-        else None
+    # `ours` (what this process sent) stays referenced for a step, as the weights' copy does.
+    ours = sample(step + 1, received) if step < steps else None
+    nxt = send(ours, reply_like, reply_src, reply_dst) if step < steps else None
     if role == LEARNER:
       jax.block_until_ready(metrics)
       times.append(time.perf_counter() - t0)
