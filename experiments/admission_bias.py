@@ -1,7 +1,8 @@
 """Which arms a run trains on, against which it selected: the bias of dropping late groups.
 
-  python -m experiments.admission_bias --runs=workdirs/compare_async/multitask \
-      --methods=uniform+k1+b24,uniform+k1+b24+drop
+  python -m experiments.admission_bias --runs=workdirs/compare_async/scratch \
+      --methods=uniform+k1+b6,uniform+k1+b6+drop \
+      --arms=add_1d_1d,add_2d_1d,add_2d_2d,sub_2d_2d,mul_1d_1d,mul_2d_1d
 
 Reads the run folders of a comparison (`experiments.compare_curricula`, one per method and seed)
 and, per method, each arm's share of the groups selected (the batches' `curriculum/arm_frac`,
@@ -67,8 +68,8 @@ def markdown(results: dict) -> str:
 
 def define_flags() -> None:
   """The command's flags; defined when it runs, so that importing this module defines none."""
-  flags.DEFINE_string("runs", "workdirs/compare_async/multitask", "a comparison's run folders")
-  flags.DEFINE_list("methods", ["uniform+k1+b24", "uniform+k1+b24+drop"], "methods to read")
+  flags.DEFINE_string("runs", "workdirs/compare_async/scratch", "a comparison's run folders")
+  flags.DEFINE_list("methods", ["uniform+k1+b6", "uniform+k1+b6+drop"], "methods to read")
   flags.DEFINE_list("arms", [], "the arms' names, in arm order (default: their indices)")
   flags.DEFINE_string("out_dir", "benchmarks/results", "where the results go")
 
