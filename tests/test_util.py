@@ -211,26 +211,3 @@ def train_command(workdir: str, *overrides: str, config: str = "scratch") -> lis
   return [sys.executable, "-m", "experiments.train",
           "--config", os.path.join(ROOT, "configs", f"{config}.py"), "--workdir", workdir,
           *overrides]
-
-
-def killed_and_resumed(command: Callable[[str], list], straight: str, killed: str,
-                       after_step: int, timeout: int = 900) -> None:
-  """Runs `command(straight)` to its end; starts `command(killed)`, kills it with SIGKILL once its
-  metrics.jsonl has logged step `after_step` (between checkpoints when they are sparser), and
-  runs the same command again to its end: what a killed run's user does."""
-  import signal  # pylint: disable=import-outside-toplevel
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import time  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
-  subprocess.run(command(straight), check=True, capture_output=True, cwd=ROOT, timeout=timeout)
-  proc = subprocess.Popen(command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          cwd=ROOT)
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    rows = read_jsonl(os.path.join(killed, "metrics.jsonl"))
-    if rows and rows[-1]["step"] >= after_step:
-      break
-    time.sleep(0.1)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  subprocess.run(command(killed), check=True, capture_output=True, cwd=ROOT, timeout=timeout)

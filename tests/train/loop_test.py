@@ -264,24 +264,6 @@ def test_a_second_writer_stops_at_once_naming_the_first(tmp_path):
   assert sorted(os.listdir(tmp_path)) == [workdir_lib.LOCK]  # the second one wrote nothing
 
 
-_TOY_FLAGS = ["--config.checkpoint.every=2", "--config.rl.steps=6"]
-
-
-@pytest.mark.slow
-def test_sigkill_then_same_command_matches_uninterrupted(tmp_path):
-  straight = _warm(toy_config(), str(tmp_path / "straight"))
-  killed = _warm(toy_config(), str(tmp_path / "killed"))
-  # Killed between checkpoints: after step 3 is logged (checkpoints every 2 steps).
-  test_util.killed_and_resumed(lambda workdir: _cli(workdir, *_TOY_FLAGS, config="toy"),
-                               straight, killed, after_step=3)
-  a, b = _final_params(straight), _final_params(killed)
-  assert a[0] == b[0] == 6
-  for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  assert (_deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
-          == _deterministic(read_jsonl(os.path.join(killed, "metrics.jsonl"))))
-
-
 @pytest.mark.slow
 def test_toy_lora_ppo_with_dynamic_filtering_runs(tmp_path):
   c = toy_config(steps=2)

@@ -6,6 +6,9 @@ is what the staleness bound, the admission rules and resuming with rows in fligh
 
 import os
 import shutil
+import signal
+import subprocess
+import time
 
 import jax
 import numpy as np
@@ -17,6 +20,12 @@ from rl_curriculum.train.metrics import read_jsonl
 import test_util
 
 STEPS = 5
+# The run the resume and SIGKILL tests continue: k = 2 with a decode budget (batches partly
+# decoded, scored or not, at every checkpoint), checkpoints every 2 steps.
+K2_STEPS, K2_FLAGS = 6, ("--config.rl.engine=continuous", "--config.rl.decode_slots=8",
+                         "--config.rl.max_staleness=2", "--config.rl.decode_budget=2",
+                         "--config.rl.steps=6", "--config.checkpoint.every=2",
+                         "--config.checkpoint.keep=100")
 
 
 def _config(k=0, budget=0, admission="wait", steps=STEPS, seed=0, **fields):
@@ -57,13 +66,28 @@ def _assert_close_params(a, b):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
 
 
-def test_k0_through_the_engine_is_the_synchronous_schedule(tmp_path):
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+  """(workdir, rows) of the synchronous loop through the engine, 3 steps, every step saved."""
+  workdir = str(tmp_path_factory.mktemp("sync") / "run")
+  return workdir, _run(_config(steps=3), workdir)
+
+
+@pytest.fixture(scope="module")
+def k2_run(tmp_path_factory):
+  """(workdir, rows) of the k = 2 run of K2_FLAGS, in this process."""
+  workdir = str(tmp_path_factory.mktemp("k2") / "run")
+  config = _config(k=2, budget=2, steps=K2_STEPS, checkpoint__every=2)
+  return workdir, _run(config, workdir)
+
+
+def test_k0_through_the_engine_is_the_synchronous_schedule(sync_run, tmp_path):
   """k = 0 with a decode budget keeps its rows in the engine between the phases of a step, but
   decodes each batch to its end before learning from it: the synchronous loop's tokens (hence
   rewards) exactly, its updates to the module tolerance."""
-  sync = _run(_config(steps=3), str(tmp_path / "sync"))
+  sync_dir, sync = sync_run
   piped = _run(_config(budget=2, steps=3), str(tmp_path / "piped"))
-  _assert_close_params(_params(str(tmp_path / "sync"), 3), _params(str(tmp_path / "piped"), 3))
+  _assert_close_params(_params(sync_dir, 3), _params(str(tmp_path / "piped"), 3))
   for a, b in zip(sync, piped, strict=True):
     assert b["staleness_max"] == 0 and b["curriculum/feedback_delay"] == 0
     for name in ("reward_mean", "correct_mean", "nonzero_adv_frac", "completion_len"):
@@ -71,11 +95,10 @@ def test_k0_through_the_engine_is_the_synchronous_schedule(tmp_path):
     np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-4, atol=1e-7)
 
 
-def test_k1_learns_step_1_as_the_synchronous_loop_then_a_step_behind(tmp_path):
+def test_k1_learns_step_1_as_the_synchronous_loop_then_a_step_behind(sync_run, tmp_path):
   """Batch 1 is selected and sampled with step 1's keys from the starting state in both loops;
   with k = 1, batch 2 is selected before step 1's feedback and sampled by version 0."""
-  sync_dir, piped_dir = str(tmp_path / "sync"), str(tmp_path / "k1")
-  sync = _run(_config(steps=2), sync_dir)
+  (sync_dir, sync), piped_dir = sync_run, str(tmp_path / "k1")
   rows = _run(_config(k=1, steps=2), piped_dir)
   _assert_close_params(_params(sync_dir, 1), _params(piped_dir, 1))
   for name in ("reward_mean", "correct_mean", "nonzero_adv_frac", "completion_len"):
@@ -112,34 +135,56 @@ def test_drop_discards_the_groups_whose_rows_are_late(tmp_path):
     assert r["staleness_max"] <= 2
 
 
-@pytest.mark.parametrize("k,budget", [(1, 0), (2, 2)])
-def test_resumed_with_rows_in_flight_equals_uninterrupted(k, budget, tmp_path):
-  """The checkpoint of step 2 holds the batches in flight (queued, partly decoded, scored or
-  not): continuing from it ends as the uninterrupted run, every array of the state equal."""
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  config = _config(k=k, budget=budget)
-  rows = _run(config, straight)
+def _resume_from_step_2(straight: str, resumed: str, config, steps: int) -> None:
+  """Continues a copy of run `straight` from its checkpoint of step 2 and checks that it ends as
+  the uninterrupted run: every array of the state equal, the same metrics."""
   shutil.copytree(straight, resumed)
   for name in os.listdir(os.path.join(resumed, "checkpoints")):
     if name.isdigit() and int(name) > 2:
       shutil.rmtree(os.path.join(resumed, "checkpoints", name))
   os.remove(os.path.join(resumed, "summary.json"))
   loop.train_and_evaluate(config, resumed)
-  _assert_same_tree(_params(straight, STEPS), _params(resumed, STEPS))
-  again = read_jsonl(os.path.join(resumed, "metrics.jsonl"))[1:]
-  assert test_util.deterministic(rows) == test_util.deterministic(again)
+  _assert_same_tree(_params(straight, steps), _params(resumed, steps))
+  assert (test_util.deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
+          == test_util.deterministic(read_jsonl(os.path.join(resumed, "metrics.jsonl"))))
+
+
+def test_resumed_with_rows_in_flight_equals_uninterrupted_k1(tmp_path):
+  """The checkpoint of step 2 holds the batch in flight (queued or decoded): continuing from it
+  ends as the uninterrupted run."""
+  config = _config(k=1)
+  _run(config, str(tmp_path / "straight"))
+  _resume_from_step_2(str(tmp_path / "straight"), str(tmp_path / "resumed"), config, STEPS)
+
+
+def test_resumed_with_rows_in_flight_equals_uninterrupted_k2(k2_run, tmp_path):
+  """With a decode budget the checkpoint of step 2 holds batches partly decoded, scored or not:
+  continuing from it ends as the uninterrupted run."""
+  config = _config(k=2, budget=2, steps=K2_STEPS, checkpoint__every=2)
+  _resume_from_step_2(k2_run[0], str(tmp_path / "resumed"), config, K2_STEPS)
 
 
 @pytest.mark.slow
-def test_sigkill_with_rows_in_flight_then_same_command_matches_uninterrupted(tmp_path):
-  flags = ("--config.rl.engine=continuous", "--config.rl.decode_slots=8",
-           "--config.rl.max_staleness=2", "--config.rl.decode_budget=2", "--config.rl.steps=6",
-           "--config.checkpoint.every=2", "--config.checkpoint.keep=10")
-  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-  for workdir in (straight, killed):
-    test_util.copy_warm_start(test_util.shared_warm_start(_config()), workdir)
-  command = lambda workdir: test_util.train_command(workdir, *flags, config="toy")
-  test_util.killed_and_resumed(command, straight, killed, after_step=3)  # between checkpoints
-  _assert_same_tree(_params(straight, 6), _params(killed, 6))
+def test_sigkill_with_rows_in_flight_then_same_command_matches_uninterrupted(k2_run, tmp_path):
+  """The command line of the k = 2 run, killed with SIGKILL after step 3 is logged (between its
+  checkpoints of steps 2 and 4), then run again as it was: what a killed run's user does. It
+  ends as the uninterrupted run made in this process."""
+  straight, killed = k2_run[0], str(tmp_path / "killed")
+  test_util.copy_warm_start(test_util.shared_warm_start(_config()), killed)
+  command = test_util.train_command(killed, *K2_FLAGS, config="toy")
+  proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          cwd=test_util.ROOT)
+  deadline = time.time() + 900
+  while time.time() < deadline and proc.poll() is None:
+    rows = read_jsonl(os.path.join(killed, "metrics.jsonl"))
+    if rows and rows[-1]["step"] >= 3:
+      break
+    time.sleep(0.1)
+  assert proc.poll() is None, "the run ended before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert read_jsonl(os.path.join(killed, "metrics.jsonl"))[-1]["step"] < K2_STEPS
+  subprocess.run(command, check=True, capture_output=True, cwd=test_util.ROOT, timeout=900)
+  _assert_same_tree(_params(straight, K2_STEPS), _params(killed, K2_STEPS))
   assert (test_util.deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
           == test_util.deterministic(read_jsonl(os.path.join(killed, "metrics.jsonl"))))
