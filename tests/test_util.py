@@ -188,6 +188,17 @@ def run_rl(config, workdir: str, warm_from: Optional[str] = "shared",
   return rows
 
 
+def flip_bytes(step_dir: str) -> None:
+  """Inverts every 7th byte of the largest data file of a checkpoint step (its "state" item)."""
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs]
+  path = max(files, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    data[::7] = bytes(b ^ 0xFF for b in data[::7])
+    f.seek(0)
+    f.write(data)
+
+
 def deterministic(rows: list[dict]) -> list[dict]:
   """metrics.jsonl rows without their wall-clock measurements (`TIMING`)."""
   return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]

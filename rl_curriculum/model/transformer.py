@@ -320,6 +320,13 @@ def init_model(config: ModelConfig, seed: int = 0) -> Tuple[nnx.GraphDef, nnx.St
   return nnx.split(Transformer(config, rngs=nnx.Rngs(seed)))
 
 
+def abstract_model(config: ModelConfig) -> Tuple[nnx.GraphDef, nnx.State]:
+  """`init_model`'s (graphdef, params) with `jax.ShapeDtypeStruct`s for the values: nothing is
+  computed (a fresh process would otherwise compile each random initialiser), for a model whose
+  values are then read from a checkpoint."""
+  return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+
+
 def merge_params(graphdef: nnx.GraphDef, params: Params) -> Transformer:
   """The module back from its graphdef and one state or a tuple of states."""
   if isinstance(params, (tuple, list)):

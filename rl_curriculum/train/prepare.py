@@ -111,8 +111,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
   rollout_config.check_prefill_chunk(config, pools.prompt_len)
 
   # 3. Model, SFT warm start, adapters.
+  init = None
   if policy is not None:
     graphdef, params = policy.graphdef, policy.params
+  elif config.sft.steps and warm_start.has_sft(workdir):
+    # The values come from the saved warm start: the shapes are all a restore needs, and a
+    # random initialisation would first compile each initialiser (seconds in a fresh process).
+    model_config = builders.model_config(config, tok.vocab_size)
+    graphdef, params = transformer.abstract_model(model_config)
+    init = lambda: transformer.init_model(model_config, seed=config.seed)[1]
   else:
     graphdef, params = transformer.init_model(builders.model_config(config, tok.vocab_size),
                                               seed=config.seed)
@@ -120,7 +127,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
       f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M parameters")
   if config.sft.steps:
     params = warm_start.sft_params(config, workdir, graphdef, params, pools,
-                                   run_mesh(config) if mesh is None else mesh, log)
+                                   run_mesh(config) if mesh is None else mesh, log, init=init)
   graphdef, trainable, frozen = warm_start.attach_lora(config, graphdef, params)
   return Prepared(task=task, tokenizer=tok, pool=pools.rl, arm_names=arms.names,
                   eval_sets=pools.eval_sets,

@@ -11,8 +11,9 @@ comparison or an evaluation skips them. `warm_start.json` records the settings b
 
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+import jax
 import ml_collections
 from flax import nnx
 
@@ -22,7 +23,7 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.train import builders, checkpointing, sft
 from rl_curriculum.train.data import TOKENIZER_FILE, Pools
 
-__all__ = ["RECORD", "SFT_DIR", "CACHES", "fingerprint", "check_workdir", "sft_params",
+__all__ = ["RECORD", "SFT_DIR", "CACHES", "fingerprint", "check_workdir", "has_sft", "sft_params",
            "attach_lora"]
 
 RECORD = "warm_start.json"  # the settings behind a workdir's caches (`fingerprint`)
@@ -87,19 +88,30 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
       json.dump(expected, f, indent=1)
 
 
+def has_sft(workdir: str) -> bool:
+  """Whether workdir/sft holds a saved warm start (intact or not: `sft_params` checks)."""
+  folder = os.path.join(workdir, SFT_DIR)
+  return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+
+
 def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params: Any,
-               pools: Pools, mesh, log: Callable[[str], None]) -> Any:
+               pools: Pools, mesh, log: Callable[[str], None],
+               init: Optional[Callable[[], Any]] = None) -> Any:
   """The SFT warm start of `params` on `pools.sft` (config.sft), restored from workdir/sft when
   it holds an intact one, trained and saved there otherwise (a damaged one is moved aside and
-  trained again: SFT is deterministic)."""
+  trained again: SFT is deterministic). `params` may be shapes only (`transformer.abstract_model`)
+  when `init()` makes the values SFT starts from: a restore reads only their shapes."""
   folder = os.path.join(workdir, SFT_DIR)
-  params = distributed.place(params, mesh_lib.param_shardings(params, mesh))
+  shardings = mesh_lib.param_shardings(params, mesh)
   manager = checkpointing.make_manager(folder, max_to_keep=1)
-  restored = checkpointing.restore_latest(manager, params, log)
+  like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                      shardings)
+  restored = checkpointing.restore_latest(manager, like, log)
   if restored is not None:
     manager.close()
     log(f"SFT warm start restored from {folder}")
     return restored[1]
+  params = distributed.place(params if init is None else init(), shardings)
   optimizer = builders.build_optimizer(config.sft.learning_rate, max_grad_norm=1.0,
                                        warmup_steps=config.sft.warmup_steps,
                                        total_steps=config.sft.steps)

@@ -111,17 +111,6 @@ def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch, capsys):
     loop.train_and_evaluate(other, str(tmp_path))
 
 
-def _flip_bytes(step_dir):
-  """Inverts every 7th byte of the largest data file of a checkpoint step."""
-  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs]
-  path = max(files, key=os.path.getsize)
-  with open(path, "r+b") as f:
-    data = bytearray(f.read())
-    data[::7] = bytes(b ^ 0xFF for b in data[::7])
-    f.seek(0)
-    f.write(data)
-
-
 @pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path, capsys):
   """Stopped after step 2, the newest checkpoint damaged on disk: the same command resumes from
@@ -130,7 +119,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, capsys):
   resumed = _warm(toy_config(), str(tmp_path / "resumed"))
   loop.train_and_evaluate(toy_config(steps=4), straight)
   loop.train_and_evaluate(toy_config(steps=2), resumed)   # stops after step 2 ...
-  _flip_bytes(os.path.join(resumed, "checkpoints", "2"))
+  test_util.flip_bytes(os.path.join(resumed, "checkpoints", "2"))
   capsys.readouterr()
   loop.train_and_evaluate(toy_config(steps=4), resumed)   # ... and continues from step 1
   out = capsys.readouterr().out

@@ -1,12 +1,18 @@
-"""The workdir's record of what its cached tokenizer and SFT warm start were made with."""
+"""The workdir's record of what its cached tokenizer and SFT warm start were made with, and how
+the warm start is read back."""
 
 import json
 import os
+from unittest import mock
 
+import jax
+import numpy as np
 import pytest
 
 from configs import toy
-from rl_curriculum.train import warm_start
+from rl_curriculum.model import transformer
+from rl_curriculum.train import prepare, warm_start
+import test_util
 
 
 def test_fingerprint_keeps_what_sft_reads_and_drops_what_only_rl_reads():
@@ -48,3 +54,26 @@ def test_check_workdir_reads_a_record_that_still_holds_the_format_bonus(tmp_path
   c.seed += 1
   with pytest.raises(ValueError, match="made with other"):
     warm_start.check_workdir(c, str(tmp_path))
+
+
+def test_a_saved_warm_start_is_read_into_shapes_and_a_damaged_one_trained_again(tmp_path):
+  """A workdir holding a warm start initialises no model: the saved values are read into the
+  model's shapes (`transformer.abstract_model`). A damaged one is set aside and SFT runs again
+  from the seeded initialisation, to the same values (SFT is deterministic)."""
+  config = toy.get_config()
+  workdir = str(tmp_path / "run")
+  test_util.copy_warm_start(test_util.shared_warm_start(config), workdir)
+  initialised, init_model, lines = [], transformer.init_model, []
+  with mock.patch.object(transformer, "init_model",
+                         lambda *a, **k: initialised.append(a) or init_model(*a, **k)):
+    saved = prepare.prepare(config, workdir, log=lambda _: None)
+    assert not initialised
+    [step] = [d for d in os.listdir(os.path.join(workdir, warm_start.SFT_DIR)) if d.isdigit()]
+    test_util.flip_bytes(os.path.join(workdir, warm_start.SFT_DIR, step))
+    again = prepare.prepare(config, workdir, log=lines.append)
+  assert len(initialised) == 1
+  assert any("damaged" in line for line in lines)
+  assert os.path.isdir(os.path.join(workdir, warm_start.SFT_DIR + ".damaged", step))
+  for x, y in zip(jax.tree.leaves(saved.model.trainable), jax.tree.leaves(again.model.trainable),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
