@@ -119,7 +119,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
     # random initialisation would first compile each initialiser (seconds in a fresh process).
     model_config = builders.model_config(config, tok.vocab_size)
     graphdef, params = transformer.abstract_model(model_config)
-    init = lambda: transformer.init_model(model_config, seed=config.seed)[1]
+
+    def init():  # the values SFT starts from, should the saved warm start be damaged
+      return transformer.init_model(model_config, seed=config.seed)[1]
   else:
     graphdef, params = transformer.init_model(builders.model_config(config, tok.vocab_size),
                                               seed=config.seed)

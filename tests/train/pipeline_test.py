@@ -66,6 +66,11 @@ def _assert_close_params(a, b):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
 
 
+def _k2_config():
+  """The in-process config of K2_FLAGS."""
+  return _config(k=2, budget=2, steps=K2_STEPS, checkpoint__every=2)
+
+
 @pytest.fixture(scope="module")
 def sync_run(tmp_path_factory):
   """(workdir, rows) of the synchronous loop through the engine, 3 steps, every step saved."""
@@ -77,8 +82,7 @@ def sync_run(tmp_path_factory):
 def k2_run(tmp_path_factory):
   """(workdir, rows) of the k = 2 run of K2_FLAGS, in this process."""
   workdir = str(tmp_path_factory.mktemp("k2") / "run")
-  config = _config(k=2, budget=2, steps=K2_STEPS, checkpoint__every=2)
-  return workdir, _run(config, workdir)
+  return workdir, _run(_k2_config(), workdir)
 
 
 def test_k0_through_the_engine_is_the_synchronous_schedule(sync_run, tmp_path):
@@ -160,8 +164,7 @@ def test_resumed_with_rows_in_flight_equals_uninterrupted_k1(tmp_path):
 def test_resumed_with_rows_in_flight_equals_uninterrupted_k2(k2_run, tmp_path):
   """With a decode budget the checkpoint of step 2 holds batches partly decoded, scored or not:
   continuing from it ends as the uninterrupted run."""
-  config = _config(k=2, budget=2, steps=K2_STEPS, checkpoint__every=2)
-  _resume_from_step_2(k2_run[0], str(tmp_path / "resumed"), config, K2_STEPS)
+  _resume_from_step_2(k2_run[0], str(tmp_path / "resumed"), _k2_config(), K2_STEPS)
 
 
 @pytest.mark.slow
