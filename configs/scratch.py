@@ -81,6 +81,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.batch_size = 64             # sequences per SFT step
   c.sft.learning_rate = 1e-3        # peak; warmup then cosine decay to a tenth
   c.sft.warmup_steps = 100          # linear warmup (capped at half of sft.steps)
+  c.sft.save_every = 250            # save SFT's progress every this many steps (0 = never), so
+                                    # a killed warm start resumes there, to the same result
 
   c.rl = ml_collections.ConfigDict()
   c.rl.algorithm = "rloo"           # rloo | grpo | dr_grpo | reinforce_pp | ppo (critic + GAE)

@@ -2,11 +2,12 @@
 
 Sequences are a left-padded prompt followed by the target and EOS, right-padded; only target and
 EOS tokens carry loss. The result is cached in the run's workdir, so a resumed or repeated run
-skips it.
+skips it; a long warm start also saves its progress (`warm_start.sft_params`), so a killed one
+resumes where it stopped.
 """
 
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -52,13 +53,24 @@ def sft_step(params, opt_state, batch, *, graphdef, optimizer):
 
 def run_sft(params: Any, graphdef, pool: TaskPool, targets: np.ndarray, target_mask: np.ndarray,
             *, steps: int, batch_size: int, optimizer: optax.GradientTransformation, seed: int,
-            log_every: int = 50, log=print) -> tuple[Any, list[float]]:
+            log_every: int = 50, log=print, done: int = 0, opt_state: Any = None,
+            curve: Sequence[float] = (), save_every: int = 0,
+            save: Optional[Callable[[int, Any, Any, list[float]], None]] = None
+            ) -> tuple[Any, list[float]]:
   """Trains `params` for `steps` batches drawn uniformly (seeded) from the pool; returns the new
-  params and the loss curve."""
+  params and the loss curve.
+
+  A run resumed after `done` steps passes the `opt_state` and loss `curve` saved with them: the
+  batches drawn are the uninterrupted run's (the seeded draws of the first `done` steps are
+  replayed), so the result is the same to the bit. With `save`, `save(step, params, opt_state,
+  curve)` is called after every `save_every`-th step but the last.
+  """
   rng = np.random.default_rng(seed)
-  opt_state = optimizer.init(params)
-  curve = []
-  for step in range(1, steps + 1):
+  for _ in range(done):
+    rng.integers(0, len(pool.problems), batch_size)
+  opt_state = optimizer.init(params) if opt_state is None else opt_state
+  curve = list(curve)
+  for step in range(done + 1, steps + 1):
     idx = rng.integers(0, len(pool.problems), batch_size)
     batch = (jnp.asarray(pool.tokens[idx]), jnp.asarray(pool.mask[idx]),
              jnp.asarray(targets[idx]), jnp.asarray(target_mask[idx]))
@@ -67,4 +79,6 @@ def run_sft(params: Any, graphdef, pool: TaskPool, targets: np.ndarray, target_m
     curve.append(float(loss))
     if log_every and (step % log_every == 0 or step == steps):
       log(f"sft step {step}/{steps}: loss {np.mean(curve[-log_every:]):.4f}")
+    if save is not None and save_every and step % save_every == 0 and step < steps:
+      save(step, params, opt_state, curve)
   return params, curve

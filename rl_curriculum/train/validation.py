@@ -283,6 +283,8 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
     for field in ("batch_size", "learning_rate"):
       if getattr(c.sft, field) <= 0:
         fail(f"sft.{field}", f"must be > 0, got {getattr(c.sft, field)}")
+    if not isinstance(c.sft.save_every, int) or c.sft.save_every < 0:
+      fail("sft.save_every", f"must be a whole number >= 0 (0 = never), got {c.sft.save_every!r}")
     if task.sft_per_bin < 1:
       fail("task.sft_per_bin", f"must be >= 1 with an SFT warm start, got {task.sft_per_bin}")
   if check_source and c.model.source and c.sft.steps:

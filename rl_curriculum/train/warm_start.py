@@ -11,6 +11,7 @@ comparison or an evaluation skips them. `warm_start.json` records the settings b
 
 import json
 import os
+import shutil
 from typing import Any, Callable, Optional
 
 import jax
@@ -23,17 +24,20 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.train import builders, checkpointing, sft
 from rl_curriculum.train.data import TOKENIZER_FILE, Pools
 
-__all__ = ["RECORD", "SFT_DIR", "CACHES", "fingerprint", "check_workdir", "has_sft", "sft_params",
+__all__ = ["RECORD", "SFT_DIR", "SFT_PROGRESS_DIR", "CACHES", "fingerprint", "check_workdir", "has_sft", "sft_params",
            "attach_lora"]
 
 RECORD = "warm_start.json"  # the settings behind a workdir's caches (`fingerprint`)
 SFT_DIR = "sft"             # the SFT warm start's checkpoint
+SFT_PROGRESS_DIR = "sft_progress"  # SFT's progress while it trains (`sft_params`)
 # Everything a workdir caches for the runs that start from it: a run with the same fingerprint
 # may start from copies of these (seeds of a comparison share one warm start).
 CACHES = (RECORD, TOKENIZER_FILE, SFT_DIR)
 
-# Fields of the fingerprinted sections that act in RL only (SFT never reads them).
-_RL_ONLY = {"model": ("lora_merge_every",), "task": ("format_bonus",)}
+# Fields of the fingerprinted sections that leave the SFT result as it is: those that act in RL
+# only (SFT never reads them) and how often SFT saves its progress.
+_NO_SFT_EFFECT = {"model": ("lora_merge_every",), "task": ("format_bonus",),
+                  "sft": ("save_every",)}
 
 
 def link_caches(base: str, folder: str) -> str:
@@ -52,16 +56,18 @@ def fingerprint(config: ml_collections.ConfigDict) -> dict:
   """The config fields that determine the SFT result; a cached warm start must match them.
   (`rl.seed` is not among them: seeds of an RL comparison share one warm start; nor are
   `model.lora_merge_every` and `task.format_bonus`, which act in RL only: SFT imitates reference
-  answers and never scores one.)"""
+  answers and never scores one; nor `sft.save_every`, which changes when SFT saves, not what it
+  learns.)"""
   return _without_rl_only({"seed": config.seed, "task": config.task.to_dict(),
                            "model": config.model.to_dict(), "tokenizer": config.tokenizer.to_dict(),
                            "sft": config.sft.to_dict()})
 
 
 def _without_rl_only(record: dict) -> dict:
-  """`record` (a fingerprint, or one read back from warm_start.json) without the _RL_ONLY fields."""
-  return {section: ({k: v for k, v in fields.items() if k not in _RL_ONLY[section]}
-                    if section in _RL_ONLY else fields)
+  """`record` (a fingerprint, or one read back from warm_start.json) without the _NO_SFT_EFFECT
+  fields."""
+  return {section: ({k: v for k, v in fields.items() if k not in _NO_SFT_EFFECT[section]}
+                    if section in _NO_SFT_EFFECT else fields)
           for section, fields in record.items()}
 
 
@@ -100,7 +106,12 @@ def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params
   """The SFT warm start of `params` on `pools.sft` (config.sft), restored from workdir/sft when
   it holds an intact one, trained and saved there otherwise (a damaged one is moved aside and
   trained again: SFT is deterministic). `params` may be shapes only (`transformer.abstract_model`)
-  when `init()` makes the values SFT starts from: a restore reads only their shapes."""
+  when `init()` makes the values SFT starts from: a restore reads only their shapes.
+
+  Training saves its progress every `config.sft.save_every` steps in workdir/sft_progress and
+  resumes from the newest intact save there, to the same result as an uninterrupted run; the
+  folder is deleted once the warm start is saved.
+  """
   folder = os.path.join(workdir, SFT_DIR)
   shardings = mesh_lib.param_shardings(params, mesh)
   manager = checkpointing.make_manager(folder, max_to_keep=1)
@@ -115,13 +126,37 @@ def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params
   optimizer = builders.build_optimizer(config.sft.learning_rate, max_grad_norm=1.0,
                                        warmup_steps=config.sft.warmup_steps,
                                        total_steps=config.sft.steps)
+  opt_state = optimizer.init(params)
+  progress_folder = os.path.join(workdir, SFT_PROGRESS_DIR)
+  progress = checkpointing.make_manager(progress_folder, max_to_keep=1, writer=True)
+  resumed = checkpointing.restore_latest(progress, _abstract((params, opt_state)), log)
+  done, curve = 0, []
+  if resumed is not None:
+    done, (params, opt_state), meta = resumed
+    curve = meta["loss_curve"]
+    log(f"SFT resumed after step {done} of {config.sft.steps} from {progress_folder}")
+
+  def save_progress(step, params, opt_state, curve):
+    checkpointing.save(progress, step, (params, opt_state), {"loss_curve": curve})
+
   targets, target_mask = pools.sft_targets
   params, curve = sft.run_sft(params, graphdef, pools.sft, targets, target_mask,
                               steps=config.sft.steps, batch_size=config.sft.batch_size,
-                              optimizer=optimizer, seed=config.seed, log=log)
+                              optimizer=optimizer, seed=config.seed, log=log, done=done,
+                              opt_state=opt_state, curve=curve,
+                              save_every=config.sft.save_every, save=save_progress)
   checkpointing.save(manager, config.sft.steps, params, {"loss_curve": curve[-10:]})
   manager.close()
+  progress.close()
+  if distributed.is_main():
+    shutil.rmtree(progress_folder, ignore_errors=True)
+  distributed.sync("sft progress removed")
   return params
+
+
+def _abstract(tree: Any) -> Any:
+  """`tree`'s arrays as shapes, dtypes and shardings (what a restore reads into)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def attach_lora(config: ml_collections.ConfigDict, graphdef, params: Any) -> tuple:

@@ -36,6 +36,7 @@ def test_the_shipped_config_is_valid():
     (dict(task__held_out_fraction=0.0), "config.task.held_out_fraction"),
     (dict(eval__min_held_out=-1), "config.eval.min_held_out"),
     (dict(checkpoint__keep=0), "config.checkpoint.keep"),
+    (dict(sft__save_every=-1), "config.sft.save_every: must be a whole number >= 0"),
     (dict(model__source="/no/such/checkpoint", sft__steps=0), "config.model.source: nothing at"),
     (dict(model__lora_rank=4, model__lora_alpha=0.0), "config.model.lora_alpha"),
     (dict(rl__dual_clip=1.0), "config.rl.dual_clip: must be 0 (off) or > 1"),

@@ -11,14 +11,14 @@ import pytest
 
 from configs import toy
 from rl_curriculum.model import transformer
-from rl_curriculum.train import prepare, warm_start
+from rl_curriculum.train import prepare, sft, warm_start
 import test_util
 
 
 def test_fingerprint_keeps_what_sft_reads_and_drops_what_only_rl_reads():
   base = warm_start.fingerprint(toy.get_config())
   for section, name, value in (("rl", "seed", 7), ("task", "format_bonus", 0.0),
-                               ("model", "lora_merge_every", 3)):
+                               ("model", "lora_merge_every", 3), ("sft", "save_every", 1)):
     c = toy.get_config()
     setattr(getattr(c, section), name, value)
     assert warm_start.fingerprint(c) == base, (section, name)
@@ -76,4 +76,34 @@ def test_a_saved_warm_start_is_read_into_shapes_and_a_damaged_one_trained_again(
   assert os.path.isdir(os.path.join(workdir, warm_start.SFT_DIR + ".damaged", step))
   for x, y in zip(jax.tree.leaves(saved.model.trainable), jax.tree.leaves(again.model.trainable),
                   strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_killed_warm_start_resumes_from_its_progress_to_the_same_values(tmp_path):
+  """SFT saves its progress every `sft.save_every` steps; a run killed part-way resumes from the
+  newest save and ends with the uninterrupted warm start's values, bit for bit, and the progress
+  folder is gone once the warm start is saved."""
+  config = toy.get_config()  # 10 SFT steps
+  config.sft.save_every = 4
+  reference = prepare.prepare(config, test_util.shared_warm_start(config), log=lambda _: None)
+  workdir, step, calls, lines = str(tmp_path / "run"), sft.sft_step, [], []
+
+  def killed_at_seventh(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 7:
+      raise KeyboardInterrupt("killed")
+    return step(*args, **kwargs)
+
+  with mock.patch.object(sft, "sft_step", killed_at_seventh), pytest.raises(KeyboardInterrupt):
+    prepare.prepare(config, workdir, log=lambda _: None)
+  assert sorted(os.listdir(os.path.join(workdir, warm_start.SFT_PROGRESS_DIR))) == ["4"]
+  assert not warm_start.has_sft(workdir)
+  calls.clear()
+  with mock.patch.object(sft, "sft_step", lambda *a, **k: calls.append(1) or step(*a, **k)):
+    resumed = prepare.prepare(config, workdir, log=lines.append)
+  assert len(calls) == 6  # steps 5-10
+  assert any("SFT resumed after step 4 of 10" in line for line in lines)
+  assert not os.path.exists(os.path.join(workdir, warm_start.SFT_PROGRESS_DIR))
+  for x, y in zip(jax.tree.leaves(reference.model.trainable),
+                  jax.tree.leaves(resumed.model.trainable), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
