@@ -26,11 +26,15 @@ What lives on the devices during a run:
   a step's rollout  rows over the batch axes (`rows`)
 """
 
+import collections
+import hashlib
+import json
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from rl_curriculum import curriculum as cur
@@ -119,6 +123,40 @@ def _init_train(config: ml_collections.ConfigDict, optimizer, model: Model):
                           temperature=config.rl.temperature)
 
 
+# The jitted select and learn functions of the runs built in this process, by what they compute
+# (`_jitted_key`), the most recently built last. A run whose programs equal an earlier run's (a
+# resumed run, another seed or length of one, the planner's before the loop's) reuses the jitted
+# functions, and with them JAX's cache of what they traced and compiled.
+_JITTED: "collections.OrderedDict[tuple, tuple[Callable, Callable]]" = collections.OrderedDict()
+_JITTED_KEPT = 8
+
+
+def _digest(tree: Any) -> str:
+  """SHA-256 of the structure, shapes, dtypes and values of a pytree of arrays."""
+  leaves, treedef = jax.tree.flatten(tree)
+  h = hashlib.sha256(str(treedef).encode())
+  for leaf in leaves:
+    x = np.asarray(leaf)
+    h.update(f"{x.shape}{x.dtype}".encode())
+    h.update(np.ascontiguousarray(x).tobytes())
+  return h.hexdigest()
+
+
+def _jitted_key(config: ml_collections.ConfigDict, model: Model, pool: Any, out_shardings: Any,
+                mesh) -> tuple:
+  """Everything `build`'s select and learn functions are made from: the learn step's static
+  hyperparameters, the model's graph, the optimizer's settings, the curriculum's settings and
+  the pool it selects from (by value), the output layout and the mesh."""
+  leaves, treedef = jax.tree.flatten(out_shardings)
+  return (builders.learn_config(config), model.graphdef, config.model.lora_rank > 0,
+          float(config.rl.learning_rate), float(config.rl.max_grad_norm),
+          config.curriculum.name,
+          json.dumps(config.curriculum.options.to_dict(), sort_keys=True, default=repr),
+          builders.sampled_prompts(config),
+          (pool.num_arms, _digest(pool)) if isinstance(pool, cur.PromptPool) else pool,
+          treedef, tuple(leaves), mesh)
+
+
 def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.PromptPool,
           tokens: TokenIds, rollout_mesh=None) -> Programs:
   """The programs of a run of `config` (checked by `validation.validate`) on `mesh`.
@@ -142,14 +180,22 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
   train_shardings = mesh_lib.tree_shardings(train_like, mesh)
   rep = mesh_lib.replicated(mesh)
   ref = reference(config, model)
-  learn = rl_step.make_learn(graphdef=model.graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update,
-                             config=builders.learn_config(config),
-                             use_lora=config.model.lora_rank > 0,
-                             out_shardings=(train_shardings, rep, rep), mesh=mesh)
+  key = _jitted_key(config, model, pool, (train_shardings, rep, rep), mesh)
+  if key not in _JITTED:
+    _JITTED[key] = (
+        jax.jit(curriculum.select, out_shardings=rep),
+        rl_step.make_learn(graphdef=model.graphdef, optimizer=optimizer,
+                           curriculum_update=curriculum.update,
+                           config=builders.learn_config(config),
+                           use_lora=config.model.lora_rank > 0,
+                           out_shardings=(train_shardings, rep, rep), mesh=mesh))
+    while len(_JITTED) > _JITTED_KEPT:
+      _JITTED.popitem(last=False)
+  _JITTED.move_to_end(key)
+  select, learn = _JITTED[key]
   return Programs(
       graphdef=model.graphdef, optimizer=optimizer, curriculum=curriculum,
-      select=jax.jit(curriculum.select, out_shardings=rep), learn=learn,
+      select=select, learn=learn,
       sampler=dict(max_new_tokens=config.rl.max_new_tokens, eos_id=tokens.eos_id,
                    stop_ids=tuple(tokens.stop_ids), pad_id=tokens.pad_id,
                    group=budget.group_slots(config), mesh=rollout_mesh,

@@ -106,3 +106,34 @@ def test_abstract_and_placed_states_share_one_layout():
         s.sharding, x.ndim)
   arrays = lambda state: state._replace(health=None)  # health is host-side
   assert mesh_lib.shard_bytes(arrays(placed)) == mesh_lib.shard_bytes(arrays(shapes))
+
+
+def test_runs_that_compute_the_same_step_share_its_jitted_functions():
+  """A second build of programs that compute what an earlier build's compute (the same learn
+  settings, model, curriculum and pool; other seeds, lengths or evaluation settings) returns the
+  same jitted select and learn, whose compiled programs JAX keeps; any difference in what they
+  compute builds new ones."""
+  graphdef, params = test_util.tiny_model()
+  model = programs.Model(graphdef=graphdef, trainable=params, frozen=None)
+  arms = len(toy.get_config().task.train_bins)
+  pool = cur.PromptPool.from_arms(np.arange(8 * arms) % arms)
+  tokens = programs.TokenIds(eos_id=1, pad_id=0)
+
+  def build(pool=pool, **fields):
+    config = _config(lora=False, kl="none")
+    for name, value in fields.items():
+      section, field = name.split("__")
+      setattr(getattr(config, section), field, value)
+    progs = programs.build(config, model, prepare.run_mesh(config), pool, tokens)
+    return progs.select, progs.learn
+
+  first = build()
+  assert build(rl__seed=3, rl__steps=9, eval__every=1, checkpoint__every=2) == first
+  different = [build(rl__entropy_coef=0.01), build(rl__learning_rate=1e-3),
+               build(curriculum__options={"temperature": 0.5}),
+               build(curriculum__name="uniform", curriculum__options={}),
+               build(pool=cur.PromptPool.from_arms(np.arange(8 * arms) % arms,
+                                                   difficulty=np.arange(8 * arms) * 0.5))]
+  for n, fns in enumerate(different):
+    assert fns[1] is not first[1], n
+    assert all(fns[1] is not other[1] for other in different[n + 1:]), n
