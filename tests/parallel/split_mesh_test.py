@@ -1,6 +1,8 @@
-"""Rollouts on a mesh of their own (parallel.rollout_devices) on 4 and 8 fake CPU devices: the
-learner and the engine hold disjoint halves of the devices, and the run equals one on a single
-mesh of all of them (same tokens, parameters to the module tolerance).
+"""Rollouts on a mesh of their own (parallel.rollout_devices) on 4 fake CPU devices: the learner
+and the engine hold disjoint halves of the devices (two each: each mesh is itself sharded), and
+the run equals one on a single mesh of all of them (same tokens, parameters to the module
+tolerance). (8 devices, four a mesh, ran the same code at 86 s against 75 s, and were dropped
+for the suite's time.)
 
 The runs happen in a subprocess (split_mesh_script.py) that sees the fake devices.
 """
@@ -17,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices", [4, 8])
+@pytest.mark.parametrize("devices", [4])
 def test_rollout_mesh_apart_equals_one_mesh(devices, tmp_path):
   warm = test_util.shared_warm_start(toy.get_config())  # the script's runs change RL fields only
   out = str(tmp_path / "out.json")
