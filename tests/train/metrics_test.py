@@ -2,11 +2,15 @@
 
 import io
 import os
+import struct
+import subprocess
+import sys
 
 import numpy as np
 
 from rl_curriculum.train import metrics as metrics_lib
 from rl_curriculum.train import report as report_lib
+import test_util
 
 
 def test_flatten_nests_and_expands_small_arrays():
@@ -125,3 +129,40 @@ def test_report_of_several_tasks_draws_tasks(tmp_path):
   paths = report_lib.write_report(str(tmp_path), rows, bin_names=arms, arm_names=arms,
                                   tasks=["countdown", "zebra"])
   assert os.path.getsize(paths["png"]) > 20_000
+
+
+def _events(folder: str) -> list:
+  """The Event records of the TensorBoard event files in `folder` (TFRecord framing: a u64
+  length, its masked CRC, the record, the record's masked CRC)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  events = []
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), "rb") as f:
+      data = f.read()
+    at = 0
+    while at < len(data):
+      (length,) = struct.unpack("<Q", data[at:at + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[at + 12:at + 12 + length])
+      events.append(event)
+      at += 12 + length + 4
+  return events
+
+
+def test_tensorboard_scalars_are_written_without_importing_torch(tmp_path):
+  """A process that writes metrics holds TensorBoard scalars by name and step afterwards, and
+  has not imported torch (tensorboardX would, for seconds, where torch is installed)."""
+  code = ("import io, sys\n"
+          "from rl_curriculum.train import metrics\n"
+          f"w = metrics.MetricsWriter({str(tmp_path)!r}, total_steps=2, stream=io.StringIO())\n"
+          "w.write(1, {'reward_mean': 0.25, 'curriculum': {'probs': [0.5, 0.5]}})\n"
+          "w.write(2, {'reward_mean': 0.75})\n"
+          "w.close()\n"
+          "print('torch' in sys.modules)\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=test_util.ROOT, capture_output=True,
+                          text=True, check=True)
+  assert result.stdout.split() == ["False"]
+  scalars = [(e.step, v.tag, v.simple_value)
+             for e in _events(os.path.join(tmp_path, "tensorboard")) for v in e.summary.value]
+  assert scalars == [(1, "reward_mean", 0.25), (1, "curriculum/probs/0", 0.5),
+                     (1, "curriculum/probs/1", 0.5), (2, "reward_mean", 0.75)]
