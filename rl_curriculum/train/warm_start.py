@@ -24,8 +24,8 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.train import builders, checkpointing, sft
 from rl_curriculum.train.data import TOKENIZER_FILE, Pools
 
-__all__ = ["RECORD", "SFT_DIR", "SFT_PROGRESS_DIR", "CACHES", "fingerprint", "check_workdir", "has_sft", "sft_params",
-           "attach_lora"]
+__all__ = ["RECORD", "SFT_DIR", "SFT_PROGRESS_DIR", "CACHES", "fingerprint", "check_workdir",
+           "has_sft", "sft_params", "attach_lora"]
 
 RECORD = "warm_start.json"  # the settings behind a workdir's caches (`fingerprint`)
 SFT_DIR = "sft"             # the SFT warm start's checkpoint
@@ -58,12 +58,12 @@ def fingerprint(config: ml_collections.ConfigDict) -> dict:
   `model.lora_merge_every` and `task.format_bonus`, which act in RL only: SFT imitates reference
   answers and never scores one; nor `sft.save_every`, which changes when SFT saves, not what it
   learns.)"""
-  return _without_rl_only({"seed": config.seed, "task": config.task.to_dict(),
-                           "model": config.model.to_dict(), "tokenizer": config.tokenizer.to_dict(),
-                           "sft": config.sft.to_dict()})
+  return _sft_fields({"seed": config.seed, "task": config.task.to_dict(),
+                      "model": config.model.to_dict(), "tokenizer": config.tokenizer.to_dict(),
+                      "sft": config.sft.to_dict()})
 
 
-def _without_rl_only(record: dict) -> dict:
+def _sft_fields(record: dict) -> dict:
   """`record` (a fingerprint, or one read back from warm_start.json) without the _NO_SFT_EFFECT
   fields."""
   return {section: ({k: v for k, v in fields.items() if k not in _NO_SFT_EFFECT[section]}
@@ -84,7 +84,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   distributed.sync("warm_start.json: looked")  # process 0 writes it only after every look
   if exists:
     with open(path) as f:  # older records may still hold an RL-only field: not compared
-      recorded = _without_rl_only(json.load(f))
+      recorded = _sft_fields(json.load(f))
     if recorded != expected:
       raise ValueError(f"{workdir} holds a tokenizer and SFT warm start made with other "
                        f"seed/task/model/tokenizer/sft settings (see {path}); use a fresh "
