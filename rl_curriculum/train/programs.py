@@ -144,11 +144,14 @@ def _digest(tree: Any) -> str:
 
 def _jitted_key(config: ml_collections.ConfigDict, model: Model, pool: Any, out_shardings: Any,
                 mesh) -> tuple:
-  """Everything `build`'s select and learn functions are made from: the learn step's static
-  hyperparameters, the model's graph, the optimizer's settings, the curriculum's settings and
-  the pool it selects from (by value), the output layout and the mesh."""
+  """Everything `build`'s select and learn functions are made from: the functions that make the
+  optimizer, the curriculum and the learn step (a replaced one makes other programs), the learn
+  step's static hyperparameters, the model's graph, the optimizer's settings, the curriculum's
+  settings and the pool it selects from (by value), the output layout and the mesh."""
   leaves, treedef = jax.tree.flatten(out_shardings)
-  return (builders.learn_config(config), model.graphdef, config.model.lora_rank > 0,
+  makers = (builders.build_optimizer, builders.CURRICULA[config.curriculum.name],
+            rl_step.make_learn, rl_step.learn)
+  return (makers, builders.learn_config(config), model.graphdef, config.model.lora_rank > 0,
           float(config.rl.learning_rate), float(config.rl.max_grad_norm),
           config.curriculum.name,
           json.dumps(config.curriculum.options.to_dict(), sort_keys=True, default=repr),

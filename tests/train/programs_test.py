@@ -7,7 +7,7 @@ import pytest
 from configs import toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import loop, plan, prepare, programs, rollouts
+from rl_curriculum.train import builders, loop, plan, prepare, programs, rollouts
 import test_util
 
 
@@ -108,7 +108,7 @@ def test_abstract_and_placed_states_share_one_layout():
   assert mesh_lib.shard_bytes(arrays(placed)) == mesh_lib.shard_bytes(arrays(shapes))
 
 
-def test_runs_that_compute_the_same_step_share_its_jitted_functions():
+def test_runs_that_compute_the_same_step_share_its_jitted_functions(monkeypatch):
   """A second build of programs that compute what an earlier build's compute (the same learn
   settings, model, curriculum and pool; other seeds, lengths or evaluation settings) returns the
   same jitted select and learn, whose compiled programs JAX keeps; any difference in what they
@@ -137,3 +137,7 @@ def test_runs_that_compute_the_same_step_share_its_jitted_functions():
   for n, fns in enumerate(different):
     assert fns[1] is not first[1], n
     assert all(fns[1] is not other[1] for other in different[n + 1:]), n
+  # An optimizer made by another function (a test's stand-in) makes another learn step.
+  build_optimizer = builders.build_optimizer
+  monkeypatch.setattr(builders, "build_optimizer", lambda *a, **k: build_optimizer(*a, **k))
+  assert build()[1] is not first[1]
