@@ -55,7 +55,7 @@ def read_jsonl(path: str) -> list[dict]:
   return rows
 
 
-def summary_writer_class():
+def _summary_writer_class():
   """tensorboardX's SummaryWriter. Where torch is installed but not yet imported, tensorboardX is
   imported with torch hidden: it imports torch only to accept torch tensors, which scalars never
   are, and that import costs seconds (2.4 s against 0.25 s on a 2-core CPU) in every process
@@ -108,8 +108,8 @@ class MetricsWriter:
     with open(self.path, "w") as f:
       for row in kept:
         f.write(json.dumps(row) + "\n")
-    self._tb = summary_writer_class()(os.path.join(workdir, "tensorboard"),
-                                      purge_step=resume_step + 1)
+    self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"),
+                                       purge_step=resume_step + 1)
 
   def write(self, step: int, metrics: Mapping) -> dict:
     """Logs one step; returns the flattened row that was written."""

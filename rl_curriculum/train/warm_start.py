@@ -129,7 +129,7 @@ def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params
   opt_state = optimizer.init(params)
   progress_folder = os.path.join(workdir, SFT_PROGRESS_DIR)
   progress = checkpointing.make_manager(progress_folder, max_to_keep=1, writer=True)
-  resumed = checkpointing.restore_latest(progress, _abstract((params, opt_state)), log)
+  resumed = checkpointing.restore_latest(progress, (params, opt_state), log)  # into their layout
   done, curve = 0, []
   if resumed is not None:
     done, (params, opt_state), meta = resumed
@@ -152,11 +152,6 @@ def sft_params(config: ml_collections.ConfigDict, workdir: str, graphdef, params
     shutil.rmtree(progress_folder, ignore_errors=True)
   distributed.sync("sft progress removed")
   return params
-
-
-def _abstract(tree: Any) -> Any:
-  """`tree`'s arrays as shapes, dtypes and shardings (what a restore reads into)."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def attach_lora(config: ml_collections.ConfigDict, graphdef, params: Any) -> tuple:
