@@ -20,8 +20,11 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
   minutes a run on one core. (Before the sets were disjoint, SEC's 82.8% against uniform's
   79.1% came from memorised one-digit products: curricula_scratch_2026-12-01.md.)
 - countdown: three to five source numbers (no out-of-distribution bin) with the tiny model trained
-  here, 20-token completions, 100 steps = 12,800 rollouts a run. Measured the same way: every
-  method ends within 1.5 points of 14% (SEC 14.2%, uniform 14.0%); about 6 minutes a run.
+  here, 20-token completions, 100 steps = 12,800 rollouts a run. Measured on the disjoint
+  held-out sets (uniform at 2e-5, SEC at 4e-5, 5 seeds; benchmarks/results/curricula_countdown.md):
+  every run starts at 10.2%; uniform ends at 12.3% [11.9, 12.8], SEC at 13.7% [13.0, 14.5],
+  paired difference -1.4 [-2.9, +0.1] points; about 17 minutes a run on one core. (Ten methods on
+  the older splits ended within 1.5 points of 14%: curricula_countdown_2026-11-30.md.)
 - countdown_nobonus: countdown with task.format_bonus = 0, the reward correctness alone, to see
   how much of the curricula's signal on countdown was the bonus for a well-formed wrong answer.
   Its SFT warm start is countdown's (the bonus acts in RL only and is not in the fingerprint), so
