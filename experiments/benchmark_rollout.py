@@ -243,7 +243,7 @@ def run_model(name: str, quick: bool, slots: int, shrink: int, repeats: int) -> 
 
 def markdown(results: dict) -> str:
   lines = ["# Rollout engines: static vs continuous at equal cache memory", "",
-           f"{results['environment'].get('cpu', 'this machine')}; "
+           f"{results['environment'].get('cpu_model', 'this machine')}; "
            f"{results['slots']} decode slots for the continuous engine, halved up to "
            f"{results.get('shrink', 0)} times as the rows run out (`continuous_fixed`: never). "
            "Written by `python -m experiments.benchmark_rollout`.", "",

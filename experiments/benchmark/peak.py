@@ -3,8 +3,10 @@
 import ctypes
 import datetime
 import gc
+import importlib.metadata
 import os
 import platform
+import sys
 import time
 
 import jax
@@ -26,18 +28,16 @@ def environment() -> dict:
     info["cpu_model"] = names[0] if names else platform.processor()
   except OSError:
     info["cpu_model"] = platform.processor()
-  # The peers' packages are optional (the `bench` extra): record None where one is missing.
+  # The peers' packages are optional (the `bench` extra): record None where one is missing. Read
+  # from the installed metadata: importing torch and transformers only for their versions would
+  # take seconds of every benchmark that never runs a peer.
   for name in ("torch", "transformers", "trl", "peft", "flax", "optax"):
     try:
-      module = __import__(name)
-      info[name] = module.__version__
-    except ImportError:
+      info[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
       info[name] = None
-  try:
-    import torch  # pylint: disable=import-outside-toplevel
-    info["torch_threads"] = torch.get_num_threads()
-  except ImportError:
-    pass
+  if "torch" in sys.modules:  # already imported (suite.run records the peers' own thread count)
+    info["torch_threads"] = sys.modules["torch"].get_num_threads()
   return info
 
 
