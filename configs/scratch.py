@@ -119,6 +119,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.admission = "wait"           # a batch whose rows have not all stopped when its step
                                     # comes: wait (decode on until they do) | drop (its
                                     # unfinished groups are discarded; needs k >= 1, a budget)
+  c.rl.off_policy_correction = "required"  # with k >= 1: required (rl.tis_cap > 0 or
+                                    # rl.proximal = loglinear must weigh the stale tokens) |
+                                    # none (train them uncorrected, on purpose)
   c.rl.temperature = 1.0            # sampling temperature; the losses' log-probs are those of
                                     # logits / temperature, the distribution that sampled
   c.rl.learning_rate = 2e-5         # Adam moves every weight ~lr per step: 3e-4 wrecked the SFT

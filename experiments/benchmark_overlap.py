@@ -93,10 +93,8 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
   trainable weights and its step times to workdir/overlap_result.npz."""
   # pylint: disable=import-outside-toplevel
   from rl_curriculum.parallel import distributed
-  from rl_curriculum.rl import rewards as rewards_lib
   from rl_curriculum.train import budget, features, prepare, programs as programs_lib
   from rl_curriculum.train import rollouts
-  from rl_curriculum.train.rl_types import Batch
   jax.config.update("jax_cross_host_transfer_socket_address", f"127.0.0.1:{port + 1 + role}")
   distributed.initialize(f"127.0.0.1:{port}", 2, role)
   config = model_config(name, steps)
@@ -108,10 +106,11 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
   programs = programs_lib.build(config, run.model, meshes[LEARNER], pool, prepare.token_ids(run),
                                 meshes[SAMPLER])
   root, g = prepare.rl_root_key(config), budget.group_slots(config)
-  s, p = config.rl.prompts_per_step, config.rl.prompts_per_step
+  s = config.rl.prompts_per_step
   rows, n = s * g, config.rl.max_new_tokens
   rep = [programs_lib.mesh_lib.replicated(m) for m in meshes]
   row_shardings = [programs_lib.mesh_lib.batch_sharding(m, 2) for m in meshes]
+  layout = rollouts.row_layout(config, meshes[LEARNER])
   lora = run.model.frozen is not None
   trainable_shardings = (programs.train_shardings.params,
                          programs.rollout_shardings[0] if lora else programs.rollout_shardings)
@@ -174,20 +173,13 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
     nonlocal state
     prompt_ids, valid, _ = selection
     tokens, logprobs, mask, reward, correct, _ = reply
-    prompt_rows = np.repeat(np.asarray(prompt_ids), g)
-    valid, correct = np.asarray(valid), np.asarray(correct)
+    prompt_ids = np.asarray(prompt_ids)
     _, _, k_learn, k_filter = prepare.step_keys(root, step)
-    groups, group_valid = rollouts.train_groups(config, correct, valid, p, k_filter)
-    stop = (run.tokenizer.eos_id, *run.stop_ids)
-    batch = Batch(
-        prompt_tokens=jax.device_put(run.pool.tokens[prompt_rows], row_shardings[LEARNER]),
-        prompt_mask=jax.device_put(run.pool.mask[prompt_rows], row_shardings[LEARNER]),
-        tokens=tokens, mask=mask, sampler_logprobs=logprobs, prompt_ids=prompt_ids,
-        arms=jnp.asarray(np.asarray(pool.arms)[np.asarray(prompt_ids)]), rewards=reward,
-        correct=jnp.asarray(correct), valid=jnp.asarray(valid),
-        train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid),
-        truncated=rewards_lib.truncated_completions(tokens, mask, stop).reshape(-1, g),
-        versions=jnp.full(tokens.shape, version, jnp.int32))
+    scored = rollouts.Scored(prompt_ids=prompt_ids, arms=np.asarray(pool.arms)[prompt_ids],
+                             valid=np.asarray(valid), rewards=np.asarray(reward),
+                             correct=np.asarray(correct))
+    batch = rollouts.build_batch(config, run, layout, scored, (tokens, logprobs, mask), k_filter,
+                                 state.prompts, jnp.full(tokens.shape, version, jnp.int32))
     state = state._replace(prompts=budget.observe(state.prompts, batch, step))
     train, curriculum, metrics = programs.learn(
         *programs_lib.learn_inputs(state, batch, k_learn, None))

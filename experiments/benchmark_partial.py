@@ -66,13 +66,15 @@ def whole(policy, batches, slots: int, shrink: int, n: int) -> list[dict]:
   for j, (tokens, lengths) in enumerate(batches):
     t0 = time.perf_counter()
     state = continuous.start(policy.graphdef, policy.params, jnp.asarray(tokens),
-                             jnp.ones(tokens.shape, bool), jax.random.PRNGKey(j), None,
-                             jnp.asarray(lengths), max_new_tokens=n, slots=slots, group=GROUP)
+                             jnp.ones(tokens.shape, bool), jax.random.PRNGKey(j),
+                             jnp.float32(1.0), None, jnp.asarray(lengths), max_new_tokens=n,
+                             slots=slots, stop_ids=_stop(policy), group=GROUP)
     state = jax.block_until_ready(continuous.run(
         policy.graphdef, policy.params, state, jnp.float32(1.0), stop_ids=_stop(policy),
         group=GROUP, shrink=shrink))
     steps.append({"seconds": time.perf_counter() - t0, "tokens": int(state.drawn),
-                  "slot_steps": int(state.slot_steps), "iterations": int(state.iterations),
+                  "fed": int(state.fed), "slot_steps": int(state.slot_steps),
+                  "iterations": int(state.iterations),
                   "staleness": [0.0, 0.0]})
   return steps
 
@@ -90,11 +92,13 @@ def partial(policy, batches, slots: int, k: int, budget: int, n: int) -> list[di
   steps = []
   for t in range(len(batches)):
     t0 = time.perf_counter()
-    before = (int(engine.drawn), int(engine.slot_steps), int(engine.iterations))
+    before = (int(engine.drawn), int(engine.slot_steps), int(engine.iterations),
+              int(engine.fed))
     tokens, lengths = batches[t]  # queued k steps before the step that takes it out
     engine = inflight.admit(policy.graphdef, policy.params, engine, jnp.asarray(tokens),
                             jnp.ones(tokens.shape, bool), jax.random.PRNGKey(t),
-                            jnp.int32(t % w), None, jnp.asarray(lengths), max_new_tokens=n,
+                            jnp.int32(t % w), jnp.float32(1.0), jnp.int32(t), None,
+                            jnp.asarray(lengths), max_new_tokens=n, stop_ids=_stop(policy),
                             group=GROUP)
     due = t - k
     if due >= 0:
@@ -107,8 +111,9 @@ def partial(policy, batches, slots: int, k: int, budget: int, n: int) -> list[di
       continue
     counted = rows_out.mask > 0
     stale = t - rows_out.versions[counted]
-    after = (int(engine.drawn), int(engine.slot_steps), int(engine.iterations))
-    steps.append({"seconds": seconds, "tokens": after[0] - before[0],
+    after = (int(engine.drawn), int(engine.slot_steps), int(engine.iterations),
+             int(engine.fed))
+    steps.append({"seconds": seconds, "tokens": after[0] - before[0], "fed": after[3] - before[3],
                   "slot_steps": after[1] - before[1], "iterations": after[2] - before[2],
                   "staleness": [float(stale.mean()), float(stale.max())]})
   return steps
@@ -118,7 +123,8 @@ def summarise(steps: list[dict]) -> dict:
   seconds = sum(s["seconds"] for s in steps)
   tokens = sum(s["tokens"] for s in steps)
   return {"step_s": seconds / len(steps), "steps": len(steps), "tokens_per_s": tokens / seconds,
-          "slot_utilisation": tokens / max(sum(s["slot_steps"] for s in steps), 1),
+          "slot_utilisation": (sum(s["fed"] for s in steps)
+                               / max(sum(s["slot_steps"] for s in steps), 1)),
           "iterations_per_step": float(np.mean([s["iterations"] for s in steps])),
           "staleness_mean": float(np.mean([s["staleness"][0] for s in steps])),
           "staleness_max": float(max(s["staleness"][1] for s in steps))}

@@ -21,8 +21,9 @@ slots. Workloads:
 and, on the long-tailed rows, a skip pass: 40% of the groups inactive, as GRESO skips
 candidates before rollout, to show whether the saved rollouts save decode slot-steps.
 
-Measured per engine: `slot_utilisation` (tokens kept / slot-steps computed, a slot-step being one
-decode slot through one loop iteration), `tokens_per_s` (tokens kept / wall seconds, compiled
+Measured per engine: `slot_utilisation` (slot-steps that fed an occupied slot's token / slot-steps
+computed, a slot-step being one decode slot through one loop iteration; the static engine's rows
+occupy their slots until the call's longest row ends), `tokens_per_s` (tokens kept / wall seconds, compiled
 programs, prefill included), `decode_over_prefill` (slot-steps per second of the decode loop over
 prompt tokens per second of the same call's prefill), and `speedup` = continuous / static
 tokens_per_s. Writes benchmarks/results/rollout_engine.json and .md (`--out_dir`).
@@ -132,7 +133,7 @@ def _static(policy, w: Workload, rows_per_call: int, key, active):
     kept += float(state.mask.sum())
     steps += int(state.step) * len(w.tokens[part])
     prefilled += len(w.tokens[part]) // GROUP * w.tokens.shape[1]
-  return kept, steps, pre_s, dec_s, prefilled
+  return kept, steps, pre_s, dec_s, prefilled, kept
 
 
 def _continuous(policy, w: Workload, slots: int, shrink: int, key, active):
@@ -141,14 +142,15 @@ def _continuous(policy, w: Workload, slots: int, shrink: int, key, active):
   t0 = time.perf_counter()
   state = jax.block_until_ready(continuous.start(
       policy.graphdef, policy.params, jnp.asarray(w.tokens), jnp.asarray(w.mask), key,
-      jnp.asarray(active), cut, max_new_tokens=w.max_new_tokens, slots=slots, group=GROUP))
+      jnp.float32(w.temperature), jnp.asarray(active), cut, max_new_tokens=w.max_new_tokens,
+      slots=slots, stop_ids=stop, group=GROUP))
   t1 = time.perf_counter()
   state = jax.block_until_ready(continuous.run(policy.graphdef, policy.params, state,
                                                jnp.float32(w.temperature), stop_ids=stop,
                                                group=GROUP, shrink=shrink))
   t2 = time.perf_counter()
   return (float(state.mask.sum()), int(state.slot_steps), t1 - t0, t2 - t1,
-          len(w.tokens) // GROUP * w.tokens.shape[1])
+          len(w.tokens) // GROUP * w.tokens.shape[1], int(state.fed))
 
 
 def measure(engine, active: np.ndarray, repeats: int) -> dict:
@@ -158,10 +160,11 @@ def measure(engine, active: np.ndarray, repeats: int) -> dict:
   warm[:GROUP] = True
   engine(warm)
   runs = [engine(active) for _ in range(repeats)]
-  kept, steps, _, _, prefilled = runs[-1]
+  kept, steps, _, _, prefilled, occupied = runs[-1]
   pre_s = statistics.median(r[2] for r in runs)
   dec_s = statistics.median(r[3] for r in runs)
-  return {"tokens_kept": kept, "slot_steps": steps, "slot_utilisation": kept / max(steps, 1),
+  return {"tokens_kept": kept, "slot_steps": steps,
+          "slot_utilisation": occupied / max(steps, 1),
           "tokens_per_s": kept / (pre_s + dec_s), "prefill_s": pre_s, "decode_s": dec_s,
           "decode_over_prefill": (steps / dec_s) / (prefilled / pre_s)}
 

@@ -119,7 +119,9 @@ def _curriculum_fields(method: str, config) -> dict:
 # Rollout settings a method may carry after "+" ("uniform+k2", "sec+k2+b8+drop"): k<K> samples up
 # to K policy versions ahead (rl.max_staleness), b<B> decodes B iterations a step (partial
 # rollouts, rl.decode_budget), drop discards late groups (rl.admission); any of them runs the
-# continuous engine, whose tokens the static engine's equal for the synchronous runs.
+# continuous engine, whose tokens the static engine's equal for the synchronous runs. The stale
+# tokens of k >= 1 train uncorrected (rl.off_policy_correction = none), as the recorded
+# comparisons of overlapped rollouts did.
 _ROLLOUT_TOKENS = {"k": "max_staleness", "b": "decode_budget"}
 
 
@@ -141,6 +143,8 @@ def split_method(method: str) -> tuple[str, dict]:
                        "drop or wait)")
   if fields:
     fields["engine"] = "continuous"
+  if fields.get("max_staleness"):
+    fields["off_policy_correction"] = "none"
   return base, fields
 
 

@@ -80,14 +80,16 @@ def profile(policy, slots: int, prompts: int, tp: int, n: int, repeats: int) -> 
 
   def whole():
     state = continuous.start(graphdef, params, jnp.asarray(rows_t), jnp.asarray(rows_m), key,
-                             max_new_tokens=n, slots=slots, group=group)
+                             jnp.float32(1.0), max_new_tokens=n, slots=slots,
+                             stop_ids=(never,), group=group)
     return continuous.run(graphdef, params, state, jnp.float32(1.0), stop_ids=(never,),
                           group=group)
   state = jax.block_until_ready(whole())
   iterations = int(state.iterations)
   start_s = _median(lambda: continuous.start(graphdef, params, jnp.asarray(rows_t),
-                                             jnp.asarray(rows_m), key, max_new_tokens=n,
-                                             slots=slots, group=group), repeats)
+                                             jnp.asarray(rows_m), key, jnp.float32(1.0),
+                                             max_new_tokens=n, slots=slots, stop_ids=(never,),
+                                             group=group), repeats)
   out["loop_iteration_s"] = (_median(whole, repeats) - start_s) / iterations
 
   # One forward of the slots, halfway through completions of m slots (tp + m // 2 + 1 keys).
@@ -95,7 +97,8 @@ def profile(policy, slots: int, prompts: int, tp: int, n: int, repeats: int) -> 
 
   def forward_seconds(m):
     fresh = continuous.start(graphdef, params, jnp.asarray(rows_t), jnp.asarray(rows_m), key,
-                             max_new_tokens=m, slots=slots, group=group)
+                             jnp.float32(1.0), max_new_tokens=m, slots=slots,
+                             stop_ids=(never,), group=group)
     step = jnp.full((slots,), m // 2, jnp.int32)
     prompt_of = (jnp.arange(slots, dtype=jnp.int32) // group)[None]
     index = prefix_cache.SlotIndex(prompt=prompt_of, step=step)

@@ -10,7 +10,7 @@ records the version that drew it: `EngineState.versions`), from the keys and val
 has:
 
   state = init(graphdef, params, rows=R, generations=W, prompt_len=Tp, slots=S, ...)
-  state = admit(graphdef, params, state, prompts, mask, key, w, active=...)  # generation w
+  state = admit(graphdef, params, state, prompts, mask, key, w, temperature, version, ...)
   state = continuous.run(graphdef, params, state, temperature, version, budget, due, ...)
   state = evict(state, w)                     # its unfinished rows leave the engine
   rows = harvest(state, w)                    # its tokens, log-probs, mask, versions, done
@@ -19,7 +19,10 @@ Generations are slots of a ring (step t's batch in generation t mod W). The queu
 first out across generations, so the oldest generation's rows are always the first seated. A
 generation's rows draw their tokens with its own key, row r's t-th token with fold_in(fold_in(key,
 r), t) (r its index in the batch): the tokens do not depend on which slot, step or call a row
-runs in, and the engine with W = 1 is `continuous.start` (same tokens and log-probs).
+runs in, and the engine with W = 1 is `continuous.start` (same tokens and log-probs). Each token
+records the version of the weights whose logits drew it: a row's first token that of `admit`'s
+weights (they prefilled its prompt), every later one that of the `continuous.run` call that fed
+the token before it.
 
 Shapes: R rows a generation, W generations, S slots, D shards, Tp prompt slots, N new tokens.
 """
@@ -36,6 +39,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import prompt_prefill
+from rl_curriculum.sampling import slots as slots_lib
 
 __all__ = ["ADMISSIONS", "init", "abstract", "admit", "evict", "Harvest", "harvest", "pending"]
 
@@ -51,12 +55,7 @@ def _shards(mesh) -> int:
 def _empty_options(graphdef, params, *, rows, generations, prompt_len, slots, max_new_tokens,
                    pad_id, group, mesh, chunk) -> dict:
   """`_empty`'s static arguments for an engine of these sizes (`params`: shapes suffice)."""
-  tokens = jax.ShapeDtypeStruct((group, prompt_len), jnp.int32)
-  logits = jax.eval_shape(
-      lambda p, t: continuous.prefill_groups(graphdef, p, t, jnp.ones(t.shape, bool),
-                                             group=group, chunk=chunk)[0], params, tokens)
-  return dict(config=transformer.merge_params(graphdef, params).config, vocab=logits.shape[-1],
-              rows=rows, generations=generations,
+  return dict(config=transformer.merge_params(graphdef, params).config, rows=rows, generations=generations,
               width=prompt_prefill.padded_length(prompt_len, chunk), slots=slots,
               max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh)
 
@@ -83,51 +82,56 @@ def abstract(graphdef, params, key, **sizes) -> continuous.EngineState:
                       shardings)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "vocab", "rows", "generations", "width",
-                                             "slots", "max_new_tokens", "pad_id", "group",
-                                             "mesh"))
-def _empty(key, *, config, vocab, rows, generations, width, slots, max_new_tokens, pad_id, group,
+@functools.partial(jax.jit, static_argnames=("config", "rows", "generations", "width", "slots",
+                                             "max_new_tokens", "pad_id", "group", "mesh"))
+def _empty(key, *, config, rows, generations, width, slots, max_new_tokens, pad_id, group,
            mesh) -> continuous.EngineState:
   prompts = generations * rows // group
   cache = prefix_cache.from_prompts(kv_cache.init_cache(config, prompts, width),
                                     prefix_cache.init_completions(config, slots, max_new_tokens))
-  state = continuous.empty(
-      cache, jnp.zeros((prompts, width), bool), jnp.zeros((prompts, vocab), jnp.float32),
-      jnp.stack([key] * generations), rows=generations * rows, slots=slots,
-      max_new_tokens=max_new_tokens, shards=_shards(mesh), pad_id=pad_id)
-  return continuous.constrain(state, mesh)
+  state = slots_lib.empty(
+      cache, jnp.zeros((prompts, width), bool), jnp.stack([key] * generations),
+      rows=generations * rows, slots=slots, max_new_tokens=max_new_tokens, shards=_shards(mesh),
+      pad_id=pad_id)
+  return slots_lib.constrain(state, mesh)
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_new_tokens", "pad_id", "group", "mesh", "chunk"),
+                   static_argnames=("max_new_tokens", "top_k", "top_p", "greedy", "stop_ids",
+                                    "pad_id", "group", "mesh", "chunk"),
                    donate_argnames=("state",))
-def admit(graphdef, params, state, prompt_tokens, prompt_mask, key, generation, active=None,
-          stop_after=None, *, max_new_tokens, pad_id=0, group=1, mesh=None, chunk=0):
+def admit(graphdef, params, state, prompt_tokens, prompt_mask, key, generation, temperature,
+          version, active=None, stop_after=None, *, max_new_tokens, top_k=0, top_p=1.0,
+          greedy=False, stop_ids=(), pad_id=0, group=1, mesh=None, chunk=0):
   """The state with generation `generation` (i32[], traced) holding a new batch: the rows'
   prompts (i32[R, Tp] left-padded, runs of `group` equal prompts; mask bool[R, Tp]) prefilled
-  once per group into the generation's prompt slots, its rows reset and the `active` ones
-  (bool[R], None = all) queued behind every row already queued, each allowed `stop_after`
-  (i32[R], None = max_new_tokens) tokens, and `key` its sampling key. The generation must hold
-  no row that has not stopped or been evicted (the pipeline takes a batch out before its
-  generation is reused)."""
+  once per group into the generation's prompt slots, its rows reset, the `active` ones (bool[R],
+  None = all) given their first token (drawn at `temperature` f32[] and tagged `version` i32[],
+  the version of `params`) and queued behind every row already queued unless it ends them, each
+  allowed `stop_after` (i32[R], None = max_new_tokens) tokens, and `key` its sampling key. The
+  generation must hold no row that has not stopped or been evicted (the pipeline takes a batch
+  out before its generation is reused). The keyword arguments are static, as in
+  `continuous.run`."""
   r = prompt_tokens.shape[0]
   shards = _shards(mesh)
   logits, prompts, mask = continuous.prefill_groups(graphdef, params, prompt_tokens, prompt_mask,
                                                     group=group, mesh=mesh, chunk=chunk)
   cache = state.cache
   axis = kv_cache.cache_batch_axis(kv_cache.KVCache(k=cache.prompt_k, v=cache.prompt_v))
-  put = lambda table, new, ax=0: continuous.put_block(table, new, generation, shards, ax)
+  put = lambda table, new, ax=0: slots_lib.put_block(table, new, generation, shards, ax)
   layer = lambda tables, news: (put(tables, news, axis) if axis else
                                 tuple(put(t, n) for t, n in zip(tables, news)))
   state = state._replace(
       cache=cache._replace(prompt_k=layer(cache.prompt_k, prompts.k),
                            prompt_v=layer(cache.prompt_v, prompts.v)),
-      prompt_mask=put(state.prompt_mask, mask), prompt_logits=put(state.prompt_logits, logits),
-      keys=state.keys.at[generation].set(key))
+      prompt_mask=put(state.prompt_mask, mask), keys=state.keys.at[generation].set(key))
   active = jnp.ones((r,), bool) if active is None else jnp.asarray(active, bool)
-  state = continuous.enqueue(state, active, generation,
-                             continuous.row_limits(r, max_new_tokens, stop_after), pad_id)
-  return continuous.constrain(state, mesh)
+  first = continuous.first_tokens(logits, key, version, group=group, temperature=temperature,
+                                  top_k=top_k, top_p=top_p, greedy=greedy, mesh=mesh)
+  state = slots_lib.enqueue(state, active, generation,
+                            continuous.row_limits(r, max_new_tokens, stop_after), first,
+                            jnp.asarray(stop_ids, jnp.int32), pad_id)
+  return slots_lib.constrain(state, mesh)
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))
@@ -136,7 +140,7 @@ def evict(state: continuous.EngineState, generation) -> continuous.EngineState:
   freed and their queued places passed over (they are the oldest queued: the queue is first in,
   first out). They keep what they recorded and stay not done (`harvest`)."""
   rows, shards = state.tokens.shape[0], state.queue.shape[0]
-  mine, _ = continuous.generation_parts(state.row, rows, shards, state.keys.shape[0])
+  mine, _ = slots_lib.generation_parts(state.row, rows, shards, state.keys.shape[0])
   leave = (state.row < rows) & (mine == generation)
   return state._replace(row=jnp.where(leave, rows, state.row),
                         step=jnp.where(leave, 0, state.step),
@@ -156,9 +160,9 @@ class Harvest(NamedTuple):
 def harvest(state: continuous.EngineState, generation) -> Harvest:
   """Generation `generation`'s rows (`Harvest`), read without changing the state."""
   shards, generations = state.queue.shape[0], state.keys.shape[0]
-  take = lambda x: continuous.take_block(x, generation, generations, shards)
+  take = lambda x: slots_lib.take_block(x, generation, generations, shards)
   return Harvest(tokens=take(state.tokens), logprobs=take(state.logprobs), mask=take(state.mask),
                  versions=take(state.versions), done=take(state.done))
 
 
-pending = jax.jit(continuous.pending)
+pending = jax.jit(slots_lib.pending)

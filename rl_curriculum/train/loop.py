@@ -5,11 +5,10 @@
                      data and tokenizer, model and SFT warm start (`prepare`)
   4. RL state        the run's programs (`programs.build`, the builder the memory planner uses
                      too), a fresh `RunState` placed on the mesh, or the newest checkpoint's
-  5. loop            select -> collect (sample, score on the host, filter; `rollouts`) -> learn
-                     (one jit) -> log / evaluate / save, each step on the one `RunState`; with
-                     rollouts in flight (`pipeline`: rl.max_staleness, rl.decode_budget,
-                     parallel.rollout_devices) queue the batch k steps ahead -> finish this
-                     step's -> learn and decode at once -> score what stopped
+  5. loop            each step on the one `RunState` (`run_step`, one path for every schedule:
+                     `pipeline`): queue the batch k = rl.max_staleness steps ahead (k = 0: this
+                     step's) -> finish and score this step's -> learn (one jit) while the later
+                     batches decode -> score what stopped -> log / evaluate / save
   6. report          before/after table, report.png, report.html, summary.json (`summary`)
 
 Per-step randomness is `fold_in(root_key, step)`, and everything that evolves (the run state:
@@ -29,7 +28,7 @@ import ml_collections
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.train import budget, checkpointing, features, pipeline
-from rl_curriculum.train import programs as programs_lib, recovery, relora, rollout_config
+from rl_curriculum.train import programs as programs_lib, recovery, relora
 from rl_curriculum.train import rollouts, summary, validation
 from rl_curriculum.train import workdir as workdir_lib
 from rl_curriculum.train.metrics import MetricsWriter
@@ -76,7 +75,7 @@ class Loop(NamedTuple):
   merge: Optional[Callable]  # ReLoRA's jitted merge (`relora.make_merge`), or None
   log: Callable[[str], None]  # prints on process 0
   workdir: str
-  side: Optional[pipeline.Side] = None  # where rollouts in flight decode, or None (synchronous)
+  side: pipeline.Side        # where the rollouts decode (`pipeline.rollout_side`)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,7 +93,7 @@ def fresh_state(config: ml_collections.ConfigDict, run: Prepared,
   programs = programs_lib.build(config, run.model, mesh, pool, token_ids(run), rollouts_on)
   state = programs_lib.init_run_state(config, programs, run.model, pool,
                                       jax.random.fold_in(rl_root_key(config), 0))
-  if rollout_config.in_flight(config):
+  if pipeline.persists(config):
     side = pipeline.rollout_side(config, rollouts_on, mesh)
     state = pipeline.attach(config, run, programs, side, rl_root_key(config), state)
   return programs, state
@@ -142,11 +141,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   continues after, held-out accuracy before RL, measured now on a fresh run)."""
   mesh = run_mesh(config)
   layout = rollouts.row_layout(config, mesh)
-  side = None
-  if rollout_config.in_flight(config):
-    side = pipeline.rollout_side(config, rollout_mesh(config, mesh), mesh)
-  else:
-    rollout_config.check_decode_slots(config, mesh_lib.batch_size_of(mesh))
+  side = pipeline.rollout_side(config, rollout_mesh(config, mesh), mesh)
   log = _main_process_print
   run = prepare(config, workdir, log, task=task)
   programs, state = fresh_state(config, run, mesh)
@@ -163,7 +158,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
                                                  writer=True),
               side=side)
   start, state, before = _restore(loop, programs_lib.place(programs, state))
-  if side is not None and start == 0:  # the batches of steps 1 .. k, selected before step 1
+  if pipeline.persists(config) and start == 0:  # the batches of steps 1 .. k, selected before 1
     state = pipeline.restart(loop, state, pipeline.rollout_policy(loop, state), 1, 0)
   if jax.process_index() == 0:  # once the checkpoint fits: the config its next steps are made by
     workdir_lib.record_config(config, workdir)
@@ -215,59 +210,53 @@ def _after_update(loop: Loop, state: RunState, step: int, learned: dict,
 
 def run_step(loop: Loop, state: RunState, step: int,
              log: Callable[[str], None]) -> tuple[RunState, dict]:
-  """One RL step on the run state: select -> collect -> learn -> health, rollback, ReLoRA (with
-  rollouts in flight: `_pipelined_step`). Returns the state after the step and its metrics
-  (held-out evaluation aside)."""
-  if loop.side is not None:
-    return _pipelined_step(loop, state, step, log)
-  start = time.time()
-  k_select, k_sample, k_learn, k_filter = step_keys(loop.root, step)
-  selection, curriculum = loop.programs.select(state.curriculum, k_select)  # same on every process
-  state = state._replace(curriculum=curriculum)
-  batch, stats = rollouts.collect(loop.config, loop.run, loop.programs, loop.layout, state,
-                                  selection, k_sample, k_filter)
-  t = time.time()
-  state, metrics = _learn(loop, state, batch, k_learn, step)
-  metrics = {**jax.device_get(metrics), **stats, "time/learn_s": time.time() - t,
-             "time/step_s": time.time() - start}
-  state, after = _after_update(loop, state, step, metrics, log)
-  return state, {**metrics, **after}
+  """One RL step on the run state, the one path for every schedule (`pipeline`; k =
+  rl.max_staleness, 0 for the synchronous run): queue the batch of step `step` + k, finish and
+  score batch `step`, learn from it while the batches queued after it decode (learn first when
+  the rollouts have devices of their own, so that both run at once; else decode first, which
+  reads the weights the learn step then donates), score the batches whose rows all stopped;
+  then the health record, a rollback when one is due, a ReLoRA merge. Returns the state after
+  the step and its metrics (held-out evaluation aside; the names are listed in
+  docs/concepts.md#what-a-step-logs).
 
-
-def _pipelined_step(loop: Loop, state: RunState, step: int,
-                    log: Callable[[str], None]) -> tuple[RunState, dict]:
-  """Step `step` with rollouts in flight (`pipeline`): queue batch step + k, finish and score
-  batch `step`, learn on it while the engine decodes (learn first when the rollouts have devices
-  of their own, so that both run at once; else decode first, which reads the weights the learn
-  step then donates), score the batches whose rows all stopped."""
+  A discarded update (`update_skipped`: the learn step's own rollback) leaves everything the
+  step's batch would have taught as it was: the learn program keeps the train and curriculum
+  states, and the per-prompt statistics the batch updated are put back here."""
   config = loop.config
   _, _, k_learn, k_filter = step_keys(loop.root, step)
   t0 = time.time()
   version = int(state.train.step)
   params = pipeline.rollout_policy(loop, state)
+  if state.rollouts is None:  # k = 0: nothing outlives a step
+    state = pipeline.attach(config, loop.run, loop.programs, loop.side, loop.root, state)
   before = pipeline.engine_counters(state)
   if step + config.rl.max_staleness <= config.rl.steps:
     state = pipeline.queue(loop, state, params, step + config.rl.max_staleness, step)
-  state = pipeline.finish(loop, state, params, step, version)
+  state, scoring = pipeline.finish(loop, state, params, step, version)
   batch, stats = pipeline.learn_batch(loop, state, step, k_filter)
   t1 = time.time()
+  prompts = state.prompts
   if loop.side.apart:
-    state, metrics = _learn(loop, state, batch, k_learn, step)
+    state, learned = _learn(loop, state, batch, k_learn, step)
     state = pipeline.decode(loop, state, params, version)
   else:
     state = pipeline.decode(loop, state, params, version)
-    state, metrics = _learn(loop, state, batch, k_learn, step)
-  state = pipeline.score_stopped(loop, state)
+    state, learned = _learn(loop, state, batch, k_learn, step)
+  state, stopped = pipeline.score_stopped(loop, state)
+  learned = jax.device_get(learned)
   t2 = time.time()
-  metrics = jax.device_get(metrics)
-  t3 = time.time()
-  metrics = {**metrics, **stats,
-             **pipeline.decode_stats(before, pipeline.engine_counters(state), t3 - t0),
-             "time/finish_s": t1 - t0, "time/overlap_s": t2 - t1, "time/learn_wait_s": t3 - t2,
-             "time/step_s": t3 - t0}
+  counters = pipeline.engine_counters(state)
+  if not pipeline.persists(config):
+    state = state._replace(rollouts=None)
+  if learned["update_skipped"]:
+    state = state._replace(prompts=prompts)
+  metrics = {**learned, **stats, **pipeline.decode_stats(config, before, counters, t2 - t0),
+             "time/sample_s": t1 - t0 - scoring, "time/score_s": scoring + stopped,
+             "time/learn_s": t2 - t1 - stopped, "time/step_s": t2 - t0}
   rollbacks = state.health.rollbacks
   state, after = _after_update(loop, state, step, metrics, log)
-  if state.health.rollbacks != rollbacks:  # the restored batches in flight are not this step's
+  if pipeline.persists(config) and state.health.rollbacks != rollbacks:
+    # The restored batches in flight are not this step's: select the next k anew.
     state = pipeline.restart(loop, state, pipeline.rollout_policy(loop, state), step + 1, step)
   return state, {**metrics, **after}
 

@@ -49,8 +49,8 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import budget, builders, programs as programs_lib, rollout_config
-from rl_curriculum.train import validation
+from rl_curriculum.train import budget, builders, pipeline, programs as programs_lib
+from rl_curriculum.train import rollout_config, state as state_lib, validation
 from rl_curriculum.train.rl_types import Batch
 
 GIB = 1024 ** 3
@@ -210,15 +210,17 @@ def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
 
 
 def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, first, second,
-                   first_options: dict, second_options: dict) -> dict:
-  """An engine's two programs: `first` (prompts -> state) lowered on the abstract prompts, then
-  `second` (state, temperature -> state) on the state it returns; their memory and the KV cache
-  per device."""
+                   first_options: dict, second_options: dict, first_extra: tuple = ()) -> dict:
+  """An engine's two programs: `first` (prompts, key, *first_extra -> state) lowered on the
+  abstract prompts, then `second` (state, temperature -> state) on the state it returns; their
+  memory and the KV cache per device."""
   graphdef = inputs.programs.graphdef
   pre, pre_compiled = _measure(lambda: first.lower(
-      graphdef, policy, prompts, prompt_mask, inputs.key, **first_options), resident)
-  out_state = jax.eval_shape(lambda p, t, m, k: first(graphdef, p, t, m, k, **first_options),
-                             policy, prompts, prompt_mask, inputs.key)
+      graphdef, policy, prompts, prompt_mask, inputs.key, *first_extra, **first_options),
+      resident)
+  out_state = jax.eval_shape(
+      lambda p, t, m, k, *extra: first(graphdef, p, t, m, k, *extra, **first_options),
+      policy, prompts, prompt_mask, inputs.key, *first_extra)
   cache_bytes = mesh_lib.shard_bytes(programs_lib.abstract_tree(
       out_state.cache, pre_compiled.output_shardings.cache))
   out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
@@ -240,9 +242,11 @@ def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   args = (inputs, policy, prompts, prompt_mask, resident)
   return {"static": _plan_programs(*args, sampler.prefill, sampler.decode, shared, loop),
           "continuous": _plan_programs(*args, continuous.start, continuous.run,
-                                       {**shared, "slots": config.rl.decode_slots},
+                                       {**shared, "slots": config.rl.decode_slots,
+                                        "stop_ids": stop_ids},
                                        {**loop, "group": options["group"],
-                                        "shrink": config.rl.decode_shrink})}
+                                        "shrink": config.rl.decode_shrink},
+                                       first_extra=(_small(inputs, (), jnp.float32),))}
 
 
 def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
@@ -259,10 +263,11 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
                             prompt_len=inputs.prompt_len, slots=config.rl.decode_slots,
                             chunk=options["prefill_chunk"], **shared)
   i32 = lambda: _small(inputs, (), jnp.int32)
+  stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
   admit, _ = _measure(lambda: inflight.admit.lower(
       graphdef, policy, state, prompts, prompt_mask, inputs.key, i32(),
-      _rows(inputs, rows, dtype=jnp.bool_), chunk=options["prefill_chunk"], **shared), resident)
-  stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
+      _small(inputs, (), jnp.float32), i32(), _rows(inputs, rows, dtype=jnp.bool_),
+      chunk=options["prefill_chunk"], stop_ids=stop_ids, **shared), resident)
   decode, _ = _measure(lambda: continuous.run.lower(
       graphdef, policy, state, _small(inputs, (), jnp.float32), i32(), i32(), i32(),
       stop_ids=stop_ids, pad_id=options["pad_id"], group=options["group"],
@@ -272,14 +277,55 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
 
 
 def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:
-  """(the larger-peak program of the configured engine, both engines' programs and KV cache
-  per device: {"static": {"prefill", "decode", "cache_gib"}, "continuous": {...}}, and with
-  rollouts in flight "in_flight", the engine the run then decodes with)."""
+  """(the larger-peak program of the engine the run decodes with, both engines' programs and KV
+  cache per device: {"static": {"prefill", "decode", "cache_gib"}, "continuous": {...}}, and
+  with the continuous engine "in_flight", the programs the loop runs it with: W = k + 1
+  generations, k = 0 included)."""
   engines = _plan_engines(config, inputs)
   mine = engines[config.rl.engine]
-  if rollout_config.in_flight(config):
+  if config.rl.engine == "continuous":
     mine = engines["in_flight"] = _plan_in_flight(config, inputs)
   return max((mine["prefill"], mine["decode"]), key=lambda p: p["peak_gib"]), engines
+
+
+def checkpoint_bytes(tree: Any) -> tuple[int, int]:
+  """(bytes a checkpoint of `tree` holds, the most bytes any one process writes) of a pytree of
+  arrays or `jax.ShapeDtypeStruct`s with shardings: each distinct shard of an array is written
+  once, by the process of the first device holding it (a replicated array by one process)."""
+  total, by_process = 0, {}
+  for leaf in jax.tree.leaves(tree):
+    itemsize = leaf.dtype.itemsize
+    total += int(np.prod(leaf.shape, dtype=np.int64)) * itemsize
+    written = set()
+    for device, index in leaf.sharding.devices_indices_map(leaf.shape).items():
+      bounds = tuple((s.start, s.stop) for s in index)
+      if bounds in written:
+        continue
+      written.add(bounds)
+      size = int(np.prod([len(range(*s.indices(n))) for s, n in zip(index, leaf.shape)],
+                         dtype=np.int64)) * itemsize
+      by_process[device.process_index] = by_process.get(device.process_index, 0) + size
+  return total, max(by_process.values(), default=0)
+
+
+def _checkpoint_tree(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
+  """The abstract arrays a checkpoint of the run holds (`state.checkpoint_tree`): with rows in
+  flight (k > 0) the engine state of W generations and each generation's records besides."""
+  state = inputs.state
+  if pipeline.persists(config):
+    options = inputs.programs.sampler
+    engine = inflight.abstract(
+        inputs.programs.graphdef, programs_lib.policy(inputs.state), inputs.key,
+        rows=builders.sampled_prompts(config) * options["group"],
+        generations=pipeline.generations(config), prompt_len=inputs.prompt_len,
+        slots=config.rl.decode_slots, max_new_tokens=options["max_new_tokens"],
+        pad_id=options["pad_id"], group=options["group"], mesh=options["mesh"],
+        chunk=options["prefill_chunk"])
+    records = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=inputs.programs.replicated),
+        pipeline.empty_records(config))
+    state = state._replace(rollouts=pipeline.InFlight(engine=engine, records=records))
+  return state_lib.checkpoint_tree(config, state)
 
 
 def _plan_learn(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
@@ -313,8 +359,10 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
     them out); the sampler entry is the larger-peak program of the configured engine
     (config.rl.engine), and "sampler_engines" lists both engines' programs (static: prefill,
     decode; continuous: start as "prefill", run as "decode") with their KV cache per device;
-    with rollouts in flight (`rollout_config.in_flight`) also "in_flight" (admit as "prefill",
-    a step's run as "decode", the cache of every generation), then the sampler entry's engine.
+    with the continuous engine also "in_flight", the programs the loop runs it with (admit as
+    "prefill", a step's run as "decode", the cache of every generation), then the sampler
+    entry's engine; "checkpoint": the bytes a checkpoint holds ("gib") and the most one host
+    writes ("gib_per_host"), the engine's rows in flight included when k > 0.
 
   Raises:
     validation.ConfigError: the config is invalid, its rows do not split over the mesh, or
@@ -351,6 +399,8 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
   if "learn" in programs:
     report["programs"]["learn"] = _plan_learn(config, inputs)
   report["state_gib"] = mesh_lib.shard_bytes(inputs.state.train) / GIB
+  total, per_host = checkpoint_bytes(_checkpoint_tree(config, inputs))
+  report["checkpoint"] = {"gib": total / GIB, "gib_per_host": per_host / GIB}
   report["fits"] = all(p["peak_gib"] <= hbm_gib for p in report["programs"].values())
   return report
 
@@ -366,7 +416,9 @@ def describe(report: dict) -> str:
            f"step: {w['prompts']} prompts x {w['group']} = {w['rows']} rows, prompt "
            f"{w['prompt_len']} + {w['new_tokens']} new tokens, {w['minibatches']} minibatches x "
            f"{w['microbatches']} microbatches, logits chunk {w['logits_chunk']}",
-           f"train state: {report['state_gib']:.2f} GiB per device"]
+           f"train state: {report['state_gib']:.2f} GiB per device; a checkpoint "
+           f"{report['checkpoint']['gib']:.2f} GiB, at most "
+           f"{report['checkpoint']['gib_per_host']:.2f} GiB written by one host"]
   for name, p in report["programs"].items():
     verdict = "FITS" if p["peak_gib"] <= report["hbm_gib"] else "DOES NOT FIT"
     lines.append(f"{name:8s} peak {p['peak_gib']:8.2f} GiB  (argument {p['argument_gib']:.2f}, "

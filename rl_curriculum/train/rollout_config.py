@@ -17,8 +17,12 @@ from rl_curriculum.sampling.continuous import ENGINES
 from rl_curriculum.sampling.inflight import ADMISSIONS
 from rl_curriculum.train.errors import fail
 
-__all__ = ["in_flight", "validate", "check_decode_slots", "check_prefill_chunk",
-           "split_devices"]
+__all__ = ["OFF_POLICY_CORRECTIONS", "in_flight", "validate", "check_decode_slots",
+           "check_prefill_chunk", "split_devices"]
+
+# rl.off_policy_correction: "required" (rollouts in flight must say how the learn step corrects
+# for the older weights that drew a batch) or "none" (they train uncorrected, on purpose).
+OFF_POLICY_CORRECTIONS = ("required", "none")
 
 
 def in_flight(config: ml_collections.ConfigDict) -> bool:
@@ -56,6 +60,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
          f"every queued row stops), got {rl.decode_budget!r}")
   if rl.admission not in ADMISSIONS:
     fail("rl.admission", f"must be one of {ADMISSIONS}, got {rl.admission!r}")
+  if rl.off_policy_correction not in OFF_POLICY_CORRECTIONS:
+    fail("rl.off_policy_correction", f"must be one of {OFF_POLICY_CORRECTIONS}, got "
+         f"{rl.off_policy_correction!r}")
   if not _whole(config.parallel.rollout_devices, 0):
     fail("parallel.rollout_devices", f"must be a whole number >= 0 (0 = the learner's devices "
          f"sample too), got {config.parallel.rollout_devices!r}")
@@ -65,6 +72,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     fail("rl.engine", "rollouts in flight across steps (rl.max_staleness, rl.decode_budget or "
          "parallel.rollout_devices > 0) live in the continuous engine: set rl.engine="
          "'continuous'")
+  _validate_off_policy(rl)
   if rl.admission == "drop" and (rl.max_staleness < 1 or rl.decode_budget < 1):
     fail("rl.admission", "'drop' evicts a batch's rows that have not stopped when its step "
          "comes, which needs partial rollouts: rl.max_staleness >= 1 and rl.decode_budget >= 1 "
@@ -73,6 +81,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
     fail("rl.temperature_target", "the adaptive temperature moves with every update, and a "
          "batch in flight was sampled at an older one than the learn step would read: use it "
          "with rl.max_staleness = rl.decode_budget = parallel.rollout_devices = 0")
+
+
+def _validate_off_policy(rl: ml_collections.ConfigDict) -> None:
+  """Rollouts in flight (rl.max_staleness > 0) train on tokens drawn by weights up to k versions
+  old. With one optimizer step a batch the old policy is the policy itself (ratio 1), so nothing
+  weighs a stale token by its behaviour policy unless the config says how: truncated importance
+  weights (rl.tis_cap > 0), the interpolated proximal policy (rl.proximal = loglinear), or
+  rl.off_policy_correction = none to train them uncorrected on purpose."""
+  corrected = rl.tis_cap > 0 or rl.proximal == "loglinear"
+  if rl.max_staleness > 0 and rl.off_policy_correction == "required" and not corrected:
+    fail("rl.max_staleness", f"{rl.max_staleness} trains tokens drawn by older weights with no "
+         "correction for them: set rl.tis_cap > 0 (truncated importance sampling), "
+         "rl.proximal='loglinear' (decoupled PPO), or rl.off_policy_correction='none' to train "
+         "them uncorrected on purpose")
 
 
 def check_decode_slots(config: ml_collections.ConfigDict, batch_shards: int) -> None:

@@ -1,16 +1,16 @@
-"""Phase 5 of a run, up to the learn step: from the curriculum's selection to a scored batch.
+"""A step's rows on the host side: where they live, how they are scored, the `Batch` made of them.
 
-  layout = row_layout(config, mesh)
-  batch, stats = collect(config, run, programs, layout, state, selection, key_sample, key_filter)
+  layout = row_layout(config, mesh)                      # B = S x G rows over the batch axes
+  rewards, correct = score_completions(task, pool, prompt_rows, tokens, decode, sampled)
+  batch = build_batch(config, run, layout, scored, rows, key_filter, prompt_stats, versions)
+  stats = batch_stats(config, num_arms, selection, rewards, valid, group_valid)
 
-`collect` rolls out the selected prompts' completion slots (`budget.slot_mask`), scores the
-sampled completions on the host (each process its own rows; verifiers never raise), applies the
-post-rollout filter (`curriculum.filter`) and assembles the `rl_types.Batch` the learn step takes,
-with host statistics of the rollout for the log.
+Scoring runs on the host, each process its own rows (verifiers never raise); `build_batch` is the
+one place a `rl_types.Batch` is made, for the loop (`pipeline.learn_batch`) and the overlap
+benchmark alike: the post-rollout filter (`curriculum.filter`) picks the trained groups there.
 """
 
-import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,14 +22,13 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.rl import rewards as rewards_lib
 from rl_curriculum.tasks.data import TaskPool
-from rl_curriculum.train import budget, builders, programs as programs_lib, validation
+from rl_curriculum.train import budget, builders, validation
 from rl_curriculum.train.prepare import Prepared
 from rl_curriculum.train.rl_types import Batch
-from rl_curriculum.train.state import RunState
 from rl_curriculum.types import Feedback, Selection
 
-__all__ = ["RowLayout", "row_layout", "score_completions", "train_groups", "collect",
-           "batch_stats", "rollout_stats"]
+__all__ = ["RowLayout", "row_layout", "score_completions", "train_groups", "Scored",
+           "build_batch", "batch_stats"]
 
 
 class RowLayout(NamedTuple):
@@ -103,67 +102,44 @@ def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, valid: 
   return np.asarray(indices, np.int32), np.asarray(slot_valid, bool)
 
 
-def _sample(run: Prepared, programs: programs_lib.Programs, layout: RowLayout, state: RunState,
-            rows: np.ndarray, valid: np.ndarray, key: jax.Array, temperature: Any):
-  """(rollout, prompt mask, decode slot-steps) of this process's rows `rows` (pool indices, i32[b]) of the step's
-  R rows; rows whose slot `valid` bool[R] marks unsampled get no tokens."""
+class Scored(NamedTuple):
+  """One batch's host record once its completions are scored (S prompts x G completion slots)."""
+  prompt_ids: np.ndarray  # i32[S] pool indices
+  arms: np.ndarray        # i32[S] curriculum arms
+  valid: np.ndarray       # bool[S, G] completions sampled, scored and kept (a dropped group's:
+                          # none)
+  rewards: np.ndarray     # f32[S, G]
+  correct: np.ndarray     # bool[S, G]
+
+
+def build_batch(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout,
+                scored: Scored, rows: tuple, key_filter: jax.Array, prompt_stats,
+                versions: Optional[jax.Array] = None) -> Batch:
+  """The `rl_types.Batch` the learn step takes: a scored batch's completions `rows` = (tokens
+  i32[R, T], log-probs f32[R, T], mask f32[R, T]) over the learner's rows (`layout`), their
+  prompts from the pool, the groups the post-rollout filter keeps (`train_groups`, drawn with
+  `key_filter`), the counterfactual baseline from `prompt_stats` (the per-prompt statistics
+  before this batch), which completions the length cap cut, and `versions` (i32[R, T], the
+  policy version of each token; None: every token of the version the update starts from)."""
+  g = budget.group_slots(config)
+  tokens, logprobs, mask = rows
+  mine = np.repeat(scored.prompt_ids, g)[layout.mine]
   to_global = lambda x: distributed.rows_to_global(x, layout.sharding, layout.num_rows)
-  prompt_mask = to_global(run.pool.mask[rows])
-  sampled = valid.reshape(-1)[layout.mine]
-  active = None if valid.all() else distributed.rows_to_global(
-      sampled, mesh_lib.batch_sharding(layout.mesh, 1), layout.num_rows)
-  generation = programs_lib.sample(programs, programs_lib.policy(state),
-                                   to_global(run.pool.tokens[rows]), prompt_mask, key,
-                                   temperature, active)
-  rollout = generation.rollout
-  rollout = distributed.place(rollout, jax.tree.map(lambda _: layout.sharding, rollout))
-  jax.block_until_ready(rollout.tokens)
-  return rollout, prompt_mask, int(distributed.to_host(generation.slot_steps))
-
-
-def collect(config: ml_collections.ConfigDict, run: Prepared, programs: programs_lib.Programs,
-            layout: RowLayout, state: RunState, selection: Selection, key_sample: jax.Array,
-            key_filter: jax.Array) -> tuple[Batch, dict]:
-  """Rolls out the selected prompts' completion slots (`budget.slot_mask`: G each, or the
-  allocation's counts, none for a prompt skipped before rollout) with the policy of `state`,
-  scores the sampled ones on the host (each process its own rows) and picks the groups to train
-  on; returns (the `rl_types.Batch` for the learn step, host statistics of the rollout for the
-  log). The slots and the counterfactual baseline read `state.prompts`, the run's per-prompt
-  statistics before this rollout; the sampling temperature is `config.rl.temperature`, or under
-  the adaptive controller the train state's f32[] (traced by the sampler: a new value compiles
-  nothing)."""
-  g, tok = budget.group_slots(config), run.tokenizer
-  t0 = time.time()
-  valid = budget.slot_mask(config, selection, state.prompts)  # bool[S, G]
-  rows = np.repeat(np.asarray(selection.prompt_ids), g)[layout.mine]
-  temperature = (state.train.temperature if config.rl.temperature_target
-                 else config.rl.temperature)
-  rollout, prompt_mask, slot_steps = _sample(run, programs, layout, state, rows, valid,
-                                             key_sample, temperature)
-  t1 = time.time()
-  # The scores (B floats) are shared with every process.
-  my_rewards, my_correct = score_completions(run.task, run.pool, rows,
-                                             distributed.local_rows(rollout.tokens), tok.decode,
-                                             valid.reshape(-1)[layout.mine])
-  rewards = distributed.gather_rows(my_rewards, layout.mine, layout.num_rows).reshape(-1, g)
-  correct = distributed.gather_rows(my_correct, layout.mine, layout.num_rows).reshape(-1, g)
-  t2 = time.time()
-  groups, group_valid = train_groups(config, correct, valid, config.rl.prompts_per_step,
-                                     key_filter)
+  groups, group_valid = train_groups(config, scored.correct, scored.valid,
+                                     config.rl.prompts_per_step, key_filter)
   baseline = None
   if config.rl.algorithm == "counterfactual":
-    baseline = jnp.asarray(budget.success_mean(state.prompts, selection.prompt_ids))
-  truncated = rewards_lib.truncated_completions(rollout.tokens, rollout.mask,
-                                                (tok.eos_id, *run.stop_ids)).reshape(-1, g)
-  batch = Batch(
-      prompt_tokens=rollout.prompt_tokens, prompt_mask=prompt_mask,
-      tokens=rollout.tokens, mask=rollout.mask, sampler_logprobs=rollout.logprobs,
-      prompt_ids=selection.prompt_ids, arms=selection.arms, rewards=jnp.asarray(rewards),
-      correct=jnp.asarray(correct), valid=jnp.asarray(valid),
-      train_groups=jnp.asarray(groups), train_valid=jnp.asarray(group_valid), baseline=baseline,
-      truncated=truncated)
-  return batch, rollout_stats(config, run.pool.num_arms, selection, rollout.mask, rewards, valid,
-                              group_valid, (t1 - t0, t2 - t1), slot_steps)
+    baseline = jnp.asarray(budget.success_mean(prompt_stats, scored.prompt_ids))
+  stop = (run.tokenizer.eos_id, *run.stop_ids)
+  return Batch(
+      prompt_tokens=to_global(run.pool.tokens[mine]), prompt_mask=to_global(run.pool.mask[mine]),
+      tokens=tokens, mask=mask, sampler_logprobs=logprobs,
+      prompt_ids=jnp.asarray(scored.prompt_ids), arms=jnp.asarray(scored.arms),
+      rewards=jnp.asarray(scored.rewards), correct=jnp.asarray(scored.correct),
+      valid=jnp.asarray(scored.valid), train_groups=jnp.asarray(groups),
+      train_valid=jnp.asarray(group_valid), baseline=baseline,
+      truncated=rewards_lib.truncated_completions(tokens, mask, stop).reshape(-1, g),
+      versions=versions)
 
 
 def batch_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Selection,
@@ -180,16 +156,3 @@ def batch_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Sel
     counts = valid.sum(axis=1)
     stats.update({"allocation/min": float(counts.min()), "allocation/max": float(counts.max())})
   return stats
-
-
-def rollout_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Selection,
-                  mask: jax.Array, rewards: np.ndarray, valid: np.ndarray,
-                  group_valid: np.ndarray, seconds: tuple, slot_steps: int = 0) -> dict:
-  """`batch_stats`, and the sampling and scoring time (`seconds` = (sample, score)), tokens per
-  second, the decode slot-steps the engine computed and the share of them that kept a token."""
-  sample_s, score_s = seconds
-  tokens = float(jnp.sum(mask))
-  return {**batch_stats(config, num_arms, selection, rewards, valid, group_valid),
-          "time/sample_s": sample_s, "time/score_s": score_s,
-          "tokens_per_s": tokens / max(sample_s, 1e-9), "rollout/slot_steps": float(slot_steps),
-          "rollout/slot_utilisation": tokens / max(slot_steps, 1)}

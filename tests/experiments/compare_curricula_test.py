@@ -173,7 +173,7 @@ def test_a_method_may_carry_rollout_settings():
   assert cc.split_method("sec") == ("sec", {})
   assert cc.split_method("uniform+k2+b8+drop") == (
       "uniform", {"max_staleness": 2, "decode_budget": 8, "admission": "drop",
-                  "engine": "continuous"})
+                  "engine": "continuous", "off_policy_correction": "none"})
   config = cc.run_config(compare.get_config("toy"), "uniform+k1", seed=2, budget=64)
   validation.validate(config)
   assert (config.rl.max_staleness, config.rl.engine, config.curriculum.name) == (

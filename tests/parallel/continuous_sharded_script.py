@@ -77,7 +77,8 @@ def main(out_path, shapes):
                                                                  mesh_lib.batch_sharding(
                                                                      mesh, x.ndim))
                                                for x in inputs[:2]],
-                           jax.random.PRNGKey(0), max_new_tokens=N, slots=8, group=G, mesh=mesh)
+                           jax.random.PRNGKey(0), jnp.float32(1.0), max_new_tokens=N, slots=8,
+                           group=G, mesh=mesh)
   shard = state.cache.k.addressable_shards[0].data
   results["cache"] = {"global": list(state.cache.k.shape), "per_device": list(shard.shape),
                       "prompt_per_device": list(

@@ -39,6 +39,7 @@ def config(rollout_devices: int):
   c.rl.engine = "continuous"
   c.rl.decode_slots = 8
   c.rl.max_staleness = 1
+  c.rl.off_policy_correction = "none"  # the split meshes are compared, not the correction
   c.rl.learning_rate = 1e-3        # parameters that move well above float rounding
   c.parallel.rollout_devices = rollout_devices
   return c

@@ -24,11 +24,14 @@ NEVER = V        # an eos id the model cannot emit
 STATIC = dict(max_new_tokens=N, group=G)
 
 
+def _config(scan):
+  return ModelConfig.tiny(vocab_size=V, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                          mlp_dim=128, init_std=0.3, scan_layers=scan)
+
+
 @pytest.fixture(scope="module", params=[False, True], ids=["unrolled", "scanned"])
 def model(request):
-  config = ModelConfig.tiny(vocab_size=V, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                            mlp_dim=128, init_std=0.3, scan_layers=request.param)
-  return transformer.init_model(config, seed=0)
+  return transformer.init_model(_config(request.param), seed=0)
 
 
 def _batch(seed):
@@ -51,11 +54,12 @@ def _alone(model, batch, temperature):
       active=active, stop_after=lengths, **STATIC).rollout)
 
 
-def _admit(model, state, batch, generation):
+def _admit(model, state, batch, generation, temperature, version=0):
   tokens, mask, active, lengths, key = batch
   return inflight.admit(*model, state, jnp.asarray(tokens), jnp.asarray(mask), key,
-                        jnp.int32(generation), jnp.asarray(active), jnp.asarray(lengths),
-                        max_new_tokens=N, group=G)
+                        jnp.int32(generation), jnp.float32(temperature), jnp.int32(version),
+                        jnp.asarray(active), jnp.asarray(lengths), max_new_tokens=N, group=G,
+                        stop_ids=(NEVER,))
 
 
 def _run(model, state, temperature, version=0, budget=None, due=None):
@@ -80,10 +84,11 @@ def test_one_generation_is_the_single_call_engine(model):
   tokens, mask, active, lengths, key = batch
   state = inflight.init(*model, jax.random.PRNGKey(0), rows=R, generations=1, prompt_len=TP,
                         slots=SLOTS, **STATIC)
-  state = _run(model, _admit(model, state, batch, 0), 1.2)
+  state = _run(model, _admit(model, state, batch, 0, 1.2), 1.2)
   alone = continuous.run(model[0], model[1], continuous.start(
-      *model, jnp.asarray(tokens), jnp.asarray(mask), key, jnp.asarray(active),
-      jnp.asarray(lengths), slots=SLOTS, **STATIC), jnp.float32(1.2), stop_ids=(NEVER,), group=G)
+      *model, jnp.asarray(tokens), jnp.asarray(mask), key, jnp.float32(1.2), jnp.asarray(active),
+      jnp.asarray(lengths), slots=SLOTS, stop_ids=(NEVER,), **STATIC), jnp.float32(1.2),
+      stop_ids=(NEVER,), group=G)
   for field in ("tokens", "logprobs", "mask", "slot_steps", "iterations"):
     np.testing.assert_array_equal(getattr(state, field), getattr(alone, field))
 
@@ -96,11 +101,11 @@ def test_generations_decoded_in_slices_equal_each_batch_alone(model):
   state = _init(model)
   batches = [_batch(seed) for seed in range(2 * W)]
   for w in range(W - 1):
-    state = _admit(model, state, batches[w], w)
+    state = _admit(model, state, batches[w], w, 0.9)
   for step in range(2 * W - W + 1):
     newest = step + W - 1
     if newest < len(batches):
-      state = _admit(model, state, batches[newest], newest % W)
+      state = _admit(model, state, batches[newest], newest % W, 0.9, version=step)
     state = _run(model, state, 0.9, version=step, budget=3)
     state = _run(model, state, 0.9, version=step, due=step % W)
     assert not inflight.pending(state, jnp.int32(step % W))
@@ -117,23 +122,64 @@ def test_generations_decoded_in_slices_equal_each_batch_alone(model):
   assert int(state.drawn) == sum(int(_alone(model, b, 0.9).mask.sum()) for b in batches)
 
 
-def test_versions_record_the_call_that_drew_each_token(model):
-  state = _admit(model, _init(model), _batch(4), 0)
-  state = _run(model, state, 1.0, version=7, budget=2)
-  state = _run(model, state, 1.0, version=8)
+_prefill = jax.jit(transformer.prefill, static_argnums=(0, 4))
+_decode_step = jax.jit(transformer.decode_step, static_argnums=0)
+
+
+def _reference_logprobs(graphdef, weights, batch, rows, r, temperature):
+  """f32[L] log-probs of row r's L recorded tokens, decoded again one token at a time through a
+  plain `KVCache` (`transformer.prefill`, `transformer.decode_step`), each token drawn from the
+  logits of the weights its version names (`weights[version]`): the prompt prefilled by the
+  first token's, token j fed by the weights of token j + 1, which its logits drew."""
+  logp = lambda logits, token: float(jax.nn.log_softmax(logits[0] / temperature)[token])
+  tokens, mask = batch[0][r:r + 1], batch[1][r:r + 1]
+  length, versions = int(rows.mask[r].sum()), rows.versions[r]
+  logits, cache = _prefill(graphdef, weights[versions[0]], tokens, mask, TP + N)
+  out = [logp(logits, rows.tokens[r, 0])]
+  for j in range(length - 1):
+    key_mask = np.concatenate([mask[0], np.arange(N) <= j])[None]
+    logits, cache = _decode_step(graphdef, weights[versions[j + 1]], rows.tokens[r, j:j + 1],
+                                 np.array([mask.sum() + j], np.int32), key_mask, cache,
+                                 jnp.int32(TP + j))
+    out.append(logp(logits, rows.tokens[r, j + 1]))
+  return np.array(out, np.float32)
+
+
+def test_each_token_carries_the_version_of_the_weights_that_drew_it(model):
+  """A batch admitted and decoded 2 iterations with weights A (version 3), then to the end with
+  other weights B (version 4). A token is drawn from the logits of the weights that fed the
+  token before it (its keys and values kept from earlier weights): decoding each row again
+  through a plain KV cache with the weights its tags name gives every recorded log-prob. The rows
+  seated from the start drew their first token from A's prefill and two more in A's iterations
+  (versions 3, 3, 3, then 4); with the call's version on every token, their third token would
+  read 4 and its log-prob would be A's."""
+  graphdef, params_a = model
+  scanned = transformer.merge_params(graphdef, params_a).config.scan_layers
+  params_b = transformer.init_model(_config(scanned), seed=1)[1]
+  batch = _batch(4)
+  state = _admit((graphdef, params_a), _init(model), batch, 0, 1.0, version=3)
+  state = _run((graphdef, params_a), state, 1.0, version=3, budget=2)
+  state = _run((graphdef, params_b), state, 1.0, version=4)
   rows = jax.device_get(inflight.harvest(state, jnp.int32(0)))
-  # Rows seated from the start (5 slots) drew their first two tokens in the first call.
-  for r in np.flatnonzero(rows.mask.sum(axis=1) > 0)[:SLOTS]:
+  assert set(np.unique(rows.versions[rows.mask > 0])) == {3, 4}
+  for r in np.flatnonzero(batch[2]):  # the active rows
+    length = int(rows.mask[r].sum())
+    np.testing.assert_allclose(
+        rows.logprobs[r, :length],
+        _reference_logprobs(graphdef, {3: params_a, 4: params_b}, batch, rows, r, 1.0),
+        atol=1e-5, rtol=0, err_msg=f"row {r}, versions {rows.versions[r, :length]}")
+  seated = np.flatnonzero(batch[2])[:SLOTS]  # the first active rows took the SLOTS slots
+  for r in seated:
     length = int(rows.mask[r].sum())
     np.testing.assert_array_equal(rows.versions[r, :length],
-                                  np.where(np.arange(length) < 2, 7, 8))
+                                  np.where(np.arange(length) < 3, 3, 4))
 
 
 def test_evicted_rows_leave_and_the_next_generation_is_untouched(model):
   """Generation 0 is evicted after 2 iterations: its unfinished rows are not done, keep what
   they drew and take no more slot-steps; generation 1 then equals its batch alone."""
   first, second = _batch(2), _batch(3)
-  state = _admit(model, _admit(model, _init(model), first, 0), second, 1)
+  state = _admit(model, _admit(model, _init(model), first, 0, 1.1), second, 1, 1.1)
   state = _run(model, state, 1.1, budget=2)
   state = inflight.evict(state, jnp.int32(0))
   cut = jax.device_get(inflight.harvest(state, jnp.int32(0)))
@@ -147,11 +193,11 @@ def test_evicted_rows_leave_and_the_next_generation_is_untouched(model):
 
 
 def test_compiled_once_per_shape(model):
-  state = _admit(model, _init(model), _batch(5), 1)
+  state = _admit(model, _init(model), _batch(5), 1, 1.0)
   _run(model, state, 1.0, budget=1, due=1)
   programs = (inflight._empty, inflight.admit, continuous.run)  # pylint: disable=protected-access
   before = [f._cache_size() for f in programs]  # pylint: disable=protected-access
-  state = _admit(model, _init(model), _batch(6), 2)
+  state = _admit(model, _init(model), _batch(6), 2, 0.5, version=2)
   _run(model, state, 0.5, version=3, budget=2, due=0)
   after = [f._cache_size() for f in programs]  # pylint: disable=protected-access
   assert after == before

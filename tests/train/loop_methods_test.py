@@ -239,3 +239,38 @@ def test_a_collapsed_policy_stops_the_run_with_the_reason(tmp_path, monkeypatch)
   assert [r["update_skipped"] for r in rows[1:]] == [0.0, 0.0, 0.0]
   # Checkpoints pause while steps look collapsed: step 1's is the newest.
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == [1]
+
+
+def test_a_discarded_update_keeps_the_prompt_statistics_as_it_keeps_the_curriculum_state(
+    tmp_path, monkeypatch):
+  """The rule for a discarded update (`loop.run_step`): everything the step's batch would have
+  taught stays as it was. The counterfactual run keeps per-prompt statistics; its optimizer
+  turns every update after step 1's two NaN, so step 2's update is skipped. Step 1 taught the
+  statistics and SEC's values; after step 2 both are as step 1 left them (SEC's sampler cursors
+  aside: the selection itself happened)."""
+  config = toy.get_config()
+  config.rl.algorithm = "counterfactual"
+  config.rl.steps = 2
+  build_optimizer = builders.build_optimizer
+
+  def nan_after_step_1(*args, **kwargs):  # two optimizer steps a batch (rl.minibatches = 2)
+    inner = build_optimizer(*args, **kwargs)
+
+    def update(grads, state, params=None):
+      count = optax.tree_utils.tree_get(state, "count")
+      updates, state = inner.update(grads, state, params)
+      return jax.tree.map(lambda u: jnp.where(count >= 2, jnp.nan, u), updates), state
+    return optax.GradientTransformation(inner.init, update)
+
+  monkeypatch.setattr(builders, "build_optimizer", nan_after_step_1)
+  workdir = str(tmp_path / "run")
+  rows = test_util.run_rl(config, workdir)
+  assert [r["update_skipped"] for r in rows] == [0.0, 1.0]
+  first, second = _saved(workdir, 1), _saved(workdir, 2)
+  assert int(np.asarray(first["prompts"]["attempts"]).sum()) > 0  # step 1 observed its batch
+  for x, y in zip(jax.tree.leaves(first["prompts"]), jax.tree.leaves(second["prompts"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  for name in ("q", "visits", "last_mean_reward", "step"):
+    np.testing.assert_array_equal(np.asarray(first["curriculum"][name]),
+                                  np.asarray(second["curriculum"][name]), err_msg=name)
+  assert np.any(np.asarray(first["curriculum"]["q"]))

@@ -46,6 +46,7 @@ def main(out):
   in_flight = _config()
   in_flight.rl.engine = "continuous"
   in_flight.rl.max_staleness = 2      # three batches' prompt slots in the engine
+  in_flight.rl.tis_cap = 2.0
   in_flight.rl.decode_budget = 4
   in_flight_report = plan.plan(in_flight, hbm_gib=1.0, prompt_len=TP, programs=("sampler",))
 

@@ -7,7 +7,7 @@ import pytest
 from configs import toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import builders, loop, plan, prepare, programs, rollouts
+from rl_curriculum.train import builders, loop, pipeline, plan, prepare, programs, rollouts
 import test_util
 
 
@@ -27,17 +27,22 @@ def _config(lora: bool, kl: str):
 
 def _first_rollout(config, workdir):
   """(run, programs, placed fresh run state, step 1's batch and rollout statistics, its learn
-  key), as the loop builds them."""
+  key), as the loop's one rollout path (`pipeline`) makes them."""
   run = prepare.prepare(config, workdir, log=lambda _: None)
   mesh = prepare.run_mesh(config)
   progs, state = loop.fresh_state(config, run, mesh)
-  state = programs.place(progs, state)
-  k_select, k_sample, k_learn, k_filter = loop.step_keys(prepare.rl_root_key(config), 1)
-  selection, curriculum = progs.select(state.curriculum, k_select)
-  state = state._replace(curriculum=curriculum)
-  batch, stats = rollouts.collect(config, run, progs, rollouts.row_layout(config, mesh), state,
-                                  selection, k_sample, k_filter)
-  return run, progs, state, batch, stats, k_learn
+  root = prepare.rl_root_key(config)
+  side = pipeline.rollout_side(config, prepare.rollout_mesh(config, mesh), mesh)
+  steps = loop.Loop(config=config, run=run, programs=progs,
+                    layout=rollouts.row_layout(config, mesh), ref=None, root=root, manager=None,
+                    merge=None, log=lambda _: None, workdir=workdir, side=side)
+  state = pipeline.attach(config, run, progs, side, root, programs.place(progs, state))
+  params, before = pipeline.rollout_policy(steps, state), pipeline.engine_counters(state)
+  state, _ = pipeline.finish(steps, pipeline.queue(steps, state, params, 1, 0), params, 1, 0)
+  _, _, k_learn, k_filter = loop.step_keys(root, 1)
+  batch, stats = pipeline.learn_batch(steps, state, 1, k_filter)
+  stats.update(pipeline.decode_stats(config, before, pipeline.engine_counters(state), 1.0))
+  return run, progs, state._replace(rollouts=None), batch, stats, k_learn
 
 
 def _placed_learn_inputs(config, workdir):

@@ -134,7 +134,7 @@ def test_engine_fields_are_named(fields, message):
     validation.validate(_config(**fields))
 
 
-_IN_FLIGHT = dict(rl__engine="continuous", rl__max_staleness=1)
+_IN_FLIGHT = dict(rl__engine="continuous", rl__max_staleness=1, rl__tis_cap=2.0)
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -148,11 +148,29 @@ _IN_FLIGHT = dict(rl__engine="continuous", rl__max_staleness=1)
     (dict(rl__engine="continuous", rl__decode_budget=4, rl__admission="drop"),
      "config.rl.admission: 'drop' evicts"),
     (dict(_IN_FLIGHT, rl__temperature_target=1.0), "config.rl.temperature_target: the adaptive"),
+    (dict(_IN_FLIGHT, rl__off_policy_correction="some"),
+     "config.rl.off_policy_correction: must be one of ('required', 'none')"),
+    (dict(_IN_FLIGHT, rl__tis_cap=0.0), "config.rl.max_staleness: 1 trains tokens drawn by older "
+     "weights with no correction for them: set rl.tis_cap > 0 (truncated importance sampling), "
+     "rl.proximal='loglinear' (decoupled PPO), or rl.off_policy_correction='none'"),
 ])
 def test_rollouts_in_flight_fields_are_named(fields, message):
   with pytest.raises(validation.ConfigError, match=re.escape(message)) as error:
     validation.validate(_config(**fields))
   assert "\n" not in str(error.value)  # one line
+
+
+def test_rollouts_in_flight_choose_how_stale_tokens_are_corrected():
+  """k >= 1 with one optimizer step a batch trains stale tokens at ratio 1 unless a correction is
+  named; each of the three choices passes, and so does k = 0 (every token of the current
+  weights), partial rollouts included."""
+  stale = dict(rl__engine="continuous", rl__max_staleness=2)
+  for choice in (dict(rl__tis_cap=1.5), dict(rl__proximal="loglinear"),
+                 dict(rl__off_policy_correction="none")):
+    validation.validate(_config(**stale, **choice))
+  validation.validate(_config(rl__engine="continuous", rl__decode_budget=4))
+  with pytest.raises(validation.ConfigError, match=re.escape("config.rl.max_staleness: 2 trains")):
+    validation.validate(_config(**stale))
 
 
 def test_the_rollout_devices_split_leaves_the_learner_devices_on_every_process():
