@@ -182,7 +182,7 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
                                  state.prompts, jnp.full(tokens.shape, version, jnp.int32))
     state = state._replace(prompts=budget.observe(state.prompts, batch, step))
     train, curriculum, metrics = programs.learn(
-        *programs_lib.learn_inputs(state, batch, k_learn, None))
+        *programs_lib.learn_inputs(programs, state, batch, k_learn, None))
     state = state._replace(train=train, curriculum=curriculum)
     return metrics
 

@@ -95,7 +95,7 @@ def measure(num_devices: int, repeats: int) -> list:
 
     def learn_once():
       train, _, metrics = programs.learn(*programs_lib.learn_inputs(
-          holder["state"], placed, jax.random.key(1), None))
+          programs, holder["state"], placed, jax.random.key(1), None))
       holder["state"] = holder["state"]._replace(train=train)
       return metrics["loss"]
 

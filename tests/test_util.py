@@ -24,7 +24,7 @@ import pytest
 from configs import scratch
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.train import builders, warm_start
+from rl_curriculum.train import builders, rl_step, warm_start
 from rl_curriculum.train.rl_types import LearnConfig
 from rl_curriculum.types import Feedback
 
@@ -69,6 +69,18 @@ def learn_config(**overrides) -> LearnConfig:
   base = builders.learn_config(scratch.get_config())
   small = dict(minibatches=2, eps_high=0.2, ratio_guard=0.0, max_kl=None, max_tokens=T)
   return dataclasses.replace(base, **{**small, **overrides})
+
+
+def make_learn(graphdef, optimizer, curriculum, config, *, use_lora: bool = False, **kwargs):
+  """`rl_step.make_learn` for one optimizer, curriculum and learn config, called as the tests call
+  it: fn(train_state, cur_state, batch, key, frozen, ref) (`fn.jitted`: the jitted function of
+  seven arguments, `config` last). `kwargs`: make_learn's out_shardings and mesh."""
+  jitted = rl_step.make_learn(graphdef=graphdef, optimizer=lambda _: optimizer,
+                              curriculum_update=lambda state, fb, _: curriculum.update(state, fb),
+                              use_lora=use_lora, **kwargs)
+  fn = lambda *args: jitted(*args, config)
+  fn.jitted = jitted
+  return fn
 
 
 def feedback(correct=None, *, rewards=None, ids=None, arms=None, advantages=None,

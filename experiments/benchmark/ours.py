@@ -138,7 +138,7 @@ def learn_setup(policy, mode: str, p: int, g: int, tp: int, t: int, num_arms: in
 
 def _learn(programs, state, batch, key):
   """The run state after one learn step on `batch`, and the step's metrics."""
-  train, curriculum, metrics = programs.learn(*programs_lib.learn_inputs(state, batch, key, None))
+  train, curriculum, metrics = programs.learn(*programs_lib.learn_inputs(programs, state, batch, key, None))
   return state._replace(train=train, curriculum=curriculum), metrics
 
 

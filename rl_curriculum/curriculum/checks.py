@@ -8,6 +8,7 @@ values; `check_feedback` checks a `Feedback`'s static shapes while `update` is t
 
 from typing import Optional, Sequence, Union
 
+import jax
 import numpy as np
 
 from rl_curriculum.curriculum.base import PromptPool
@@ -37,7 +38,10 @@ def choice(name: str, value: str, allowed: Sequence[str]) -> str:
 
 
 def positive(name: str, value, *, integer: bool = False):
-  """`value` as a float > 0, or as an int >= 1 with `integer=True`."""
+  """`value` as a float > 0, or as an int >= 1 with `integer=True`; a traced value (an option the
+  programs trace, checked before with its concrete value) as it is."""
+  if isinstance(value, jax.core.Tracer):
+    return value
   ok = value > 0 and (not integer or float(value).is_integer())
   if not ok:
     kind = "a positive integer" if integer else "> 0"
@@ -45,8 +49,20 @@ def positive(name: str, value, *, integer: bool = False):
   return int(value) if integer else float(value)
 
 
+def non_negative(name: str, value) -> float:
+  """`value` as a float >= 0; a traced value as it is (see `positive`)."""
+  if isinstance(value, jax.core.Tracer):
+    return value
+  if not value >= 0:
+    raise ValueError(f"{name} must be >= 0, got {value!r}")
+  return float(value)
+
+
 def unit(name: str, value, *, closed_low: bool = True, closed_high: bool = True) -> float:
-  """`value` as a float in [0, 1]; `closed_low` / `closed_high` False exclude 0 / 1."""
+  """`value` as a float in [0, 1]; `closed_low` / `closed_high` False exclude 0 / 1; a traced
+  value as it is (see `positive`)."""
+  if isinstance(value, jax.core.Tracer):
+    return value
   lo_ok = value >= 0 if closed_low else value > 0
   hi_ok = value <= 1 if closed_high else value < 1
   if not (lo_ok and hi_ok):

@@ -185,9 +185,7 @@ def sec(pool: checks.PoolOrNumArms, *, batch_size: int, alpha: float = 0.5,
   checks.choice("objective", objective, SEC_OBJECTIVES)
   checks.choice("exploration", exploration, SEC_EXPLORATION)
   epsilon = checks.unit("epsilon", epsilon)
-  if ucb_c < 0:
-    raise ValueError(f"ucb_c must be >= 0, got {ucb_c!r}")
-  ucb_c = float(ucb_c)
+  ucb_c = checks.non_negative("ucb_c", ucb_c)
 
   def init_state(sampler: ArmSamplerState) -> SECState:
     return SECState(q=jnp.zeros((num_arms,), jnp.float32),

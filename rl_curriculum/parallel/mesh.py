@@ -30,6 +30,7 @@ import math
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
@@ -368,9 +369,12 @@ def kv_cache_shardings(cache: Any, mesh: Mesh,
 def shard_bytes(tree: Any) -> int:
   """Bytes one device holds of `tree`'s arrays (or `jax.ShapeDtypeStruct`s), each leaf's shard
   shape from its sharding (a leaf without one counts whole). The memory planner's and the loop's
-  measure of what a program's inputs occupy per device."""
+  measure of what a program's inputs occupy per device. A Python number counts as the scalar jit
+  makes of it."""
   total = 0
   for x in jax.tree.leaves(tree):
+    if not hasattr(x, "shape"):
+      x = jax.ShapeDtypeStruct((), jnp.result_type(x))
     sharding = getattr(x, "sharding", None)
     shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
     total += int(np.prod(shape, dtype=np.int64)) * x.dtype.itemsize

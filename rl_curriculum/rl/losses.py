@@ -186,7 +186,7 @@ def _check_policy_settings(level: str, aggregation: str, max_tokens: Optional[in
     raise ValueError(
         "aggregation='seq_mean_token_sum_norm' needs a positive max_tokens; got "
         f"{max_tokens!r}")
-  if dual_clip is not None and dual_clip <= 1.0:
+  if dual_clip is not None and not isinstance(dual_clip, jax.core.Tracer) and dual_clip <= 1.0:
     raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
 
 
@@ -453,11 +453,12 @@ def advantage_sign_mask(
     f32[...] weights in [0, 1], same shape as advantages.
   """
   chex.assert_type(advantages, float)
-  if positive_only_steps < 0 or ramp_steps < 0:
+  traced = any(isinstance(x, jax.core.Tracer) for x in (positive_only_steps, ramp_steps))
+  if not traced and (positive_only_steps < 0 or ramp_steps < 0):
     raise ValueError(
         f"positive_only_steps and ramp_steps must be >= 0, got {positive_only_steps}, {ramp_steps}")
   step = jnp.asarray(step, jnp.float32)
-  w_neg = jnp.clip((step - positive_only_steps + 1.0) / max(ramp_steps, 1), 0.0, 1.0)
+  w_neg = jnp.clip((step - positive_only_steps + 1.0) / jnp.maximum(ramp_steps, 1), 0.0, 1.0)
   return jnp.where(advantages < 0, w_neg, 1.0).astype(jnp.float32)
 
 

@@ -279,7 +279,8 @@ def temperature_update(
     The updated TemperatureState.
   """
   chex.assert_rank(entropy, 0)
-  if not 0 < t_min <= t_max:
+  traced = any(isinstance(x, jax.core.Tracer) for x in (t_min, t_max))
+  if not traced and not 0 < t_min <= t_max:
     raise ValueError(f"need 0 < t_min <= t_max, got t_min={t_min}, t_max={t_max}")
   h = entropy.astype(jnp.float32)
   tau = state.temperature * jnp.exp(rate * (target - h))

@@ -5,8 +5,9 @@ Every function reads a config that `validation.validate` has checked. The curric
 name are the one plain dict `CURRICULA` below; the post-rollout filters are `FILTERS`.
 """
 
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
+import jax
 import ml_collections
 import optax
 
@@ -35,6 +36,16 @@ CURRICULA: dict[str, Callable[..., cur.Curriculum]] = {
     "adarft": cur.adarft,
     "pcl": cur.pcl,
     "hard_focus": cur.hard_focus,
+}
+
+# The numeric options each curriculum only computes with (its updates' step sizes, its selection's
+# temperatures and shares), which the programs trace: a sweep over them compiles nothing new.
+# The other options shape a curriculum's state or selection and are part of the programs.
+TRACED_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sec": ("alpha", "temperature", "epsilon", "ucb_c"),
+    "dump": ("temperature",),
+    "alp_teacher": ("epsilon",),
+    "mastering_rate": ("unlock_threshold", "mastery_threshold", "rate"),
 }
 
 # Post-rollout filters (`curriculum.filter`): none, or a mode of `filters.dynamic_filter`.
@@ -105,9 +116,10 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelCon
   return preset(**model_numerics(config))
 
 
-def build_optimizer(learning_rate: float, *, max_grad_norm: float, warmup_steps: int = 0,
-                    total_steps: int = 0) -> optax.GradientTransformation:
-  """AdamW (no weight decay on a fine-tune by default) with global-norm clipping and warmup."""
+def build_optimizer(learning_rate: float, *, max_grad_norm: Optional[float],
+                    warmup_steps: int = 0, total_steps: int = 0) -> optax.GradientTransformation:
+  """AdamW (no weight decay on a fine-tune by default) with global-norm clipping (None or 0: off)
+  and warmup. The learning rate and clipping norm may be traced (the learn program's)."""
   if warmup_steps and total_steps:
     warmup_steps = min(warmup_steps, total_steps // 2)  # a short run still decays
     schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, total_steps,
@@ -115,28 +127,20 @@ def build_optimizer(learning_rate: float, *, max_grad_norm: float, warmup_steps:
   else:
     schedule = learning_rate
   chain = [optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=0.0)]
-  if max_grad_norm and max_grad_norm > 0:
+  if max_grad_norm is not None and (isinstance(max_grad_norm, jax.core.Tracer)
+                                    or max_grad_norm > 0):
     chain.insert(0, optax.clip_by_global_norm(max_grad_norm))
   return optax.chain(*chain)
 
 
+def traced_options(config: ml_collections.ConfigDict) -> dict:
+  """{option: float} of the configured curriculum's `TRACED_OPTIONS` the config sets (the
+  constructor's defaults stand for the others)."""
+  traced = TRACED_OPTIONS.get(config.curriculum.name, ())
+  return {k: float(v) for k, v in config.curriculum.options.items() if k in traced}
+
+
 def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
-  """The learn step's static hyperparameters, every one from the config."""
-  rl = config.rl
-  return LearnConfig(
-      algorithm=rl.algorithm, epochs=rl.epochs, minibatches=rl.minibatches,
-      microbatches=rl.microbatches, logits_chunk=rl.logits_chunk,
-      eps_low=rl.eps_low, eps_high=rl.eps_high, level=rl.level, aggregation=rl.aggregation,
-      max_tokens=rl.max_new_tokens, temperature=float(rl.temperature), kl_coef=rl.kl_coef,
-      kl_estimator=rl.kl_estimator, ratio_guard=rl.ratio_guard, max_kl=rl.max_kl or None,
-      whiten_rewards=rl.whiten_rewards, curriculum_feedback=config.curriculum.feedback,
-      gamma=rl.gamma, lam=rl.lam, vf_coef=rl.vf_coef, vf_clip=rl.vf_clip,
-      value_detach=rl.value_detach, dual_clip=float(rl.dual_clip),
-      entropy_coef=float(rl.entropy_coef), tis_cap=float(rl.tis_cap), proximal=rl.proximal,
-      capo_positive_steps=rl.capo_positive_steps, capo_ramp_steps=rl.capo_ramp_steps,
-      grpo_std=rl.grpo_std, kl_reward_coef=float(rl.kl_reward_coef), overlong=rl.overlong,
-      overlong_cache=rl.overlong_cache,
-      high_variance_only=bool(config.curriculum.high_variance_only),
-      temperature_target=float(rl.temperature_target),
-      temperature_rate=float(rl.temperature_rate), temperature_min=float(rl.temperature_min),
-      temperature_max=float(rl.temperature_max))
+  """The learn program's settings (`LearnConfig.from_config`) with the curriculum's traced
+  options."""
+  return LearnConfig.from_config(config, curriculum=traced_options(config))

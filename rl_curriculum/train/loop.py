@@ -185,7 +185,7 @@ def _learn(loop: Loop, state: RunState, batch, key: jax.Array, step: int) -> tup
   prompts = budget.observe(state.prompts, batch, step)
   state = state._replace(prompts=distributed.place(prompts, jax.tree.map(lambda _: rep, prompts)))
   train, curriculum, metrics = loop.programs.learn(
-      *programs_lib.learn_inputs(state, batch, key, loop.ref))
+      *programs_lib.learn_inputs(loop.programs, state, batch, key, loop.ref))
   state = features.refresh_features(config, loop.run, step,
                                     state._replace(train=train, curriculum=curriculum), rep)
   if config.parallel.check_replicated:

@@ -51,7 +51,7 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
     view: the minibatch's rows (`TrainView`).
     graphdef, frozen: the model's graph and its untrained parameters (None: full fine-tuning).
     group: rows per prompt (G).
-    config: static hyperparameters.
+    config: the learn settings (`LearnConfig`).
     temperature: f32[] the rollout's sampling temperature (the adaptive controller's), or None
       for the static `config.temperature`.
 
@@ -67,7 +67,8 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
                                         temperature=(config.temperature if temperature is None
                                                      else temperature),
                                         chunk_size=config.logits_chunk or None,
-                                        vocab_mesh=mesh, entropy_grad=config.entropy_coef > 0)
+                                        vocab_mesh=mesh,
+                                        entropy_grad=config.entropy_coef is not None)
   if view.logp_old is not None:
     old = view.logp_old
   elif view.staleness is not None:  # proximal="loglinear": no forward pass of the old policy
@@ -76,27 +77,27 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
     old = jax.lax.stop_gradient(logp)
   norm = normaliser or {"policy": None, "tokens": None}
   m, guard_frac = view.mask, jnp.zeros(())
-  if config.ratio_guard > 0:
+  if config.ratio_guard is not None:
     # Tokens where sampler and trainer disagree wildly (numerics, stale weights) are dropped.
     m, guard_frac = stability.ratio_guard(old, view.sampler_logprobs, m,
                                           max_log_ratio=config.ratio_guard)
   advantages, tis_metrics = view.advantages, {}
-  if config.tis_cap > 0:
+  if config.tis_cap is not None:
     advantages, tis_metrics = truncated_is(advantages, old, view.sampler_logprobs, m,
                                            cap=config.tis_cap)
   pg_loss, metrics = losses.policy_loss(
       logp, old, advantages, m, eps_low=config.eps_low, eps_high=config.eps_high,
       level=config.level, aggregation=config.aggregation, max_tokens=config.max_tokens,
-      normaliser=norm["policy"], dual_clip=config.dual_clip or None)
+      normaliser=norm["policy"], dual_clip=config.dual_clip)
   loss = pg_loss
   metrics = {**metrics, **tis_metrics, "pg_loss": pg_loss, "ratio_guard_frac": guard_frac,
              "sampler_logp_gap": losses.masked_mean(jnp.abs(old - view.sampler_logprobs), m),
              "entropy": losses.masked_mean(entropy, m)}
-  if config.entropy_coef > 0:
+  if config.entropy_coef is not None:
     bonus = entropy_term(entropy, m, config, norm["policy"])
     loss = loss - config.entropy_coef * bonus
     metrics["entropy_bonus"] = bonus
-  if config.kl_coef != 0:  # (no "kl" metric without the term)
+  if config.kl_coef is not None:  # (no "kl" metric without the term)
     kl = losses.aggregate(
         losses.kl_divergence(logp, view.logp_ref, estimator=config.kl_estimator), m,
         config.aggregation, config.max_tokens, norm["policy"])

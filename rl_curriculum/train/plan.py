@@ -180,7 +180,8 @@ def _small(inputs: Inputs, dims: tuple, dtype) -> jax.ShapeDtypeStruct:
 
 
 def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
-  """The learn step's abstract batch: S sampled prompts x G completion slots, P trained groups."""
+  """The learn step's abstract batch: S sampled prompts x G completion slots, P trained groups
+  (with rows in flight, each token's version)."""
   s, g, p = builders.sampled_prompts(config), budget.group_slots(config), config.rl.prompts_per_step
   rows, n_new, tp = s * g, config.rl.max_new_tokens, inputs.prompt_len
   row = lambda *dims, dtype: _rows(inputs, rows, *dims, dtype=dtype)
@@ -193,7 +194,8 @@ def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
       rewards=small((s, g), jnp.float32), correct=small((s, g), jnp.bool_),
       valid=small((s, g), jnp.bool_), train_groups=small((p,), jnp.int32),
       train_valid=small((p,), jnp.bool_), truncated=small((s, g), jnp.bool_),
-      baseline=(small((s,), jnp.float32) if config.rl.algorithm == "counterfactual" else None))
+      baseline=(small((s,), jnp.float32) if config.rl.algorithm == "counterfactual" else None),
+      versions=row(n_new, dtype=jnp.int32) if pipeline.persists(config) else None)
 
 
 def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
@@ -330,7 +332,8 @@ def _checkpoint_tree(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
 
 def _plan_learn(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   """The memory of the run's learn step (every input is an argument: nothing else resident)."""
-  learn_args = programs_lib.learn_inputs(inputs.state, abstract_batch(config, inputs),
+  learn_args = programs_lib.learn_inputs(inputs.programs, inputs.state,
+                                         abstract_batch(config, inputs),
                                          inputs.key, inputs.ref)
   measured, _ = _measure(lambda: inputs.programs.learn.lower(*learn_args))
   measured["argument_bytes"] = mesh_lib.shard_bytes(learn_args)

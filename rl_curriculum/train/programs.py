@@ -6,7 +6,7 @@ a mesh.
   ref = place_reference(programs, reference(config, model))
   selection, curriculum_state = programs.select(state.curriculum, key)
   rollout = sample(programs, policy(state), prompt_tokens, prompt_mask, key)
-  train, curriculum_state, metrics = programs.learn(*learn_inputs(state, batch, key, ref))
+  train, curriculum_state, metrics = programs.learn(*learn_inputs(programs, state, batch, key, ref))
 
 The training loop (`loop`), the memory planner (`plan`) and the speed benchmark all build their
 programs here, so the programs the planner compiles from abstract shapes are the programs the loop
@@ -26,9 +26,8 @@ What lives on the devices during a run:
   a step's rollout  rows over the batch axes (`rows`)
 """
 
-import collections
+import functools
 import hashlib
-import json
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -43,12 +42,12 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import budget, builders, forward, recovery, rl_step
+from rl_curriculum.train import budget, builders, forward, recovery, rl_step, rl_types
 from rl_curriculum.train.rl_types import Batch
 from rl_curriculum.train.state import RunState, init_train_state, init_value_head
 
 __all__ = ["Model", "TokenIds", "Programs", "needs_reference", "reference", "value_head",
-           "build", "init_run_state", "shardings", "place", "abstract_tree", "abstract",
+           "ProgramSpec", "program_spec", "build", "init_run_state", "shardings", "place", "abstract_tree", "abstract",
            "place_reference",
            "policy", "sample", "learn_inputs"]
 
@@ -76,8 +75,10 @@ class Programs(NamedTuple):
   optimizer: optax.GradientTransformation
   curriculum: cur.Curriculum
   select: Callable         # (curriculum state, key) -> (Selection, curriculum state), replicated
-  learn: Callable          # rl_step.make_learn: (train, curriculum, batch, key, base, ref) ->
-                           # (train, curriculum, metrics)
+  learn: Callable          # rl_step.make_learn: (train, curriculum, batch, key, base, ref,
+                           # learn config) -> (train, curriculum, metrics)
+  learn_config: Any        # the run's `rl_types.LearnConfig` (`learn_inputs` passes it)
+  spec: Any                # the `ProgramSpec` select and learn are made from
   sampler: dict            # static arguments of sampler.sample (max_new_tokens, eos_id,
                            # stop_ids, pad_id, group, mesh, prefill_chunk)
   engine: str              # config.rl.engine: static | continuous
@@ -123,14 +124,6 @@ def _init_train(config: ml_collections.ConfigDict, optimizer, model: Model):
                           temperature=config.rl.temperature)
 
 
-# The jitted select and learn functions of the runs built in this process, by what they compute
-# (`_jitted_key`), the most recently built last. A run whose programs equal an earlier run's (a
-# resumed run, another seed or length of one, the planner's before the loop's) reuses the jitted
-# functions, and with them JAX's cache of what they traced and compiled.
-_JITTED: "collections.OrderedDict[tuple, tuple[Callable, Callable]]" = collections.OrderedDict()
-_JITTED_KEPT = 8
-
-
 def _digest(tree: Any) -> str:
   """SHA-256 of the structure, shapes, dtypes and values of a pytree of arrays."""
   leaves, treedef = jax.tree.flatten(tree)
@@ -142,22 +135,85 @@ def _digest(tree: Any) -> str:
   return h.hexdigest()
 
 
-def _jitted_key(config: ml_collections.ConfigDict, model: Model, pool: Any, out_shardings: Any,
-                mesh) -> tuple:
-  """Everything `build`'s select and learn functions are made from: the functions that make the
-  optimizer, the curriculum and the learn step (a replaced one makes other programs), the learn
-  step's static hyperparameters, the model's graph, the optimizer's settings, the curriculum's
-  settings and the pool it selects from (by value), the output layout and the mesh."""
+class ByValue:
+  """A value compared and hashed by its contents (`_digest`): a pool of arrays in a cache key."""
+
+  def __init__(self, value: Any):
+    self.value = value
+    self.key = (value.num_arms, _digest(value)) if isinstance(value, cur.PromptPool) else value
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, ByValue) and self.key == other.key
+
+  def __hash__(self) -> int:
+    return hash(self.key)
+
+
+class ProgramSpec(NamedTuple):
+  """Everything the jitted select and learn functions are made from and close over: their cache
+  key, and the one argument of `_jitted`, so nothing of a config reaches the compiled programs
+  but through this and the `LearnConfig` they take (whose static fields jit keys them by)."""
+  makers: tuple         # the functions that make the optimizer, the curriculum and the learn
+                        # step (a replaced one, as a test's stand-in, makes other programs)
+  graphdef: Any         # the model's graph
+  use_lora: bool        # the trained parameters are LoRA adapters
+  curriculum: tuple     # (name, its options the programs do not trace as sorted items, S)
+  pool: ByValue         # the RL pool the curriculum selects from
+  shardings: tuple      # the learn step's output layout: (treedef, leaves)
+  mesh: Any
+
+
+def program_spec(config: ml_collections.ConfigDict, model: Model, pool: Any,
+                 out_shardings: Any, mesh) -> ProgramSpec:
+  """The `ProgramSpec` of a run of `config` (see `build`)."""
+  name = config.curriculum.name
+  traced = builders.TRACED_OPTIONS.get(name, ())
+  options = tuple(sorted((k, _frozen(v)) for k, v in config.curriculum.options.items()
+                         if k not in traced))
   leaves, treedef = jax.tree.flatten(out_shardings)
-  makers = (builders.build_optimizer, builders.CURRICULA[config.curriculum.name],
-            rl_step.make_learn, rl_step.learn)
-  return (makers, builders.learn_config(config), model.graphdef, config.model.lora_rank > 0,
-          float(config.rl.learning_rate), float(config.rl.max_grad_norm),
-          config.curriculum.name,
-          json.dumps(config.curriculum.options.to_dict(), sort_keys=True, default=repr),
-          builders.sampled_prompts(config),
-          (pool.num_arms, _digest(pool)) if isinstance(pool, cur.PromptPool) else pool,
-          treedef, tuple(leaves), mesh)
+  return ProgramSpec(
+      makers=(builders.build_optimizer, builders.CURRICULA[name], rl_step.make_learn,
+              rl_step.learn),
+      graphdef=model.graphdef, use_lora=config.model.lora_rank > 0,
+      curriculum=(name, options, builders.sampled_prompts(config)), pool=ByValue(pool),
+      shardings=(treedef, tuple(leaves)), mesh=mesh)
+
+
+def _frozen(value: Any) -> Any:
+  """A config value as a hashable one (lists and dicts of options as tuples)."""
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  if isinstance(value, (dict, ml_collections.ConfigDict)):
+    return tuple(sorted((k, _frozen(v)) for k, v in dict(value).items()))
+  return value
+
+
+def _rl_optimizer(make: Callable, config: rl_types.LearnConfig) -> optax.GradientTransformation:
+  """The RL optimizer of `config`'s (traced) learning rate and gradient clipping."""
+  return make(config.learning_rate, max_grad_norm=config.max_grad_norm)
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted(spec: ProgramSpec) -> tuple[Callable, Callable]:
+  """(select, learn) jitted for `spec`: select(curriculum state, key, options) and the learn
+  step (`rl_step.make_learn`), the curriculum built inside each from its traced `options`
+  (`LearnConfig.curriculum`). Runs whose programs are made from an equal spec (a resumed run,
+  another seed or length of one, the planner's build before the loop's, a sweep over
+  coefficients) share these functions and with them JAX's traced and compiled programs."""
+  make_optimizer, constructor, make_learn, _ = spec.makers
+  name, options, batch_size = spec.curriculum
+  of = lambda traced: constructor(spec.pool.value, batch_size=batch_size, **dict(options),
+                                  **traced)
+  treedef, leaves = spec.shardings
+  out_shardings = jax.tree.unflatten(treedef, leaves)
+  select = jax.jit(lambda state, key, traced: of(traced).select(state, key),
+                   out_shardings=out_shardings[1])
+  learn = make_learn(graphdef=spec.graphdef,
+                     optimizer=functools.partial(_rl_optimizer, make_optimizer),
+                     curriculum_update=lambda state, feedback, traced: of(traced).update(
+                         state, feedback),
+                     use_lora=spec.use_lora, out_shardings=out_shardings, mesh=spec.mesh)
+  return select, learn
 
 
 def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.PromptPool,
@@ -183,22 +239,13 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
   train_shardings = mesh_lib.tree_shardings(train_like, mesh)
   rep = mesh_lib.replicated(mesh)
   ref = reference(config, model)
-  key = _jitted_key(config, model, pool, (train_shardings, rep, rep), mesh)
-  if key not in _JITTED:
-    _JITTED[key] = (
-        jax.jit(curriculum.select, out_shardings=rep),
-        rl_step.make_learn(graphdef=model.graphdef, optimizer=optimizer,
-                           curriculum_update=curriculum.update,
-                           config=builders.learn_config(config),
-                           use_lora=config.model.lora_rank > 0,
-                           out_shardings=(train_shardings, rep, rep), mesh=mesh))
-    while len(_JITTED) > _JITTED_KEPT:
-      _JITTED.popitem(last=False)
-  _JITTED.move_to_end(key)
-  select, learn = _JITTED[key]
+  learn_config = builders.learn_config(config)
+  spec = program_spec(config, model, pool, (train_shardings, rep, rep), mesh)
+  select, learn = _jitted(spec)
   return Programs(
       graphdef=model.graphdef, optimizer=optimizer, curriculum=curriculum,
-      select=select, learn=learn,
+      select=functools.partial(select, traced=learn_config.curriculum), learn=learn,
+      learn_config=learn_config, spec=spec,
       sampler=dict(max_new_tokens=config.rl.max_new_tokens, eos_id=tokens.eos_id,
                    stop_ids=tuple(tokens.stop_ids), pad_id=tokens.pad_id,
                    group=budget.group_slots(config), mesh=rollout_mesh,
@@ -289,7 +336,8 @@ def sample(programs: Programs, params: Any, prompt_tokens: jax.Array, prompt_mas
   return continuous.Generation(rollout=rollout, slot_steps=steps * prompt_tokens.shape[0])
 
 
-def learn_inputs(state: RunState, batch: Batch, key: jax.Array, ref: Any) -> tuple:
+def learn_inputs(programs: Programs, state: RunState, batch: Batch, key: jax.Array,
+                 ref: Any) -> tuple:
   """The positional inputs of `programs.learn` for one step: (train state, curriculum state,
-  batch, key, frozen base, reference weights)."""
-  return state.train, state.curriculum, batch, key, state.base, ref
+  batch, key, frozen base, reference weights, learn config)."""
+  return state.train, state.curriculum, batch, key, state.base, ref, programs.learn_config

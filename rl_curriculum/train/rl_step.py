@@ -34,7 +34,8 @@
   6. metrics    `batch_metrics`, `overlong_metrics`: statistics of every sampled group and of the
                 trained rows.
 
-Forward passes per step (the configuration is static, so the choice is made at trace time); each
+Forward passes per step (the configuration's switches are static, so the choice is made at trace
+time); each
 runs a group's prompt once and its G completions on the prompt's shared keys and values
 (`transformer.shared_prefix_hidden`: P Tp + B T token-passes instead of B (Tp + T)):
   old policy   only when there is more than one optimizer step per batch (epochs x minibatches
@@ -50,9 +51,9 @@ runs a group's prompt once and its G completions on the prompt's shared keys and
                rollback's KL(pi_old || pi_new) (`update_kl`).
 
 Every log-prob is that of the sampling distribution softmax(logits / temperature), the
-distribution the rollout drew its tokens from (`forward`): temperature is the static
-`config.temperature`, or with the adaptive controller the train state's traced f32[]
-(`rollout_temperature`), the one the rollout read from the same state.
+distribution the rollout drew its tokens from (`forward`): temperature is `config.temperature`,
+or with the adaptive controller the train state's f32[] (`rollout_temperature`), the one the
+rollout read from the same state.
 
 Memory: the output head runs `logits_chunk` positions at a time (`forward.head_logprobs`), and
 the passes without gradient (old policy, reference, new policy) run one microbatch of rows at a
@@ -103,9 +104,10 @@ def batch_overlong_penalty(batch: Batch, config: LearnConfig) -> jax.Array:
   """
   s, g = batch.rewards.shape
   t = batch.mask.shape[1]
-  if not 1 <= config.overlong_cache < t:
+  cache = config.overlong_cache
+  if not isinstance(cache, jax.core.Tracer) and not (cache is not None and 1 <= cache < t):
     raise ValueError(f"overlong_cache must lie in [1, {t}) (the completions' length cap), got "
-                     f"{config.overlong_cache}")
+                     f"{cache}")
   lengths = jnp.sum(batch.mask > 0, axis=1).reshape(s, g)
   return jnp.where(batch.valid.astype(bool),
                    rewards_lib.overlong_penalty(lengths, t, config.overlong_cache), 0.0)
@@ -204,8 +206,8 @@ def commit(train_state: TrainState, cur_state: Any, update: tuple, skip: jax.Arr
 
 def rollout_temperature(train_state: TrainState, config: LearnConfig) -> Optional[jax.Array]:
   """The temperature this batch was sampled at, as the learn step reads it: the train state's
-  f32[] under the adaptive controller (`adaptive_temperature(config)`), else None (the static
-  `config.temperature`, a constant of the compiled program).
+  f32[] under the adaptive controller (`adaptive_temperature(config)`), else None (then
+  `config.temperature`).
 
   Raises:
     ValueError: the controller is on and the train state holds no temperature.
@@ -232,7 +234,7 @@ def adapt_temperature(temperature: jax.Array, metrics: dict, config: LearnConfig
   Args:
     temperature: f32[] the temperature this batch was sampled at.
     metrics: the objective's metrics averaged over the minibatches (`minibatch_updates`).
-    config: static hyperparameters (`temperature_target`, `_rate`, `_min`, `_max`).
+    config: the learn settings (`temperature_target`, `_rate`, `_min`, `_max`).
   """
   entropy = jnp.where(metrics["steps_taken"] > 0, metrics["entropy"], jnp.nan)
   state = stability.temperature_update(
@@ -322,7 +324,7 @@ def kl_reward_metrics(view: TrainView, config: LearnConfig) -> dict:
   """With a KL in the reward (`kl_reward_coef` = beta != 0), "kl_reward": the mean over trained
   completions with a counted token of beta * sum_t k1 (`rewards.kl_penalty`), what the reward lost
   to it; else nothing."""
-  if config.kl_reward_coef == 0:
+  if config.kl_reward_coef is None:
     return {}
   penalty = config.kl_reward_coef * rewards_lib.kl_penalty(view.logp_old, view.logp_ref,
                                                            view.mask)
@@ -346,9 +348,11 @@ def _check_batch(batch: Batch, config: LearnConfig) -> None:
 
 
 def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array, frozen: Any,
-          ref_params: Any, *, graphdef, optimizer: optax.GradientTransformation,
-          curriculum_update: Callable, config: LearnConfig, use_lora: bool, mesh: Any = None):
-  """One RL update. The positional arguments are traced (`make_learn` jits them); the keyword
+          ref_params: Any, config: LearnConfig, *, graphdef,
+          optimizer: Callable[[LearnConfig], optax.GradientTransformation],
+          curriculum_update: Callable, use_lora: bool, mesh: Any = None):
+  """One RL update. The positional arguments are traced (`make_learn` jits them; `config`'s
+  static fields are part of the compiled program, its coefficients traced); the keyword
   arguments are static.
 
   Args:
@@ -360,10 +364,12 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
     ref_params: the KL reference's parameters for full fine-tuning with a KL term (`kl_coef` or
       `kl_reward_coef`), else None; under LoRA the reference is the same model with its adapters
       switched off.
+    config: the learn program's settings (`LearnConfig`).
     graphdef: the model's graph definition.
-    optimizer: optax transformation for `train_state.params`.
-    curriculum_update: `Curriculum.update`.
-    config: static hyperparameters.
+    optimizer: the optax transformation of `train_state.params` for `config` (its learning rate
+      and gradient clipping), built inside the program: `optimizer(config)`.
+    curriculum_update: (curriculum state, feedback, options) -> (curriculum state, metrics):
+      `Curriculum.update` of the curriculum built with `config.curriculum`, its traced options.
     use_lora: whether `train_state.params` are LoRA adapters.
     mesh: the run's mesh, or None: minibatches, microbatches and row blocks keep their rows over
       its batch axes (`mesh_lib.constrain_rows`).
@@ -378,12 +384,12 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   """
   _check_batch(batch, config)
   g = batch.rewards.shape[1]
-  tau = rollout_temperature(train_state, config)  # None: the static config.temperature
+  tau = rollout_temperature(train_state, config)  # None: config.temperature
   passes = dict(graphdef=graphdef, group=g, config=config, mesh=mesh, temperature=tau)
 
   # 1. Feedback: advantages of every sampled group; the curriculum learns from them.
   scores = score_groups(batch, train_state.whitening, config)
-  new_cur_state, cur_metrics = curriculum_update(cur_state, scores.feedback)
+  new_cur_state, cur_metrics = curriculum_update(cur_state, scores.feedback, config.curriculum)
   if config.high_variance_only:  # VCRL's training mask: low-variance groups leave the loss
     batch = batch._replace(train_valid=batch.train_valid
                            & cur_metrics["high_variance"][batch.train_groups])
@@ -400,7 +406,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   ppo = config.algorithm == "ppo"
   trained = (train_state.params, train_state.value) if ppo else train_state.params
   new_trained, new_opt_state, metrics, logp_old = minibatch_updates(
-      trained, train_state.opt_state, view, key, frozen=frozen, optimizer=optimizer,
+      trained, train_state.opt_state, view, key, frozen=frozen, optimizer=optimizer(config),
       adapters=use_lora, **passes)
 
   # 5. Rollback of a non-finite or runaway update: nothing of this step is kept.
@@ -426,10 +432,12 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
   return train_state, cur_state, {**metrics, "curriculum": cur_metrics}
 
 
-def make_learn(*, graphdef, optimizer, curriculum_update, config: LearnConfig, use_lora: bool,
-               out_shardings: Any = None, mesh: Any = None):
+def make_learn(*, graphdef, optimizer: Callable[[LearnConfig], optax.GradientTransformation],
+               curriculum_update, use_lora: bool, out_shardings: Any = None, mesh: Any = None):
   """`learn` jitted once, with the train state donated: fn(train_state, cur_state, batch, key,
-  frozen, ref_params). `programs.build` calls it for the loop, the planner and the benchmark.
+  frozen, ref_params, config). One compiled program serves every `LearnConfig` of the same static
+  fields and switches (its coefficients are traced). `programs.build` calls it for the loop, the
+  planner and the benchmark.
 
   Sharded runs place the inputs (`parallel.distributed.place`) and pass `out_shardings` =
   (train state shardings, curriculum state sharding, metrics sharding) (a prefix tree, e.g. one
@@ -438,6 +446,5 @@ def make_learn(*, graphdef, optimizer, curriculum_update, config: LearnConfig, u
   the rows of every minibatch, microbatch and row block over `mesh`'s batch axes.
   """
   fn = functools.partial(learn, graphdef=graphdef, optimizer=optimizer,
-                         curriculum_update=curriculum_update, config=config, use_lora=use_lora,
-                         mesh=mesh)
+                         curriculum_update=curriculum_update, use_lora=use_lora, mesh=mesh)
   return jax.jit(fn, donate_argnums=(0,), out_shardings=out_shardings)

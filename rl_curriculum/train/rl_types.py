@@ -1,8 +1,8 @@
 """The learn step's inputs, static configuration and intermediate views (`rl_step`).
 
   Batch         a scored rollout of S prompts x G completions, P groups of which are trained on
-  LearnConfig   static hyperparameters (part of the jit cache key; `validation.validate` checks the
-                config they come from)
+  LearnConfig   the learn program's settings from the config: static switches and shapes, traced
+                coefficients (`validation.validate` checks the config they come from)
   GroupScores   phase 1's rewards, advantages and curriculum feedback of every sampled group
   TrainView     phase 2's trained rows: tokens, masks, per-token advantages, constant log-probs
 """
@@ -10,7 +10,9 @@
 import dataclasses
 from typing import NamedTuple, Optional
 
+from flax import struct
 import jax
+import ml_collections
 
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import stability
@@ -58,59 +60,134 @@ class Batch(NamedTuple):
                                         # the learn step starts from (synchronous)
 
 
-@dataclasses.dataclass(frozen=True)
-class LearnConfig:
-  """Static hyperparameters of `learn` (hashable: part of the jit cache key).
+def _static(source: Optional[str] = None):
+  """A setting that shapes the compiled program (a string, a count, a flag): static."""
+  return struct.field(pytree_node=False, metadata={"kind": "static", "source": source})
 
-  No field has a default: `builders.learn_config` fills every one from `config.rl` and
-  `config.curriculum`, the one place the defaults live (configs/scratch.py documents each).
+
+def _traced(cast: type = float, source: Optional[str] = None):
+  """A numeric coefficient: a leaf, traced by the compiled program."""
+  return struct.field(metadata={"kind": "traced", "cast": cast, "source": source})
+
+
+def _switch(cast: type = float, source: Optional[str] = None):
+  """A coefficient that 0 switches off: None when off (an empty subtree, so on and off are two
+  programs), else a traced leaf."""
+  return struct.field(metadata={"kind": "switch", "cast": cast, "source": source})
+
+
+@struct.dataclass
+class LearnConfig:
+  """The learn program's settings, every one read from a run's config (`from_config`).
+
+  A pytree passed to the jitted learn step: the settings that shape the program (the algorithm,
+  the batch's split, the aggregation, flags) are static, part of its compile key; the numeric
+  coefficients are leaves the program traces, so two configs that differ only in their values
+  run one compiled program (a sweep over them, or a resumed run with another value, compiles
+  nothing new). A coefficient the config switches off with 0 is None here. Each field reads
+  `config.rl.<name>` unless its `source` names another path; `from_config` lists nothing by
+  hand. `validation.validate` checks the values; configs/scratch.py documents each.
   """
-  algorithm: str              # rloo | grpo | dr_grpo | reinforce_pp | counterfactual | ppo
-  epochs: int                 # passes over the batch
-  minibatches: int            # optimizer steps per pass (whole groups each)
-  microbatches: int           # gradient accumulation: forward/backward passes per optimizer step
-  logits_chunk: int           # completion positions per chunk of the output head (0: all at once)
-  eps_low: float              # PPO clip below 1
-  eps_high: float             # PPO clip above 1 (Clip-Higher)
-  level: str                  # token (PPO) | sequence (GSPO)
-  aggregation: str            # losses.AGGREGATIONS, for the policy loss and the KL term
-  max_tokens: int             # constant normaliser of seq_mean_token_sum_norm (tokens)
-  temperature: float          # sampling temperature; log-probs are those of logits / temperature
-                              # (the controller's start, with temperature_target > 0)
-  kl_coef: float              # weight of the KL-to-reference loss term (0: no reference pass)
-  kl_estimator: str           # k2 | k3 as a loss (KL_LOSS_ESTIMATORS)
-  ratio_guard: float          # drop tokens with |logp_old - logp_sampler| above this (0: off)
-  max_kl: Optional[float]     # roll back an update whose KL(pi_old || pi_new) exceeds this
-  whiten_rewards: bool        # running mean/std reward whitening before the advantages
-  curriculum_feedback: str    # correct | reward: what the curriculum's advantages come from
-  gamma: float                # PPO: discount per token
-  lam: float                  # PPO: GAE lambda
-  vf_coef: float              # PPO: value-loss weight
-  vf_clip: float              # PPO: value clipping range
-  value_detach: bool          # PPO: the value loss trains the head only, not the policy trunk
-  dual_clip: float            # dual-clip PPO bound c > 1 on negative-advantage tokens (0: off)
-  entropy_coef: float         # weight of the entropy bonus subtracted from the loss (0: off)
-  tis_cap: float              # truncated importance weights vs the sampler, capped here (0: off)
-  proximal: str               # recompute | loglinear: the old (proximal) policy's log-probs from a
-                              # forward pass, or interpolated by version (no forward pass)
-  capo_positive_steps: int    # CAPO: updates that learn from positive advantages only
-  capo_ramp_steps: int        # CAPO: updates that then phase the negative ones in (both 0: off)
-  grpo_std: str               # grpo: population | sample standard deviation of the group
-  kl_reward_coef: float       # weight of the k1 KL-to-reference penalty in the reward (0: off)
-  high_variance_only: bool    # VCRL: train only on the groups its update marks high_variance
-  overlong: str               # none | exclude (truncated completions leave the loss) | penalty
-  overlong_cache: int         # penalty: lengths in the last this many tokens up to T lose
-                              # up to 1 reward (DAPO's L_cache)
-  temperature_target: float   # adaptive temperature: entropy per token to hold (nats; 0: off)
-  temperature_rate: float     # adaptive temperature: gain of the controller (1/nats)
-  temperature_min: float      # adaptive temperature: lowest temperature
-  temperature_max: float      # adaptive temperature: highest temperature
+  # The program's shape and switches (static).
+  algorithm: str = _static()            # rloo | grpo | dr_grpo | reinforce_pp | counterfactual
+                                        # | ppo
+  epochs: int = _static()               # passes over the batch
+  minibatches: int = _static()          # optimizer steps per pass (whole groups each)
+  microbatches: int = _static()         # gradient accumulation: forward/backward passes per
+                                        # optimizer step
+  logits_chunk: int = _static()         # completion positions per chunk of the output head
+                                        # (0: all at once)
+  level: str = _static()                # token (PPO) | sequence (GSPO)
+  aggregation: str = _static()          # losses.AGGREGATIONS, for the policy loss and the KL
+  max_tokens: int = _static("rl.max_new_tokens")  # constant normaliser of
+                                        # seq_mean_token_sum_norm (tokens)
+  kl_estimator: str = _static()         # k2 | k3 as a loss (KL_LOSS_ESTIMATORS)
+  whiten_rewards: bool = _static()      # running mean/std reward whitening
+  curriculum_feedback: str = _static("curriculum.feedback")  # correct | reward: what the
+                                        # curriculum's advantages come from
+  value_detach: bool = _static()        # PPO: the value loss trains the head only
+  proximal: str = _static()             # recompute | loglinear: the old (proximal) policy's
+                                        # log-probs from a forward pass, or interpolated by
+                                        # version (no forward pass)
+  grpo_std: str = _static()             # grpo: population | sample standard deviation
+  high_variance_only: bool = _static("curriculum.high_variance_only")  # VCRL: train only on
+                                        # the groups its update marks high_variance
+  overlong: str = _static()             # none | exclude (truncated completions leave the loss) |
+                                        # penalty
+  # Coefficients (traced).
+  learning_rate: float = _traced()      # the optimizer's step size
+  eps_low: float = _traced()            # PPO clip below 1
+  eps_high: float = _traced()           # PPO clip above 1 (Clip-Higher)
+  temperature: float = _traced()        # sampling temperature; log-probs are those of
+                                        # logits / temperature (the controller's start, with
+                                        # temperature_target on)
+  gamma: float = _traced()              # PPO: discount per token
+  lam: float = _traced()                # PPO: GAE lambda
+  vf_coef: float = _traced()            # PPO: value-loss weight
+  vf_clip: float = _traced()            # PPO: value clipping range
+  temperature_rate: float = _traced()   # adaptive temperature: gain of the controller (1/nats)
+  temperature_min: float = _traced()    # adaptive temperature: lowest temperature
+  temperature_max: float = _traced()    # adaptive temperature: highest temperature
+  # Coefficients that 0 switches off (None: off; traced when on).
+  max_grad_norm: Optional[float] = _switch()   # global-norm gradient clipping
+  kl_coef: Optional[float] = _switch()         # weight of the KL-to-reference loss term
+  ratio_guard: Optional[float] = _switch()     # drop tokens with |logp_old - logp_sampler| above
+  max_kl: Optional[float] = _switch()          # roll back an update whose KL(pi_old || pi_new)
+                                               # exceeds this
+  dual_clip: Optional[float] = _switch()       # dual-clip PPO bound c > 1 on negative-advantage
+                                               # tokens
+  entropy_coef: Optional[float] = _switch()    # weight of the entropy bonus
+  tis_cap: Optional[float] = _switch()         # truncated importance weights vs the sampler
+  kl_reward_coef: Optional[float] = _switch()  # weight of the k1 KL penalty in the reward
+  capo_positive_steps: Optional[int] = _switch(int)  # CAPO: updates that learn from positive
+                                               # advantages only
+  capo_ramp_steps: Optional[int] = _switch(int)  # CAPO: updates that then phase the negative
+                                               # ones in
+  overlong_cache: Optional[int] = _switch(int)  # penalty: lengths in the last this many tokens
+                                               # up to T lose up to 1 reward (DAPO's L_cache)
+  temperature_target: Optional[float] = _switch()  # adaptive temperature: entropy per token to
+                                               # hold (nats)
+  # The curriculum's traced options {name: value} (`builders.TRACED_OPTIONS`).
+  curriculum: dict = struct.field(default_factory=dict, metadata={"kind": "options"})
+
+  def __post_init__(self):
+    # A switch given as a number 0 (`dataclasses.replace(config, kl_coef=0.0)`) is off. Only
+    # Python numbers are looked at: inside the program the leaves are traced.
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if (f.metadata["kind"] == "switch" and isinstance(value, (int, float))
+          and not isinstance(value, bool) and value == 0):
+        object.__setattr__(self, f.name, None)
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict,
+                  curriculum: Optional[dict] = None) -> "LearnConfig":
+    """Every field from the run's config: `config.rl.<name>`, or the field's `source` path;
+    coefficients as Python numbers of their type (a switch's 0 as None); `curriculum` the
+    curriculum's traced options."""
+    values = {"curriculum": dict(curriculum or {})}
+    for f in dataclasses.fields(cls):
+      if f.metadata["kind"] == "options":
+        continue
+      section, name = (f.metadata["source"] or f"rl.{f.name}").split(".")
+      value = config[section][name]
+      if f.metadata["kind"] != "static":
+        value = None if f.metadata["kind"] == "switch" and value == 0 else (
+            f.metadata["cast"](value))
+      values[f.name] = value
+    return cls(**values)
+
+  def coefficients(self) -> dict:
+    """{name: value} of the traced coefficients that are on (the program's numeric inputs)."""
+    return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.metadata["kind"] in ("traced", "switch") and getattr(self, f.name) is not None},
+            **{f"curriculum.{k}": v for k, v in self.curriculum.items()}}
 
 
 def adaptive_temperature(config: LearnConfig) -> bool:
-  """True when the sampling temperature follows the entropy controller (`temperature_target` >
-  0): the rollouts and the learn step then read it from `TrainState.temperature`."""
-  return config.temperature_target > 0
+  """True when the sampling temperature follows the entropy controller (`temperature_target`
+  on): the rollouts and the learn step then read it from `TrainState.temperature`."""
+  return config.temperature_target is not None
 
 
 class GroupScores(NamedTuple):

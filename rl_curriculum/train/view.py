@@ -73,7 +73,7 @@ def on_policy(config: LearnConfig) -> bool:
   needs the old log-probs before the loss): the old policy is the policy being differentiated,
   and its forward pass is skipped."""
   return (config.epochs * config.minibatches == 1 and config.algorithm != "ppo"
-          and config.kl_reward_coef == 0)
+          and config.kl_reward_coef is None)
 
 
 def overlong_mask(batch: Batch, rows: jax.Array, config: LearnConfig) -> jax.Array:
@@ -153,10 +153,10 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
       staleness = (version - batch.versions[rows]).astype(jnp.float32)
   elif not on_policy(config):
     logp_old, values_old = logprobs(params, value=value if ppo else None)
-  if config.kl_coef != 0 or config.kl_reward_coef != 0:
+  if config.kl_coef is not None or config.kl_reward_coef is not None:
     ref = lora_lib.disable(params) if use_lora else ref_params
     logp_ref, _ = logprobs(ref)
-  if config.kl_reward_coef != 0 and not ppo:
+  if config.kl_reward_coef is not None and not ppo:
     # The KL penalty lowers each completion's reward before the group-relative advantages.
     penalty = config.kl_reward_coef * rewards_lib.kl_penalty(logp_old, logp_ref, sampled)
     rewards = scores.rewards[batch.train_groups] - penalty.reshape(-1, g)
@@ -168,7 +168,7 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
     values_old = values_old * mask
     rewards = (scores.rewards[batch.train_groups] * valid).reshape(-1)
     token_rewards = rewards_lib.outcome_token_rewards(rewards, mask)
-    if config.kl_reward_coef != 0:
+    if config.kl_reward_coef is not None:
       token_rewards = token_rewards - config.kl_reward_coef * rewards_lib.kl_penalty(
           logp_old, logp_ref, mask, per_token=True)
     adv_tokens, returns = adv_lib.gae(token_rewards, values_old, mask, gamma=config.gamma,
@@ -195,13 +195,14 @@ def advantage_curriculum(view: TrainView, step: jax.Array,
   Args:
     view: the trained rows (`train_view`).
     step: i32[] the train state's update counter (updates attempted before this one).
-    config: static hyperparameters.
+    config: the learn settings.
   """
-  if config.capo_positive_steps == 0 and config.capo_ramp_steps == 0:
+  if config.capo_positive_steps is None and config.capo_ramp_steps is None:
     return view, {}
+  count = lambda steps: 0 if steps is None else steps  # one of the two may be off
   weigh = functools.partial(losses.advantage_sign_mask, step=step,
-                            positive_only_steps=config.capo_positive_steps,
-                            ramp_steps=config.capo_ramp_steps)
+                            positive_only_steps=count(config.capo_positive_steps),
+                            ramp_steps=count(config.capo_ramp_steps))
   advantages = view.advantages * weigh(view.advantages)
   w_neg = weigh(-jnp.ones((), jnp.float32))
   return view._replace(advantages=advantages), {"capo_negative_weight": w_neg}

@@ -92,10 +92,11 @@ def run(graphdef, params, optimizer, curriculum, cur_state, batch, learn_config,
     out_shardings = (state_sh, rep, rep)
   else:
     batch = jax.tree.map(jnp.asarray, batch)
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=learn_config,
+  learn = rl_step.make_learn(graphdef=graphdef, optimizer=lambda _: optimizer,
+                             curriculum_update=lambda s, f, _: curriculum.update(s, f),
                              use_lora=False, out_shardings=out_shardings)
-  new_state, new_cur, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(3), None, ref)
+  new_state, new_cur, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(3), None, ref,
+                                      learn_config)
   rollout = sampler.sample(graphdef, ref, batch.prompt_tokens, batch.prompt_mask,
                            jax.random.PRNGKey(4), max_new_tokens=6, eos_id=1, greedy=True)
   return new_state, new_cur, metrics, rollout

@@ -13,8 +13,14 @@ import pytest
 
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.rl import losses
+from rl_curriculum.rl import stability
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
+from rl_curriculum.train import forward, rl_step
+from rl_curriculum.train import view as view_lib
+from rl_curriculum.train.rl_types import Batch
+import test_util
 
 V, P, G, TP, N = 64, 2, 4, 6, 9
 R = P * G
@@ -173,6 +179,45 @@ def test_each_token_carries_the_version_of_the_weights_that_drew_it(model):
     length = int(rows.mask[r].sum())
     np.testing.assert_array_equal(rows.versions[r, :length],
                                   np.where(np.arange(length) < 3, 3, 4))
+  # The learn step from version 5 reads those tags: each counted token's staleness, the
+  # largest and mean over them, and the loglinear proximal policy's weight s / (s + 1) between
+  # the sampler's log-prob and the current one (2/3 for A's tokens, 1/2 for B's).
+  learned = _learn_side(graphdef, params_b, batch, rows, version=5)
+  counted = rows.mask > 0
+  hand = np.where(counted, 5 - rows.versions, 0)
+  np.testing.assert_array_equal(np.asarray(learned["staleness"])[counted], hand[counted])
+  assert float(learned["staleness_max"]) == 2.0
+  np.testing.assert_allclose(float(learned["staleness_mean"]), hand[counted].mean(), rtol=1e-6)
+  s = hand[counted].astype(np.float32)
+  mu, current = rows.logprobs[counted], np.asarray(learned["current"])[counted]
+  np.testing.assert_allclose(np.asarray(learned["proximal"])[counted],
+                             mu + s / (s + 1) * (current - mu), atol=1e-6, rtol=0)
+
+
+def _learn_side(graphdef, params, batch, rows, version):
+  """The learn step's view of the harvested rows as one trained batch (`view.train_view` with
+  proximal="loglinear"): each token's staleness from `version`, the staleness metrics, the
+  current policy's log-probs and the interpolated proximal ones."""
+  tokens, mask, active = batch[0], batch[1], batch[2]
+  rewards = np.arange(R, dtype=np.float32).reshape(P, G) % 2
+  learn_batch = Batch(
+      prompt_tokens=jnp.asarray(tokens), prompt_mask=jnp.asarray(mask),
+      tokens=jnp.asarray(rows.tokens), mask=jnp.asarray(rows.mask),
+      sampler_logprobs=jnp.asarray(rows.logprobs), prompt_ids=jnp.arange(P, dtype=jnp.int32),
+      arms=jnp.zeros(P, jnp.int32), rewards=jnp.asarray(rewards),
+      correct=jnp.asarray(rewards > 0), valid=jnp.asarray(active.reshape(P, G)),
+      train_groups=jnp.arange(P, dtype=jnp.int32), train_valid=jnp.ones(P, bool),
+      versions=jnp.asarray(rows.versions))
+  config = test_util.learn_config(proximal="loglinear", minibatches=1, max_tokens=N)
+  scores = rl_step.score_groups(learn_batch, stability.whitening_init(), config)
+  view = view_lib.train_view(learn_batch, scores, params, graphdef=graphdef, ref_params=None,
+                             config=config, use_lora=False, version=jnp.int32(version))
+  current = forward.completion_logprobs(graphdef, params, view.prompt_tokens, view.prompt_mask,
+                                        view.tokens, G)
+  return {"staleness": view.staleness, "current": current,
+          "proximal": losses.loglinear_proximal_logprobs(view.sampler_logprobs, current,
+                                                         view.staleness),
+          **rl_step.staleness_metrics(learn_batch, view, jnp.int32(version))}
 
 
 def test_evicted_rows_leave_and_the_next_generation_is_untouched(model):

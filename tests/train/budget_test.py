@@ -16,7 +16,7 @@ from rl_curriculum.curriculum import allocation, prompt_stats
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool
-from rl_curriculum.train import budget, builders, examples, rl_step, rollouts, validation
+from rl_curriculum.train import budget, builders, examples, rollouts, validation
 from rl_curriculum.train.state import init_train_state
 from rl_curriculum.types import Selection
 import test_util
@@ -156,8 +156,7 @@ def _learn_setup(curriculum=None, **overrides):
   base = builders.learn_config(scratch.get_config())
   config = dataclasses.replace(base, **{**dict(minibatches=1, max_kl=None, ratio_guard=0.0,
                                                max_tokens=T), **overrides})
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=config, use_lora=False)
+  learn = test_util.make_learn(graphdef, optimizer, curriculum, config)
   state = init_train_state(params, optimizer)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 1, 0, 1, 0, 1]), jax.random.key(0))
   return params, state, cur_state, learn

@@ -69,8 +69,7 @@ def _setup(**overrides):
   optimizer = builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
   config = _learn_config(**overrides)
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=config, use_lora=False)
+  learn = test_util.make_learn(graphdef, optimizer, curriculum, config)
   value = init_value_head(32) if config.algorithm == "ppo" else None
   state = init_train_state(params, optimizer, value)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
@@ -247,7 +246,7 @@ def test_valid_overlong_settings_pass_and_reach_the_learn_config():
     config.rl.overlong, config.rl.overlong_cache = overlong, cache
     validation.validate(config)
     learn_config = builders.learn_config(config)
-    assert (learn_config.overlong, learn_config.overlong_cache) == (overlong, cache)
+    assert (learn_config.overlong, learn_config.overlong_cache) == (overlong, cache or None)
 
 
 # --- End to end at toy size ---------------------------------------------------------------------

@@ -75,8 +75,8 @@ def main(out):
   batch = distributed.place(batch, mesh_lib.batch_shardings(batch, mesh, rows=rows))
   device = jax.devices()[0]
   before = live_bytes_on(device)
-  train, curriculum, metrics = progs.learn(*programs.learn_inputs(state, batch, jax.random.key(1),
-                                                                   None))
+  train, curriculum, metrics = progs.learn(*programs.learn_inputs(progs, state, batch,
+                                                                   jax.random.key(1), None))
   jax.block_until_ready((train, curriculum, metrics))
   after = live_bytes_on(device)
   learn_plan = report["programs"]["learn"]

@@ -1,13 +1,15 @@
 """Tests of rl_curriculum/train/programs.py: one builder for the loop and the planner."""
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from configs import toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import builders, loop, pipeline, plan, prepare, programs, rollouts
+from rl_curriculum.train import builders, examples, loop, pipeline, plan, prepare, programs
+from rl_curriculum.train import rollouts, validation
 import test_util
 
 
@@ -50,7 +52,7 @@ def _placed_learn_inputs(config, workdir):
   state, the KL reference, and a batch the loop's own rollout collected."""
   run, progs, state, batch, _, k_learn = _first_rollout(config, workdir)
   ref = programs.place_reference(progs, programs.reference(config, run.model))
-  return run, programs.learn_inputs(state, batch, k_learn, ref)
+  return run, programs.learn_inputs(progs, state, batch, k_learn, ref)
 
 
 def test_the_continuous_engine_collects_the_static_engines_batch(tmp_path):
@@ -113,11 +115,12 @@ def test_abstract_and_placed_states_share_one_layout():
   assert mesh_lib.shard_bytes(arrays(placed)) == mesh_lib.shard_bytes(arrays(shapes))
 
 
-def test_runs_that_compute_the_same_step_share_its_jitted_functions(monkeypatch):
-  """A second build of programs that compute what an earlier build's compute (the same learn
-  settings, model, curriculum and pool; other seeds, lengths or evaluation settings) returns the
-  same jitted select and learn, whose compiled programs JAX keeps; any difference in what they
-  compute builds new ones."""
+def test_builds_of_one_spec_share_jitted_functions_and_any_other_spec_makes_new_ones(
+    monkeypatch):
+  """A second build whose programs are made from an equal `ProgramSpec` (another seed, length,
+  evaluation setting, or coefficient: a learning rate, an entropy weight, SEC's temperature)
+  returns the same jitted select and learn, whose compiled programs JAX keeps; another
+  curriculum, its structural options, pool or a replaced maker builds new ones."""
   graphdef, params = test_util.tiny_model()
   model = programs.Model(graphdef=graphdef, trainable=params, frozen=None)
   arms = len(toy.get_config().task.train_bins)
@@ -125,17 +128,17 @@ def test_runs_that_compute_the_same_step_share_its_jitted_functions(monkeypatch)
   tokens = programs.TokenIds(eos_id=1, pad_id=0)
 
   def build(pool=pool, **fields):
-    config = _config(lora=False, kl="none")
-    for name, value in fields.items():
-      section, field = name.split("__")
-      setattr(getattr(config, section), field, value)
+    config = test_util.set_fields(_config(lora=False, kl="none"), **fields)
     progs = programs.build(config, model, prepare.run_mesh(config), pool, tokens)
-    return progs.select, progs.learn
+    return progs.select.func, progs.learn
 
   first = build()
-  assert build(rl__seed=3, rl__steps=9, eval__every=1, checkpoint__every=2) == first
-  different = [build(rl__entropy_coef=0.01), build(rl__learning_rate=1e-3),
-               build(curriculum__options={"temperature": 0.5}),
+  for same in (dict(rl__seed=3, rl__steps=9, eval__every=1, checkpoint__every=2),
+               dict(rl__learning_rate=1e-3, rl__entropy_coef=0.01, rl__eps_high=0.2),
+               dict(curriculum__options={"temperature": 0.5, "alpha": 0.9, "unsampled": "keep",
+                                         "objective": "abs_advantage"})):
+    assert build(**same) == first, same
+  different = [build(curriculum__options={"objective": "learning_progress"}),
                build(curriculum__name="uniform", curriculum__options={}),
                build(pool=cur.PromptPool.from_arms(np.arange(8 * arms) % arms,
                                                    difficulty=np.arange(8 * arms) * 0.5))]
@@ -146,3 +149,197 @@ def test_runs_that_compute_the_same_step_share_its_jitted_functions(monkeypatch)
   build_optimizer = builders.build_optimizer
   monkeypatch.setattr(builders, "build_optimizer", lambda *a, **k: build_optimizer(*a, **k))
   assert build()[1] is not first[1]
+
+
+def test_configs_that_differ_in_coefficients_run_one_compiled_program_to_their_own_results():
+  """Two configs that differ only in numeric coefficients (learning rate, clip bounds, ratio
+  guard, KL bound, SEC's step size and temperature) take one compiled learn program, and each
+  gets the update it gets alone: the same step again on a learn function built afresh (a cold
+  jit cache: `jax.clear_caches`) gives every leaf bit for bit."""
+  graphdef, params = test_util.tiny_model()
+  model = programs.Model(graphdef=graphdef, trainable=params, frozen=None)
+  base = _config(lora=False, kl="none")
+  arms = len(base.task.train_bins)
+  pool = cur.PromptPool.from_arms(np.arange(8 * arms) % arms)
+  batch = _tiny_batch(base)
+  variants = {
+      "a": {},
+      "b": dict(rl__learning_rate=3e-3, rl__eps_low=0.1, rl__eps_high=0.4,
+                rl__ratio_guard=4.0, rl__max_kl=2.0,
+                curriculum__options={"alpha": 0.9, "temperature": 0.7, "unsampled": "keep",
+                                     "objective": "abs_advantage"})}
+
+  def step(fields):
+    config = test_util.set_fields(base.copy_and_resolve_references(), **fields)
+    progs = programs.build(config, model, prepare.run_mesh(config), pool,
+                           programs.TokenIds(eos_id=1, pad_id=0))
+    state = programs.place(progs, programs.init_run_state(config, progs, model, pool,
+                                                          jax.random.PRNGKey(0)))
+    out = progs.learn(*programs.learn_inputs(progs, state, batch, jax.random.PRNGKey(1), None))
+    return progs.learn, jax.device_get(out)
+
+  shared = {name: step(fields) for name, fields in variants.items()}
+  learn = shared["a"][0]
+  assert shared["b"][0] is learn and learn._cache_size() == 1  # pylint: disable=protected-access
+  moved = lambda out: out[0].params
+  assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(moved(shared["a"][1])),
+                                                      jax.tree.leaves(moved(shared["b"][1]))))
+  for name, fields in variants.items():
+    jax.clear_caches()
+    programs._jitted.cache_clear()  # pylint: disable=protected-access
+    alone = step(fields)
+    assert alone[0] is not learn
+    for x, y in zip(jax.tree.leaves(alone[1]), jax.tree.leaves(shared[name][1]), strict=True):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+
+
+def _tiny_batch(config):
+  """A scored batch of the toy config's shapes for the tiny model (random tokens and rewards)."""
+  p, g = config.rl.prompts_per_step, config.rl.group_size
+  rng = np.random.default_rng(0)
+  rewards = rng.integers(0, 2, (p, g)).astype(np.float32)
+  prompts = np.repeat(rng.integers(4, test_util.V, (p, 5)), g, axis=0).astype(np.int32)
+  tokens = rng.integers(4, test_util.V, (p * g, config.rl.max_new_tokens)).astype(np.int32)
+  return examples.make_batch(prompts, tokens, rewards, num_arms=len(config.task.train_bins))
+
+
+# Config fields the key test below leaves as they are: the run's identity and process layout, a
+# checkpoint on disk, and another preset (another model, whose graph is part of the key).
+_NOT_PERTURBED = ("model.source", "model.preset", "parallel.coordinator_address",
+                  "parallel.process_id", "parallel.num_processes", "parallel.mesh_shape",
+                  "parallel.rollout_devices", "task.name", "task.options", "task.weights")
+# Fields that only validate together with others: what to set with them.
+_JOINT = {"curriculum.filter": {"curriculum.oversample": 2.0},
+          "curriculum.oversample": {"curriculum.filter": "all_equal"},
+          "curriculum.band": {"curriculum.filter": "accuracy_band", "curriculum.oversample": 2.0},
+          "curriculum.high_variance_only": {"curriculum.name": "vcrl",
+                                            "curriculum.options": {}},
+          "curriculum.name": {"curriculum.options": {}},
+          "curriculum.arms": {"task.name": "arithmetic+countdown",
+                              "task.train_bins": (0, 1, 12, 13), "task.eval_bins": (0, 12)},
+          "model.lora_merge_every": {"model.lora_rank": 4},
+          "rl.decode_budget": {"rl.engine": "continuous"},
+          "rl.max_staleness": {"rl.engine": "continuous", "rl.off_policy_correction": "none"}}
+
+
+def _leaf_fields(config, prefix=""):
+  """(path, value) of every leaf field of a ConfigDict (curriculum.options' entries included)."""
+  for name, value in config.items():
+    path = f"{prefix}{name}"
+    if isinstance(value, ml_collections.ConfigDict) and (value or not prefix):
+      yield from _leaf_fields(value, path + ".")
+    else:
+      yield path, value
+
+
+def _other_values(path, value):
+  """Values to try in place of `value` (the first that validates, with the `_JOINT` fields it
+  needs, is used)."""
+  if isinstance(value, bool):
+    return [not value]
+  if isinstance(value, int):
+    return [value + 1, value * 2, value - 1, 0, 1, 2]
+  if isinstance(value, float):
+    return [value * 1.5 + 0.1, value * 0.5, value + 1.0, 0.5, 2.0, 3.0]
+  if isinstance(value, str):
+    return {"rl.engine": ["continuous"], "rl.admission": ["drop"], "rl.proximal": ["loglinear"],
+            "rl.level": ["sequence"], "rl.aggregation": ["seq_mean_token_mean"],
+            "rl.kl_estimator": ["k2"], "rl.algorithm": ["grpo"], "rl.grpo_std": ["sample"],
+            "rl.overlong": ["exclude"], "rl.allocation": ["uniform"],
+            "curriculum.feedback": ["reward"], "curriculum.name": ["uniform"],
+            "curriculum.arms": ["task"], "curriculum.filter": ["all_equal"],
+            "curriculum.options.unsampled": ["decay"],
+            "curriculum.options.objective": ["learning_progress"],
+            "model.dtype": ["bfloat16"], "model.param_dtype": ["bfloat16"],
+            "model.remat": ["block"], "task.template": ["chat"],
+            "tokenizer.model_type": ["bpe"], "checkpoint.on_collapse": ["stop"],
+            "rl.off_policy_correction": ["none"]}.get(path, [])
+  if isinstance(value, tuple):
+    return {"curriculum.band": [(0.2, 0.8)]}.get(path, [value[:-1]] if len(value) > 1 else [])
+  return []
+
+
+def _set(config, path, value):
+  *sections, name = path.split(".")
+  node = config
+  for section in sections:
+    node = node[section]
+  node[name] = value
+
+
+def _learn_key_and_text(config, lower: bool):
+  """(what selects the compiled learn program: its functions' spec and its inputs' structure,
+  shapes, dtypes and shardings; the lowered program's text when `lower`) of `config` at toy size,
+  from abstract shapes."""
+  if lower:  # traced afresh, not from a cache keyed by what this test questions
+    jax.clear_caches()
+    programs._jitted.cache_clear()  # pylint: disable=protected-access
+  shape = plan.model_shape(config, vocab_size=64)
+  model = plan.abstract_model(config, shape)
+  mesh = prepare.run_mesh(config)
+  inputs = plan.abstract_inputs(config, model, mesh, prompt_len=8)
+  args = programs.learn_inputs(inputs.programs, inputs.state, plan.abstract_batch(config, inputs),
+                               inputs.key, inputs.ref)
+  leaves, treedef = jax.tree.flatten(args)
+  avals = tuple((np.shape(x), str(getattr(x, "dtype", type(x))),
+                 getattr(x, "sharding", None)) for x in leaves)
+  key = (inputs.programs.spec, treedef, avals)
+  text = inputs.programs.learn.lower(*args).as_text() if lower else None
+  return key, text
+
+
+def test_a_config_field_that_changes_the_learn_program_changes_its_key():
+  """The compiled learn program is selected by its `ProgramSpec` and the structure, shapes and
+  shardings of its inputs (the `LearnConfig`'s static fields among them): every config field is
+  set to another valid value in turn, and those that leave that key as it is are set together
+  (in as few compatible groups as validate) and must leave the lowered program's text as it is.
+  A field read by the learn program but left out of the key (a closure over the config, a
+  constant of the program) fails here."""
+  base = toy.get_config()
+  base_key, base_text = _learn_key_and_text(base, lower=True)
+  kept, changed, untried = [], [], []
+  for path, value in _leaf_fields(base):
+    if path.startswith(_NOT_PERTURBED):
+      continue
+    for other in _other_values(path, value):
+      if other == value:
+        continue
+      config = _with(base, {path: other, **_JOINT.get(path, {})})
+      try:
+        validation.validate(config, check_source=False)
+      except validation.ConfigError:
+        continue
+      key, _ = _learn_key_and_text(config, lower=False)
+      (changed if key != base_key else kept).append((path, other))
+      break
+    else:
+      untried.append(path)
+  assert len(changed) >= 35 and len(kept) >= 50, (changed, kept)
+  assert not untried, untried
+  groups = []
+  for path, other in kept:  # greedy: join the first group that still validates
+    for group in groups:
+      config = _with(base, dict(group + [(path, other)]))
+      try:
+        validation.validate(config, check_source=False)
+      except validation.ConfigError:
+        continue
+      group.append((path, other))
+      break
+    else:
+      groups.append([(path, other)])
+  for group in groups:
+    key, text = _learn_key_and_text(_with(base, dict(group)), lower=True)
+    assert key == base_key, group
+    if text != base_text:  # name the field
+      culprits = [p for p, v in group if _learn_key_and_text(
+          _with(base, {p: v}), lower=True)[1] != base_text]
+      pytest.fail(f"these fields change the compiled learn program but not its key: {culprits}")
+
+
+def _with(config, fields: dict):
+  """A copy of `config` with {path: value} set."""
+  config = config.copy_and_resolve_references()
+  for path, value in fields.items():
+    _set(config, path, value)
+  return config

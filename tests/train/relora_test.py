@@ -14,7 +14,7 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.train import builders, examples, relora, rl_step, validation
+from rl_curriculum.train import builders, examples, relora, validation
 from rl_curriculum.train.state import init_train_state, init_value_head, RunState
 import test_util
 
@@ -187,9 +187,7 @@ def _learn(graphdef, optimizer, use_lora, **overrides):
                                **{"minibatches": 1, "max_kl": None, "ratio_guard": 0.0,
                                   "max_tokens": T, **overrides})
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=config,
-                             use_lora=use_lora)
+  learn = test_util.make_learn(graphdef, optimizer, curriculum, config, use_lora=use_lora)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 1] * 3), jax.random.PRNGKey(0))
   return learn, cur_state
 

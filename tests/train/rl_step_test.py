@@ -34,8 +34,7 @@ def _setup(optimizer=None, **overrides):
   optimizer = optimizer or builders.build_optimizer(1e-2, max_grad_norm=1.0)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
   config = test_util.learn_config(**overrides)
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=config, use_lora=False)
+  learn = test_util.make_learn(graphdef, optimizer, curriculum, config)
   value = init_value_head(32) if config.algorithm == "ppo" else None
   state = init_train_state(params, optimizer, value)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
@@ -472,10 +471,8 @@ def test_lora_with_kl_trains_only_adapters_against_the_base_model():
   graphdef, adapters, base = _lora_model()
   optimizer = optax.adam(5e-2)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update,
-                             config=test_util.learn_config(kl_coef=0.1, minibatches=2),
-                             use_lora=True)
+  learn = test_util.make_learn(graphdef, optimizer, curriculum,
+                               test_util.learn_config(kl_coef=0.1, minibatches=2), use_lora=True)
   state = init_train_state(adapters, optimizer)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 1] * 3), jax.random.PRNGKey(0))
   batch = _batch(_rewards())
@@ -545,7 +542,7 @@ def test_make_learn_compiles_once_across_steps():
     rewards = np.roll(_rewards(), i, axis=1)
     state, cur_state, _ = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(i), None,
                                 params)
-  assert learn._cache_size() == 1  # pylint: disable=protected-access
+  assert learn.jitted._cache_size() == 1  # pylint: disable=protected-access
 
 
 def _ragged_mask(seed=2):
