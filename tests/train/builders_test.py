@@ -24,10 +24,10 @@ def test_loss_side_methods_reach_the_learn_config():
           learn.capo_positive_steps, learn.capo_ramp_steps, learn.grpo_std,
           learn.kl_reward_coef) == ("dr_grpo", "seq_mean_token_sum_norm", 3.0, 0.01, 2.0, 5, 10,
                                     "sample", 0.05)
-  # Every method is off in the shipped config.
+  # Every method is off in the shipped config: its switch is None (not a coefficient of 0).
   default = builders.learn_config(scratch.get_config())
   assert (default.dual_clip, default.entropy_coef, default.tis_cap, default.capo_positive_steps,
-          default.capo_ramp_steps, default.kl_reward_coef) == (0.0, 0.0, 0.0, 0, 0, 0.0)
+          default.capo_ramp_steps, default.kl_reward_coef) == (None,) * 6
   assert default.grpo_std == "population"
 
 

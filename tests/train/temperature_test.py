@@ -51,8 +51,7 @@ def _learn(config, temperature, optimizer=None):
   graphdef, params = test_util.tiny_model()
   optimizer = optimizer or optax.sgd(0.5)
   curriculum = cur.sec(2, batch_size=P, alpha=1.0)
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=config, use_lora=False)
+  learn = test_util.make_learn(graphdef, optimizer, curriculum, config)
   state = init_train_state(params, optimizer, temperature=temperature)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 0, 1, 1, 0, 1]), jax.random.PRNGKey(0))
   return state, cur_state, learn, params
@@ -131,7 +130,7 @@ def test_controller_moves_the_temperature_toward_the_target(target):
     taus.append(float(state.temperature))
   steps = np.diff(taus)
   assert np.all(steps > 0) if target > 1 else np.all(steps < 0), taus
-  assert learn._cache_size() == 1  # pylint: disable=protected-access
+  assert learn.jitted._cache_size() == 1  # pylint: disable=protected-access
 
 
 @pytest.mark.slow
