@@ -181,7 +181,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.temperature_max = 1.5        # adaptive temperature: highest tau (>= rl.temperature)
 
   c.curriculum = ml_collections.ConfigDict()
-  c.curriculum.name = "sec"         # see rl_curriculum.train.builders.CURRICULA
+  c.curriculum.name = "sec"         # see rl_curriculum.train.setup.builders.CURRICULA
   c.curriculum.arms = "bin"         # bin: one arm per training bin (on a mixture the (task, bin)
                                     # pairs: 2-D SEC) | task: one arm per task of a mixture
   c.curriculum.options = ml_collections.ConfigDict(dict(  # keyword arguments of that constructor

@@ -33,7 +33,7 @@ def arm_counts(rows: list, name: str) -> np.ndarray:
 
 def shares(folders: list) -> dict:
   """Per-arm shares selected and trained (%) over the runs in `folders`, and the groups."""
-  from rl_curriculum.train.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.report.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
   selected = trained = None
   dropped = groups = 0.0
   for folder in folders:

@@ -3,7 +3,7 @@
   python -m experiments.benchmark_compile           # SmolLM2-135M shapes, ~5 min on 2 cores
   python -m experiments.benchmark_compile --quick   # 1-2 layers, a smoke test
 
-Compiles the run's programs (the sampler and the learn step, `rl_curriculum.train.plan`: ahead
+Compiles the run's programs (the sampler and the learn step, `rl_curriculum.plan.planner`: ahead
 of time, from abstract shapes, no weights) for `--config` (default configs/quickstart.py,
 SmolLM2-135M with LoRA on every projection) with the model's shape taken from its preset, in both
 layouts of the block stack: scanned (one block with stacked [L, ...] weights under `lax.scan`)
@@ -56,7 +56,7 @@ def load_config(path: str, preset: str, scan: bool):
 
 def measure(config, layers: int, prompt_len: int) -> dict:
   """Compile seconds and peak GiB of each program at `layers` layers (`plan.plan`)."""
-  from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.plan import planner as plan  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   report = plan.plan(config, hbm_gib=1e3, prompt_len=prompt_len, num_layers=layers)
   out = {name: {"compile_s": p["compile_s"], "peak_gib": p["peak_gib"]}
@@ -98,7 +98,7 @@ def summarise(config_path, preset, full_layers, prompt_len, unrolled: dict, scan
 def markdown(result: dict) -> str:
   full = result["full_layers"]
   lines = [f"# Compile time of the real-model path: {result['preset']} ({result['config']})", "",
-           f"Programs compiled ahead of time from abstract shapes (`rl_curriculum.train.plan`), "
+           f"Programs compiled ahead of time from abstract shapes (`rl_curriculum.plan.planner`), "
            f"prompt length {result['prompt_len']}; seconds of XLA compile, peak GiB from its "
            "memory analysis.", "",
            "| layout | layers | sampler compile s | learn compile s | learn peak GiB |",

@@ -18,7 +18,7 @@ Two ways to train the same config for the same steps (equal rollouts), from one 
 
 Measured: each way's median step seconds over the steps after the first two (compiling) and
 held-out greedy accuracy after the last step, evaluated in this process from each way's final
-weights on the same problems (the difference paired per problem: `train.paired`). Two cores
+weights on the same problems (the difference paired per problem: `train.report.paired`). Two cores
 shared by both phases leave little idle time to reclaim: the synchronous loop already runs each
 phase on both cores, and splitting them one core each halves each phase's speed, so what the
 overlap can buy here is the host work (decoding, scoring, Python) and the phases' imperfect
@@ -93,8 +93,10 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
   trainable weights and its step times to workdir/overlap_result.npz."""
   # pylint: disable=import-outside-toplevel
   from rl_curriculum.parallel import distributed
-  from rl_curriculum.train import budget, features, prepare, programs as programs_lib
-  from rl_curriculum.train import rollouts
+  from rl_curriculum.train.rollout import budget
+  from rl_curriculum.train.setup import features, prepare
+  from rl_curriculum.train import programs as programs_lib
+  from rl_curriculum.train.rollout import batches
   jax.config.update("jax_cross_host_transfer_socket_address", f"127.0.0.1:{port + 1 + role}")
   distributed.initialize(f"127.0.0.1:{port}", 2, role)
   config = model_config(name, steps)
@@ -110,7 +112,7 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
   rows, n = s * g, config.rl.max_new_tokens
   rep = [programs_lib.mesh_lib.replicated(m) for m in meshes]
   row_shardings = [programs_lib.mesh_lib.batch_sharding(m, 2) for m in meshes]
-  layout = rollouts.row_layout(config, meshes[LEARNER])
+  layout = batches.row_layout(config, meshes[LEARNER])
   lora = run.model.frozen is not None
   trainable_shardings = (programs.train_shardings.params,
                          programs.rollout_shardings[0] if lora else programs.rollout_shardings)
@@ -160,7 +162,7 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
         jax.device_put(valid.reshape(-1), programs_lib.mesh_lib.batch_sharding(meshes[SAMPLER],
                                                                                1)))
     rollout = generation.rollout
-    reward, correct = rollouts.score_completions(run.task, run.pool, prompt_rows,
+    reward, correct = batches.score_completions(run.task, run.pool, prompt_rows,
                                                  np.asarray(rollout.tokens), run.tokenizer.decode,
                                                  valid.reshape(-1))
     seconds = np.float32(time.perf_counter() - t0)
@@ -175,10 +177,10 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
     tokens, logprobs, mask, reward, correct, _ = reply
     prompt_ids = np.asarray(prompt_ids)
     _, _, k_learn, k_filter = prepare.step_keys(root, step)
-    scored = rollouts.Scored(prompt_ids=prompt_ids, arms=np.asarray(pool.arms)[prompt_ids],
+    scored = batches.Scored(prompt_ids=prompt_ids, arms=np.asarray(pool.arms)[prompt_ids],
                              valid=np.asarray(valid), rewards=np.asarray(reward),
                              correct=np.asarray(correct))
-    batch = rollouts.build_batch(config, run, layout, scored, (tokens, logprobs, mask), k_filter,
+    batch = batches.build_batch(config, run, layout, scored, (tokens, logprobs, mask), k_filter,
                                  state.prompts, jnp.full(tokens.shape, version, jnp.int32))
     state = state._replace(prompts=budget.observe(state.prompts, batch, step))
     train, curriculum, metrics = programs.learn(
@@ -250,7 +252,7 @@ def _check(procs, what: str) -> None:
 
 def run_sync(name: str, steps: int, folder: str) -> dict:
   """Runs the synchronous loop in a fresh process (both cores); its step times."""
-  from rl_curriculum.train.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.report.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
   folder = os.path.abspath(folder)
   with open(os.path.join(folder, "benchmark.log"), "w") as log:
     _check([subprocess.Popen(_command("--worker=sync", f"--model={name}", f"--steps={steps}",
@@ -283,7 +285,8 @@ def run_overlap(name: str, steps: int, folder: str) -> dict:
 def final_policy(config, run, folder: str, overlapped: bool):
   """The run's final weights as the forward passes take them."""
   # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import forward, loop
+  from rl_curriculum.train.learn import forward
+  from rl_curriculum.train import loop
   if not overlapped:
     return loop.restore_params(config, run, folder)[1]
   with np.load(os.path.join(folder, "overlap_result.npz")) as f:
@@ -301,7 +304,8 @@ def _steady(seconds: list) -> float:
 def run_model(name: str, steps: int, root: str) -> dict:
   """Both ways for one model: step times, held-out accuracy and its paired difference."""
   # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import paired, prepare, summary, warm_start
+  from rl_curriculum.train.report import paired, summary
+  from rl_curriculum.train.setup import prepare, warm_start
   config = model_config(name, steps)
   base = os.path.join(root, name, "base")
   timing.log(f"{name}: warm start in {base}")

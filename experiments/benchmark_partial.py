@@ -11,7 +11,7 @@ slots, in two ways:
   whole    each batch decoded to its end in its own step (`continuous.sample`, the slots halving
            as the rows run out): the step waits for the batch's longest completion
   partial  the batches of k + 1 steps in flight (`sampling.inflight`), as the training loop keeps
-           them with rl.max_staleness = k and rl.decode_budget (`train.pipeline`): each step
+           them with rl.max_staleness = k and rl.decode_budget (`train.rollout.pipeline`): each step
            queues the batch k steps ahead, decodes until the batch due now has stopped (wait
            admission; usually done already), then while every slot has a row (the budget, N
            iterations, never binds): a long row goes on over the next steps beside newer rows
@@ -41,7 +41,7 @@ from experiments.benchmark import peak
 from experiments.benchmark import timing
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
-from rl_curriculum.train import examples
+from rl_curriculum.train.learn import examples
 
 FLAGS = flags.FLAGS
 

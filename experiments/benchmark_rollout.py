@@ -47,7 +47,7 @@ from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks import arithmetic
-from rl_curriculum.train import examples
+from rl_curriculum.train.learn import examples
 
 FLAGS = flags.FLAGS
 

@@ -26,7 +26,7 @@ spread of the tasks' accuracies (skill balance); "sec_tasks" there is SEC with o
 (1-D), plain "sec" has one per (task, bin) pair (2-D). For every two methods the summary also
 gives their difference in final held-out accuracy with a 95% interval paired per problem (every
 run answers the same held-out problems, so a problem's difficulty cancels; the interval adds the
-spread across seeds: `rl_curriculum.train.paired`), and their difference in rollouts to the
+spread across seeds: `rl_curriculum.train.report.paired`), and their difference in rollouts to the
 target (Welch interval across seeds).
 Outputs OUT/curricula_NAME.{json,md,png}. Finished runs are skipped when the command is run
 again (each run folder also resumes on its own), so a killed comparison continues where it stopped;
@@ -57,7 +57,7 @@ from ml_collections import config_flags
 from experiments import cli
 from experiments import comparison_report
 from experiments import comparison_stats
-from rl_curriculum.train import builders, warm_start
+from rl_curriculum.train.setup import builders, warm_start
 
 FLAGS = flags.FLAGS
 
@@ -226,7 +226,8 @@ def run_all(name: str, base_config, methods: Sequence[str], seeds: int, budget: 
             clock: Callable[[], float] = time.time) -> bool:
   """Runs every planned run of this shard (runs i, i + n, ... of the plan) not finished yet, in
   WORKDIR/NAME; False when SIGTERM stopped it (run it again)."""
-  from rl_curriculum.train import loop, prepare  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import loop
+  from rl_curriculum.train.setup import prepare  # pylint: disable=import-outside-toplevel
   root = os.path.join(workdir, name)
   base = os.path.join(root, "base")
   prepare.prepare(base_config, base, log=log)  # the shared SFT warm start (cached)

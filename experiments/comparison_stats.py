@@ -14,8 +14,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rl_curriculum.train import paired
-from rl_curriculum.train import summary as run_summary
+from rl_curriculum.train.report import paired
+from rl_curriculum.train.report import summary as run_summary
 
 # ---------------------------------------------------------------------------------------------
 # Numbers: intervals, curve areas, crossings.

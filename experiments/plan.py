@@ -8,7 +8,7 @@ CPU devices, without weights, and prints per-device memory from XLA's analysis.
 
 The model's shape comes from `config.model.preset`, or from the config.json of an HF folder named
 by `config.model.source`; no weights are read. Exit status 0 when every program fits, 1 when one
-does not, 2 for a bad config. See rl_curriculum/train/plan.py for what the numbers mean.
+does not, 2 for a bad config. See rl_curriculum/plan/planner.py for what the numbers mean.
 """
 
 import os
@@ -58,8 +58,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import validation  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.setup import validation  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.plan import planner as plan  # pylint: disable=import-outside-toplevel
   if jax.device_count() != FLAGS.devices:
     raise app.UsageError(f"JAX sees {jax.device_count()} devices, not {FLAGS.devices}: run this "
                          "file as a script (python -m experiments.plan), which sets XLA_FLAGS")

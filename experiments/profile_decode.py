@@ -39,7 +39,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import prompt_prefill
 from rl_curriculum.sampling import strategies
-from rl_curriculum.train import examples
+from rl_curriculum.train.learn import examples
 
 FLAGS = flags.FLAGS
 

@@ -4,12 +4,12 @@ Overrides follow the config's field names, e.g. `--config.rl.steps=50
 --config.curriculum.name=uniform --config.curriculum.options={}` (a curriculum other than SEC takes
 other options). Running the same command again resumes from the workdir, from its newest intact
 checkpoint, with the config it was started with (fields such as rl.steps may change:
-rl_curriculum/train/workdir.py); `--allow_config_change` goes on with other values, logged.
+rl_curriculum/train/durable/workdir.py); `--allow_config_change` goes on with other values, logged.
 Exit status: 0 done, 1 the run stopped (a checkpoint it could not write, a collapsed policy), 2
 a bad command line or config, or a workdir another process is writing; each is one line.
 `--plan_only` compiles the run's sampler and learn step for the devices this process sees,
 without weights, prints their memory per device against `--hbm_gib` (default: the device's own
-limit) and exits (rl_curriculum/train/plan.py; `python -m experiments.plan` does the same on fake
+limit) and exits (rl_curriculum/plan/planner.py; `python -m experiments.plan` does the same on fake
 CPU devices).
 """
 
@@ -21,14 +21,16 @@ from absl import logging
 from ml_collections import config_flags
 
 from experiments import cli
-from rl_curriculum.train import checkpointing, loop, recovery, validation, workdir
+from rl_curriculum.train.durable import checkpointing, recovery, workdir
+from rl_curriculum.train import loop
+from rl_curriculum.train.setup import validation
 
 FLAGS = flags.FLAGS
 
 
 def _plan_only() -> int:
   import jax  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import plan  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.plan import planner as plan  # pylint: disable=import-outside-toplevel
   hbm = FLAGS.hbm_gib
   if not hbm:
     stats = jax.devices()[0].memory_stats() or {}

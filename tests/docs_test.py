@@ -15,7 +15,7 @@ from rl_curriculum import curriculum
 from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.examples import target_success as example
-from rl_curriculum.train import builders, validation
+from rl_curriculum.train.setup import builders, validation
 import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

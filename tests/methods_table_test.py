@@ -14,8 +14,16 @@ from ml_collections import config_flags
 import numpy as np
 import pytest
 
-from rl_curriculum.train import budget, builders, loop, report, rl_types, validation
-from rl_curriculum.train.metrics import read_jsonl
+from rl_curriculum.train.rollout import budget
+
+from rl_curriculum.train.setup import builders, validation
+
+from rl_curriculum.train import loop
+
+from rl_curriculum.train.report import figures
+
+from rl_curriculum.train.learn import rl_types
+from rl_curriculum.train.report.metrics import read_jsonl
 import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,9 +185,9 @@ def _one_step(overrides, workdir: str) -> dict:
   warm start of those settings (rows that change the model, e.g. LoRA, share theirs)."""
   config = config_with([*overrides, "--config.rl.steps=1"])
   test_util.copy_warm_start(test_util.shared_warm_start(config), workdir)
-  # The plots of report.png are not what a row is about (tests/train/metrics_test.py checks
+  # The plots of report.png are not what a row is about (tests/train/report/metrics_test.py checks
   # them); drawing them would take a sixth of a row's time.
-  with mock.patch.object(report, "write_report", lambda *args, **kwargs: {}):
+  with mock.patch.object(figures, "write_report", lambda *args, **kwargs: {}):
     loop.train_and_evaluate(config, workdir)
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1]

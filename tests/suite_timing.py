@@ -38,7 +38,7 @@ def _listen(event, seconds, **kwargs):
 
 def pytest_configure(config):
   import jax  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import sft  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.setup import sft  # pylint: disable=import-outside-toplevel
   jax.monitoring.register_event_duration_secs_listener(_listen)
   run_sft = sft.run_sft
 

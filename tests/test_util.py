@@ -24,8 +24,9 @@ import pytest
 from configs import scratch
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.train import builders, rl_step, warm_start
-from rl_curriculum.train.rl_types import LearnConfig
+from rl_curriculum.train.setup import builders, warm_start
+from rl_curriculum.train.learn import rl_step
+from rl_curriculum.train.learn.rl_types import LearnConfig
 from rl_curriculum.types import Feedback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,7 +154,7 @@ def shared_warm_start(config) -> str:
   once per test run for each `warm_start.fingerprint` and shared by every test and xdist worker:
   the first to ask builds it under a file lock, the others wait and reuse it. It lives in the
   run's shared folder (conftest.py), or in a fresh temporary folder outside a test run."""
-  from rl_curriculum.train import prepare  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.setup import prepare  # pylint: disable=import-outside-toplevel
   if SHARED not in os.environ:
     os.environ[SHARED] = tempfile.mkdtemp(prefix="rl_curriculum_tests_")
   root = os.path.join(os.environ[SHARED], "warm_starts")
@@ -189,7 +190,7 @@ def run_rl(config, workdir: str, warm_from: Optional[str] = "shared",
   else that of workdir `warm_from`; with `warm_from=None` it makes its own. A workdir holding
   checkpoints made with another config is resumed only with `allow_config_change`."""
   from rl_curriculum.train import loop  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.report.metrics import read_jsonl  # pylint: disable=import-outside-toplevel
   if warm_from == "shared":
     warm_from = shared_warm_start(config)
   if warm_from is not None:
@@ -220,7 +221,7 @@ def saved_state(workdir: str, step: Optional[int] = None) -> tuple[int, dict]:
   """(step, saved state) of checkpoint `step` of a run's workdir (None: the newest), read back
   as it was written."""
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train import checkpointing  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.durable import checkpointing  # pylint: disable=import-outside-toplevel
   manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
   step = manager.latest_step() if step is None else step
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))

@@ -38,8 +38,8 @@ from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import PRESETS
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train import rl_step
-from rl_curriculum.train.rl_types import Batch, LearnConfig
+from rl_curriculum.train.learn import rl_step
+from rl_curriculum.train.learn.rl_types import Batch, LearnConfig
 from rl_curriculum.train.state import init_train_state
 
 GIB = 1024 ** 3

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from experiments.benchmark import timing
-from rl_curriculum.train import examples
+from rl_curriculum.train.learn import examples
 
 
 def torch_threads() -> int:

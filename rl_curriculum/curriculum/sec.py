@@ -1,7 +1,7 @@
 """SEC, the Self-Evolving Curriculum: curriculum selection as a non-stationary K-armed bandit.
 
 Each arm is a category of prompts: a difficulty bin, a task, or a (task, bin) pair of a task
-mixture (the "2-D" arms; `train.data.arms_of` lays a run's arms out).
+mixture (the "2-D" arms; `train.setup.data.arms_of` lays a run's arms out).
 After every step each sampled arm k gets a reward R[k] (`sec_arm_rewards`), its value moves toward
 it, `Q[k] <- Q[k] + alpha (R[k] - Q[k])` (`sec_update_q`), and the next batch draws its arms from a
 distribution over Q (`sec_probabilities`, Boltzmann by default).

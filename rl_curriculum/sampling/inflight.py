@@ -1,7 +1,7 @@
 """Rollouts in flight across RL steps: W generations of rows in one continuous engine.
 
 A call of `continuous.sample` decodes one batch of rows to the end. With rollouts overlapped with
-learning (`train.pipeline`) the batches of W steps are in flight at once: each step queues one
+learning (`train.rollout.pipeline`) the batches of W steps are in flight at once: each step queues one
 more batch (a generation of rows) behind the others, decodes for a while with the newest weights,
 and takes the oldest batch out once its rows have stopped. The engine state holds every
 generation's rows, prompt keys and values and queue positions, so a row that has not stopped when

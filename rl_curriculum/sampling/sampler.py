@@ -15,7 +15,7 @@ cached by `jax.jit`:
 
 Log-probs: `Rollout.logprobs[b, t] = log_softmax(logits / temperature)[token]`, the log-prob of
 the token under the tempered policy the tokens were drawn from (the RL losses compute their
-log-probs the same way, `train.forward`), before top-k and top-p: a filter renormalises over fewer
+log-probs the same way, `train.learn.forward`), before top-k and top-p: a filter renormalises over fewer
 tokens, and these log-probs do not account for it. With `greedy` the temperature is ignored and the
 log-probs are those of the raw logits.
 

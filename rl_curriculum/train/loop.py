@@ -27,12 +27,18 @@ import ml_collections
 
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import budget, checkpointing, features, pipeline
-from rl_curriculum.train import programs as programs_lib, recovery, relora
-from rl_curriculum.train import rollouts, summary, validation
-from rl_curriculum.train import workdir as workdir_lib
-from rl_curriculum.train.metrics import MetricsWriter
-from rl_curriculum.train.prepare import (Prepared, prepare, rl_root_key, rollout_mesh, run_mesh,
+from rl_curriculum.train.rollout import budget, pipeline
+from rl_curriculum.train.durable import checkpointing
+from rl_curriculum.train.setup import features
+from rl_curriculum.train import programs as programs_lib
+from rl_curriculum.train.durable import recovery
+from rl_curriculum.train.learn import relora
+from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.report import summary
+from rl_curriculum.train.setup import validation
+from rl_curriculum.train.durable import workdir as workdir_lib
+from rl_curriculum.train.report.metrics import MetricsWriter
+from rl_curriculum.train.setup.prepare import (Prepared, prepare, rl_root_key, rollout_mesh, run_mesh,
                                         step_keys, token_ids)
 from rl_curriculum.train.state import RunState, checkpoint_tree, with_checkpoint
 
@@ -68,7 +74,7 @@ class Loop(NamedTuple):
   config: ml_collections.ConfigDict
   run: Prepared
   programs: programs_lib.Programs
-  layout: rollouts.RowLayout
+  layout: batches.RowLayout
   ref: Any                   # the KL reference's weights on the mesh, or None
   root: jax.Array            # the RL phase's root key (`prepare.rl_root_key`)
   manager: Any               # the checkpoint manager of workdir/checkpoints
@@ -140,7 +146,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   """Phases 2-4 (the config checked, the workdir locked): (loop, placed run state, step it
   continues after, held-out accuracy before RL, measured now on a fresh run)."""
   mesh = run_mesh(config)
-  layout = rollouts.row_layout(config, mesh)
+  layout = batches.row_layout(config, mesh)
   side = pipeline.rollout_side(config, rollout_mesh(config, mesh), mesh)
   log = _main_process_print
   run = prepare(config, workdir, log, task=task)

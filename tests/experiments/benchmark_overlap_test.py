@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments import benchmark_overlap
-from rl_curriculum.train import prepare
+from rl_curriculum.train.setup import prepare
 import test_util
 
 STEPS = 3

@@ -10,8 +10,8 @@ import pytest
 
 from configs import compare
 from experiments import compare_curricula as cc
-from rl_curriculum.train import builders
-from rl_curriculum.train import validation
+from rl_curriculum.train.setup import builders
+from rl_curriculum.train.setup import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,7 +39,8 @@ def test_plan_gives_every_method_the_same_rollouts():
 
 def test_wall_time_of_a_run_stopped_by_sigterm_is_kept(tmp_path, monkeypatch):
   """A run preempted after 30 s and finished in 10 s more reports 40 s."""
-  from rl_curriculum.train import loop, prepare  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train import loop
+  from rl_curriculum.train.setup import prepare  # pylint: disable=import-outside-toplevel
   outcomes = iter([{"preempted_at": 2}, {}])
   monkeypatch.setattr(prepare, "prepare", lambda *args, **kwargs: None)
   monkeypatch.setattr(loop, "train_and_evaluate", lambda config, folder: next(outcomes))

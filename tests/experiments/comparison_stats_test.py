@@ -7,7 +7,7 @@ from scipy import stats
 
 from experiments import comparison_report as cr
 from experiments import comparison_stats as cs
-from rl_curriculum.train import paired
+from rl_curriculum.train.report import paired
 
 
 @pytest.mark.parametrize("values", [[0.2, 0.4], [1.0, 2.0, 4.0, 8.0], list(np.linspace(0, 1, 12)),

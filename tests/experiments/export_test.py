@@ -19,7 +19,7 @@ from configs import toy
 from experiments import export
 from rl_curriculum.model import pretrained, transformer
 from rl_curriculum.train import loop
-from rl_curriculum.train import prepare as prepare_lib
+from rl_curriculum.train.setup import prepare as prepare_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL = dict(atol=1e-4, rtol=0)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from experiments import faults
-from rl_curriculum.train import checkpointing
+from rl_curriculum.train.durable import checkpointing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

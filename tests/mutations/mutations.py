@@ -119,16 +119,16 @@ MUTATIONS = (
         ("tests/sampling/sampler_test.py",)),
     Mutation(
         "held_out_split", "trained bins draw their held-out sets from the trainable prompts",
-        "rl_curriculum/train/data.py",
+        "rl_curriculum/train/setup/data.py",
         "exclude=is_trainable if trained else None)",
         "exclude=is_held_out if trained else None)",
-        ("tests/train/data_test.py",)),
+        ("tests/train/setup/data_test.py",)),
     Mutation(
         "rollback_due", "a rollback needs one skipped update more than rollback_after",
-        "rl_curriculum/train/recovery.py",
+        "rl_curriculum/train/durable/recovery.py",
         "return rollback_after > 0 and health.streak >= rollback_after",
         "return rollback_after > 0 and health.streak > rollback_after",
-        ("tests/train/recovery_test.py", _ROLLBACK)),
+        ("tests/train/durable/recovery_test.py", _ROLLBACK)),
     Mutation(
         "resume_step", "a resumed run repeats the step its checkpoint was saved after",
         "rl_curriculum/train/loop.py",

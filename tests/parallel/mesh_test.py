@@ -11,7 +11,7 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import kv_cache, transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import builders
+from rl_curriculum.train.setup import builders
 from rl_curriculum.train.state import init_train_state
 
 

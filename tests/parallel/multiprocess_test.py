@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import toy
-from rl_curriculum.train.metrics import read_jsonl
+from rl_curriculum.train.report.metrics import read_jsonl
 import test_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))

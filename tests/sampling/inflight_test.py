@@ -17,9 +17,9 @@ from rl_curriculum.rl import losses
 from rl_curriculum.rl import stability
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
-from rl_curriculum.train import forward, rl_step
-from rl_curriculum.train import view as view_lib
-from rl_curriculum.train.rl_types import Batch
+from rl_curriculum.train.learn import forward, rl_step
+from rl_curriculum.train.learn import view as view_lib
+from rl_curriculum.train.learn.rl_types import Batch
 import test_util
 
 V, P, G, TP, N = 64, 2, 4, 6, 9

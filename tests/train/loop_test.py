@@ -13,12 +13,14 @@ import pytest
 from configs import toy
 from rl_curriculum import tasks
 from rl_curriculum.tasks import data as tasks_data
-from rl_curriculum.train import data, features, loop, rollouts, validation
-from rl_curriculum.train import prepare as prepare_lib
-from rl_curriculum.train import summary as summary_lib
-from rl_curriculum.train import warm_start
-from rl_curriculum.train import workdir as workdir_lib
-from rl_curriculum.train.metrics import read_jsonl
+from rl_curriculum.train.setup import data, features, validation
+from rl_curriculum.train import loop
+from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.setup import prepare as prepare_lib
+from rl_curriculum.train.report import summary as summary_lib
+from rl_curriculum.train.setup import warm_start
+from rl_curriculum.train.durable import workdir as workdir_lib
+from rl_curriculum.train.report.metrics import read_jsonl
 import test_util
 
 ROOT = test_util.ROOT
@@ -203,7 +205,7 @@ def test_a_non_finite_reward_is_rejected_on_the_host_naming_task_and_prompt():
                              num_arms=1)
   with pytest.raises(ValueError, match=re.escape(
       f"task 'arithmetic' scored nan (not finite) for prompt '{problems[0].prompt}'")):
-    rollouts.score_completions(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
+    batches.score_completions(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
 
 
 @pytest.mark.parametrize("override,message", [

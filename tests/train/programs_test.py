@@ -8,8 +8,13 @@ import pytest
 from configs import toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train import builders, examples, loop, pipeline, plan, prepare, programs
-from rl_curriculum.train import rollouts, validation
+from rl_curriculum.train.setup import builders, prepare
+from rl_curriculum.train.learn import examples
+from rl_curriculum.train import loop, programs
+from rl_curriculum.train.rollout import pipeline
+from rl_curriculum.plan import planner as plan
+from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.setup import validation
 import test_util
 
 
@@ -36,7 +41,7 @@ def _first_rollout(config, workdir):
   root = prepare.rl_root_key(config)
   side = pipeline.rollout_side(config, prepare.rollout_mesh(config, mesh), mesh)
   steps = loop.Loop(config=config, run=run, programs=progs,
-                    layout=rollouts.row_layout(config, mesh), ref=None, root=root, manager=None,
+                    layout=batches.row_layout(config, mesh), ref=None, root=root, manager=None,
                     merge=None, log=lambda _: None, workdir=workdir, side=side)
   state = pipeline.attach(config, run, progs, side, root, programs.place(progs, state))
   params, before = pipeline.rollout_policy(steps, state), pipeline.engine_counters(state)

@@ -1,0 +1,4 @@
+"""Will a config fit? The run's programs compiled ahead of time from abstract shapes.
+
+  planner  every program of a run compiled for the devices JAX sees, memory per device
+"""

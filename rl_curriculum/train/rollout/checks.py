@@ -1,0 +1,144 @@
+"""The rollout side of a run's config, checked: the engine, its decode slots and prefill chunk,
+rollouts in flight across steps (staleness bound, decode budget, admission) and the rollout mesh.
+
+  validate(config)                          # part of `validation.validate`: no device touched
+  check_decode_slots(config, batch_shards)  # once the mesh is known
+  check_prefill_chunk(config, prompt_len)   # once the data is built
+  split_devices(config, devices)            # (learner devices, rollout devices) of this run
+
+Each check raises `errors.ConfigError` naming the field.
+"""
+
+from typing import Sequence
+
+import ml_collections
+
+from rl_curriculum.sampling.continuous import ENGINES
+from rl_curriculum.sampling.inflight import ADMISSIONS
+from rl_curriculum.train.setup.errors import fail
+
+__all__ = ["OFF_POLICY_CORRECTIONS", "in_flight", "validate", "check_decode_slots",
+           "check_prefill_chunk", "split_devices"]
+
+# rl.off_policy_correction: "required" (rollouts in flight must say how the learn step corrects
+# for the older weights that drew a batch) or "none" (they train uncorrected, on purpose).
+OFF_POLICY_CORRECTIONS = ("required", "none")
+
+
+def in_flight(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run keeps rollouts in flight across steps (`train.rollout.pipeline`): batches sampled
+  ahead (rl.max_staleness > 0), partial rollouts (rl.decode_budget > 0) or a rollout mesh apart
+  from the learner's (parallel.rollout_devices > 0). Otherwise each step samples its own batch."""
+  return (config.rl.max_staleness > 0 or config.rl.decode_budget > 0
+          or config.parallel.rollout_devices > 0)
+
+
+def _whole(value, minimum: int) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """The engine's fields (a known engine, slots >= 1, halvings and a prefill chunk >= 0; the mesh
+  and the prompt buffer are checked where they are known) and those of rollouts in flight."""
+  rl = config.rl
+  if rl.engine not in ENGINES:
+    fail("rl.engine", f"must be one of {ENGINES}, got {rl.engine!r}")
+  if not _whole(rl.decode_slots, 1):
+    fail("rl.decode_slots", f"must be a whole number >= 1 (decode slots of the continuous "
+         f"engine), got {rl.decode_slots!r}")
+  if not _whole(rl.decode_shrink, 0):
+    fail("rl.decode_shrink", f"must be a whole number >= 0 (halvings of the decode slots, 0 = "
+         f"fixed), got {rl.decode_shrink!r}")
+  if not _whole(rl.prefill_chunk, 0):
+    fail("rl.prefill_chunk", f"must be a whole number >= 0 (0 = the whole prompt), got "
+         f"{rl.prefill_chunk!r}")
+  if not _whole(rl.max_staleness, 0):
+    fail("rl.max_staleness", f"must be a whole number >= 0 (policy versions a trained token may "
+         f"lag; 0 = synchronous), got {rl.max_staleness!r}")
+  if not _whole(rl.decode_budget, 0):
+    fail("rl.decode_budget", f"must be a whole number >= 0 (decode iterations a step; 0 = until "
+         f"every queued row stops), got {rl.decode_budget!r}")
+  if rl.admission not in ADMISSIONS:
+    fail("rl.admission", f"must be one of {ADMISSIONS}, got {rl.admission!r}")
+  if rl.off_policy_correction not in OFF_POLICY_CORRECTIONS:
+    fail("rl.off_policy_correction", f"must be one of {OFF_POLICY_CORRECTIONS}, got "
+         f"{rl.off_policy_correction!r}")
+  if not _whole(config.parallel.rollout_devices, 0):
+    fail("parallel.rollout_devices", f"must be a whole number >= 0 (0 = the learner's devices "
+         f"sample too), got {config.parallel.rollout_devices!r}")
+  if not in_flight(config):
+    return
+  if rl.engine != "continuous":
+    fail("rl.engine", "rollouts in flight across steps (rl.max_staleness, rl.decode_budget or "
+         "parallel.rollout_devices > 0) live in the continuous engine: set rl.engine="
+         "'continuous'")
+  _validate_off_policy(rl)
+  if rl.admission == "drop" and (rl.max_staleness < 1 or rl.decode_budget < 1):
+    fail("rl.admission", "'drop' evicts a batch's rows that have not stopped when its step "
+         "comes, which needs partial rollouts: rl.max_staleness >= 1 and rl.decode_budget >= 1 "
+         f"(got {rl.max_staleness} and {rl.decode_budget})")
+  if rl.temperature_target > 0:
+    fail("rl.temperature_target", "the adaptive temperature moves with every update, and a "
+         "batch in flight was sampled at an older one than the learn step would read: use it "
+         "with rl.max_staleness = rl.decode_budget = parallel.rollout_devices = 0")
+
+
+def _validate_off_policy(rl: ml_collections.ConfigDict) -> None:
+  """Rollouts in flight (rl.max_staleness > 0) train on tokens drawn by weights up to k versions
+  old. With one optimizer step a batch the old policy is the policy itself (ratio 1), so nothing
+  weighs a stale token by its behaviour policy unless the config says how: truncated importance
+  weights (rl.tis_cap > 0), the interpolated proximal policy (rl.proximal = loglinear), or
+  rl.off_policy_correction = none to train them uncorrected on purpose."""
+  corrected = rl.tis_cap > 0 or rl.proximal == "loglinear"
+  if rl.max_staleness > 0 and rl.off_policy_correction == "required" and not corrected:
+    fail("rl.max_staleness", f"{rl.max_staleness} trains tokens drawn by older weights with no "
+         "correction for them: set rl.tis_cap > 0 (truncated importance sampling), "
+         "rl.proximal='loglinear' (decoupled PPO), or rl.off_policy_correction='none' to train "
+         "them uncorrected on purpose")
+
+
+def check_decode_slots(config: ml_collections.ConfigDict, batch_shards: int) -> None:
+  """The continuous engine's decode slots against the rollout mesh's data x fsdp =
+  `batch_shards`."""
+  rl = config.rl
+  if rl.engine == "continuous" and rl.decode_slots % batch_shards:
+    fail("rl.decode_slots", f"{rl.decode_slots} decode slots do not split over data x fsdp = "
+         f"{batch_shards} devices (use a multiple of {batch_shards})")
+
+
+def check_prefill_chunk(config: ml_collections.ConfigDict, prompt_len: int) -> None:
+  """The prefill chunk against the prompt buffer of `prompt_len` tokens (known once the data
+  is built)."""
+  if config.rl.prefill_chunk > prompt_len:
+    fail("rl.prefill_chunk", f"{config.rl.prefill_chunk} is longer than the prompt buffer "
+         f"({prompt_len} tokens); use at most {prompt_len}, or 0 for the whole prompt")
+
+
+def split_devices(config: ml_collections.ConfigDict, devices: Sequence,
+                  process_count: int = 1) -> tuple[list, list]:
+  """(learner devices, rollout devices) of `devices` (every process's, in `jax.devices()`
+  order): each process gives its last `parallel.rollout_devices / process_count` devices to
+  the rollout mesh; with rollout_devices = 0 the learner's devices sample too (the same list
+  twice).
+
+  Raises:
+    ConfigError: the split leaves the learner no device, or does not divide over processes.
+  """
+  wanted = config.parallel.rollout_devices
+  devices = list(devices)
+  if wanted == 0:
+    return devices, devices
+  if wanted >= len(devices) or wanted % process_count:
+    fail("parallel.rollout_devices", f"{wanted} rollout devices of {len(devices)} (over "
+         f"{process_count} processes) must leave the learner at least one device on every "
+         f"process and divide over the processes")
+  per_process = wanted // process_count
+  by_process = {}
+  for device in devices:
+    by_process.setdefault(device.process_index, []).append(device)
+  if any(len(mine) <= per_process for mine in by_process.values()):
+    fail("parallel.rollout_devices", f"{per_process} rollout devices a process leave a "
+         f"process with no learner device")
+  learner = [d for mine in by_process.values() for d in mine[:len(mine) - per_process]]
+  rollout = [d for mine in by_process.values() for d in mine[len(mine) - per_process:]]
+  return learner, rollout
