@@ -93,10 +93,10 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
   trainable weights and its step times to workdir/overlap_result.npz."""
   # pylint: disable=import-outside-toplevel
   from rl_curriculum.parallel import distributed
-  from rl_curriculum.train.rollout import budget
-  from rl_curriculum.train.setup import features, prepare
   from rl_curriculum.train import programs as programs_lib
+  from rl_curriculum.train.rollout import budget
   from rl_curriculum.train.rollout import batches
+  from rl_curriculum.train.setup import features, prepare
   jax.config.update("jax_cross_host_transfer_socket_address", f"127.0.0.1:{port + 1 + role}")
   distributed.initialize(f"127.0.0.1:{port}", 2, role)
   config = model_config(name, steps)
@@ -285,8 +285,8 @@ def run_overlap(name: str, steps: int, folder: str) -> dict:
 def final_policy(config, run, folder: str, overlapped: bool):
   """The run's final weights as the forward passes take them."""
   # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train.learn import forward
   from rl_curriculum.train import loop
+  from rl_curriculum.train.learn import forward
   if not overlapped:
     return loop.restore_params(config, run, folder)[1]
   with np.load(os.path.join(folder, "overlap_result.npz")) as f:

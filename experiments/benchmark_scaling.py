@@ -32,8 +32,8 @@ from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train.learn import examples
 from rl_curriculum.train import programs as programs_lib
+from rl_curriculum.train.learn import examples
 
 FLAGS = flags.FLAGS
 

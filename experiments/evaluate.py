@@ -19,8 +19,8 @@ import jax
 from ml_collections import config_flags
 
 from experiments import cli
-from rl_curriculum.train.report import evaluation
 from rl_curriculum.train import loop
+from rl_curriculum.train.report import evaluation
 from rl_curriculum.train.setup import prepare
 
 FLAGS = flags.FLAGS

@@ -34,8 +34,8 @@ from experiments import cli
 from rl_curriculum.model import hf_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
-from rl_curriculum.train.setup import validation
 from rl_curriculum.train.loop import restore_params
+from rl_curriculum.train.setup import validation
 from rl_curriculum.train.setup.prepare import prepare
 
 FORMATS = ("hf", "peft")

@@ -49,8 +49,8 @@ import orbax.checkpoint as ocp
 
 from experiments import cli
 from rl_curriculum.train.durable import checkpointing
-from rl_curriculum.train.setup import warm_start
 from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.setup import warm_start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = ("kill", "kill_in_save", "damage", "full_disk", "second_writer", "config_change",

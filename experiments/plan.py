@@ -58,8 +58,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=import-outside-toplevel
-  from rl_curriculum.train.setup import validation  # pylint: disable=import-outside-toplevel
   from rl_curriculum.plan import planner as plan  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.setup import validation  # pylint: disable=import-outside-toplevel
   if jax.device_count() != FLAGS.devices:
     raise app.UsageError(f"JAX sees {jax.device_count()} devices, not {FLAGS.devices}: run this "
                          "file as a script (python -m experiments.plan), which sets XLA_FLAGS")

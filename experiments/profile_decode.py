@@ -8,7 +8,7 @@ times, on `--slots` decode slots with every slot busy, one iteration of the cont
 decode loop and its parts, each as its own jitted program (median of `--repeats` calls):
 
   loop_iteration  continuous.run over rows = slots, every row to max_new_tokens, / iterations
-  forward         transformer.decode_slots: the blocks, the output head, the cache write (16
+  forward         decoding.decode_slots: the blocks, the output head, the cache write (16
                   in a loop carrying the cache, as the decode loop does, / 16), at three
                   completion lengths: its growth with the key positions read is the attention
                   over the cache
@@ -34,6 +34,7 @@ import numpy as np
 from experiments import benchmark_rollout
 from experiments.benchmark import peak
 from experiments.benchmark import timing
+from rl_curriculum.model import decoding
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.sampling import continuous
@@ -109,8 +110,8 @@ def profile(policy, slots: int, prompts: int, tp: int, n: int, repeats: int) -> 
     def forward(params, cache):
       def body(_, carry):
         cache, total = carry
-        logits, cache = transformer.decode_slots(graphdef, params, token, positions,
-                                                 fresh.prompt_mask, cache, index)
+        logits, cache = decoding.decode_slots(graphdef, params, token, positions,
+                                              fresh.prompt_mask, cache, index)
         return cache, total + logits[0, 0]
       return jax.lax.fori_loop(0, inner, body, (cache, jnp.float32(0)))[1]
     return _median(lambda: forward(params, fresh.cache), repeats) / inner

@@ -21,8 +21,8 @@ from absl import logging
 from ml_collections import config_flags
 
 from experiments import cli
-from rl_curriculum.train.durable import checkpointing, recovery, workdir
 from rl_curriculum.train import loop
+from rl_curriculum.train.durable import checkpointing, recovery, workdir
 from rl_curriculum.train.setup import validation
 
 FLAGS = flags.FLAGS

@@ -24,9 +24,9 @@ import pytest
 from configs import scratch
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.train.setup import builders, warm_start
 from rl_curriculum.train.learn import rl_step
 from rl_curriculum.train.learn.rl_types import LearnConfig
+from rl_curriculum.train.setup import builders, warm_start
 from rl_curriculum.types import Feedback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,9 +21,9 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train.learn import examples
 from rl_curriculum.train import loop
 from rl_curriculum.train import programs as programs_lib
+from rl_curriculum.train.learn import examples
 from rl_curriculum.train.report.metrics import read_jsonl
 from rl_curriculum.types import Feedback
 

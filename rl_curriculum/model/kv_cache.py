@@ -1,8 +1,8 @@
 """The decoder's KV cache: the keys and values of every layer, row and slot.
 
 A cache of S slots holds, for each of B rows, the keys (rotary embedding applied) and values of
-every layer in the activation dtype (`config.dtype`). `transformer.prefill` writes the
-left-padded prompts into slots 0 .. Tp-1; each `transformer.decode_step` then writes one new
+every layer in the activation dtype (`config.dtype`). `decoding.prefill` writes the
+left-padded prompts into slots 0 .. Tp-1; each `decoding.decode_step` then writes one new
 token per row, all rows at the same slot. Queries attend to the slots `cache_key_mask` marks
 valid (the prompt's real tokens and every later slot) up to their own slot.
 

@@ -25,6 +25,7 @@ from flax import nnx
 
 from rl_curriculum.model import hf_io
 from rl_curriculum.model import lora as lora_lib
+from rl_curriculum.model import safetensors_io
 
 # The PEFT module of each LoRA target.
 _PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
@@ -118,7 +119,7 @@ def save_adapters(params: nnx.State, lora_config: lora_lib.LoRAConfig,
       else:                      # [r, *out] -> [out, r]
         matrix = layer_value.reshape(layer_value.shape[0], -1).T
       tensors[_adapter_name(layer, path)] = matrix
-  hf_io.write_safetensors(tensors, folder, prefix="adapter_model")
+  safetensors_io.write_safetensors(tensors, folder, prefix="adapter_model")
   with open(os.path.join(folder, "adapter_config.json"), "w") as f:
     json.dump({
         "peft_type": "LORA",

@@ -55,6 +55,7 @@ from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import peft_io
 from rl_curriculum.model import placement
+from rl_curriculum.model import safetensors_io
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.hf_tokenizer import HFTokenizer, tokenizer_from_gguf
@@ -276,7 +277,7 @@ def load_pretrained(source: str, *, dtype: str = "float32",
     config, family = hf_io.config_from_hf(hf, dtype=dtype)
     context_length = int(hf.get("max_position_embeddings") or context_length)
     tokenizer = _folder_tokenizer(path)
-    tensors = hf_io.iter_safetensors(path)
+    tensors = safetensors_io.iter_safetensors(path)
   else:
     gguf_file = gguf_io.read_gguf(path)
     config, family = gguf_io.config_from_gguf(gguf_file.metadata, gguf_file.tensor_names,
@@ -395,7 +396,7 @@ def save_pretrained(policy: Policy, folder: str, *, merge_lora: bool = True,
     full = lora_lib.merge(full)
   base = {p: v.get_value() for p, v in _flat(full).items() if not lora_lib.is_lora(v)}
   tensors = hf_io.hf_tensors({p: np.asarray(jax.device_get(a)) for p, a in base.items()})
-  hf_io.write_safetensors(tensors, folder, max_shard_bytes=max_shard_bytes)
+  safetensors_io.write_safetensors(tensors, folder, max_shard_bytes=max_shard_bytes)
   tok = policy.tokenizer
   ids = {}
   if tok is not None:

@@ -25,7 +25,9 @@ pytree for optax and checkpointing):
   logits = logits_from_hidden(graphdef, params, hidden)         # the output head alone
 
 `params` may be one `nnx.State` or a tuple of states from a filtered split, e.g.
-`(lora_state, base_state)` from `nnx.split(model, lora.LoRAWeight, ...)`.
+`(lora_state, base_state)` from `nnx.split(model, lora.LoRAWeight, ...)`. Cache-based inference
+on the same (graphdef, params) is in `decoding.py`: `prefill` of a prompt batch into a KV cache,
+then `decode_step` (or `decode_slots` over a prefix-shared cache) one token at a time.
 
 Two layouts of the block stack (`config.scan_layers`), the same function: `blocks` is an
 `nnx.List` of L blocks (unrolled), or ONE `Block` whose parameters carry a leading layer axis
@@ -422,77 +424,3 @@ def forward(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
   mask = mask.astype(bool)
   logits, _ = model(tokens, rope.positions_from_mask(mask), mask)
   return logits
-
-
-def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax.Array,
-            cache_length: int, *, constrain: Optional[Callable[[Any, int], Any]] = None
-            ) -> Tuple[jax.Array, kv_cache.KVCache]:
-  """Runs a left-padded prompt batch into a fresh cache.
-
-  Args:
-    tokens: i32[B, Tp] prompts, left-padded; mask: bool[B, Tp] True on real tokens (every row
-      needs at least one).
-    cache_length: S >= Tp, total slots (prompt plus tokens to generate); static.
-    constrain: see `Transformer.hidden`.
-
-  Returns:
-    (f32[B, V] logits of the token after each prompt, KVCache with slots 0..Tp-1 written).
-  """
-  model = merge_params(graphdef, params)
-  b, tp = tokens.shape
-  if cache_length < tp:
-    raise ValueError(f"cache_length {cache_length} is shorter than the prompt ({tp}).")
-  mask = mask.astype(bool)
-  cache = kv_cache.init_cache(model.config, b, cache_length)
-  key_mask = kv_cache.cache_key_mask(mask, cache_length)
-  hidden, cache = model.hidden(tokens, rope.positions_from_mask(mask), key_mask, cache,
-                               jnp.zeros((), jnp.int32), constrain=constrain)
-  return model.logits(hidden[:, -1, :]), cache
-
-
-def decode_step(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                positions: jax.Array, key_mask: jax.Array, cache: kv_cache.KVCache,
-                cache_index: jax.Array, *, constrain: Optional[Callable[[Any, int], Any]] = None
-                ) -> Tuple[jax.Array, kv_cache.KVCache]:
-  """One token per row through the cache.
-
-  Args:
-    tokens: i32[B] the newest token of each row; positions: i32[B] its rotary position.
-    key_mask: bool[B, S] from `kv_cache.cache_key_mask`; cache: KVCache of S slots.
-    cache_index: i32[] the slot this token is written to (same for every row).
-    constrain: see `Transformer.hidden`.
-
-  Returns:
-    (f32[B, V] logits of the following token, updated KVCache).
-  """
-  model = merge_params(graphdef, params)
-  hidden, cache = model.hidden(tokens[:, None], positions[:, None], key_mask, cache, cache_index,
-                               constrain=constrain)
-  return model.logits(hidden[:, 0, :]), cache
-
-
-def decode_slots(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                 positions: jax.Array, prompt_mask: jax.Array, cache: prefix_cache.PrefixCache,
-                 index: prefix_cache.SlotIndex, *,
-                 constrain: Optional[Callable[[Any, int], Any]] = None
-                 ) -> Tuple[jax.Array, prefix_cache.PrefixCache]:
-  """One token per decode slot through a `prefix_cache.PrefixCache`: each slot reads its row's
-  prompt's keys and values (shared by the prompt's rows) and its own completion slots.
-
-  Args:
-    tokens: i32[B] the newest token of each slot; positions: i32[B] its rotary position.
-    prompt_mask: bool[P, Tp] real tokens of the cache's prompts.
-    cache: the PrefixCache (P prompts, B slots of N completion slots).
-    index: the prompt each slot continues and the completion slot its token is written to.
-    constrain: see `Transformer.hidden`.
-
-  Returns:
-    (f32[B, V] logits of each slot's next token, the cache with the new slots written). Equal,
-    for each slot and to float rounding, to `decode_step` on a `KVCache` row holding the prompt
-    and the same completion slots.
-  """
-  model = merge_params(graphdef, params)
-  key_mask = prefix_cache.key_mask(prompt_mask, index, prefix_cache.completion_length(cache))
-  hidden, cache = model.hidden(tokens[:, None], positions[:, None], key_mask, cache, index,
-                               constrain=constrain)
-  return model.logits(hidden[:, 0, :]), cache

@@ -49,13 +49,13 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train.rollout import budget, pipeline
-from rl_curriculum.train.setup import builders
 from rl_curriculum.train import programs as programs_lib
-from rl_curriculum.train.rollout import checks as rollout_checks
 from rl_curriculum.train import state as state_lib
-from rl_curriculum.train.setup import validation
 from rl_curriculum.train.learn.rl_types import Batch
+from rl_curriculum.train.rollout import budget, pipeline
+from rl_curriculum.train.rollout import checks as rollout_checks
+from rl_curriculum.train.setup import builders
+from rl_curriculum.train.setup import validation
 
 GIB = 1024 ** 3
 

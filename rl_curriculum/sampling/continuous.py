@@ -15,7 +15,7 @@ Two device programs, each compiled once per shape and cached by `jax.jit`:
          logits, the queue of the rows that go on, the first S of them in their slots
   run    EngineState -> EngineState, donated: `lax.while_loop` until every slot is empty; each
          iteration feeds every occupied slot's newest token through the model
-         (`transformer.decode_slots`), draws its next token from the logits that come out,
+         (`decoding.decode_slots`), draws its next token from the logits that come out,
          records it in its row's buffers, and refills the slots whose rows stopped from the queue
          (a refilled row's first token is already drawn, so refilling computes nothing)
 
@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_curriculum.model import decoding
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
@@ -159,7 +160,7 @@ def _advance(s: EngineState, graphdef, params, temperature, version, *, stop, pa
   fed = jnp.maximum(s.step - 1, 0)  # the completion slot of the token fed
   prompts = slots_lib.slot_prompts(s.row, shards, rows, group)
   lengths = prefix_cache.gather(jnp.sum(s.prompt_mask, axis=1, dtype=jnp.int32), prompts)
-  logits, cache = transformer.decode_slots(
+  logits, cache = decoding.decode_slots(
       graphdef, params, slots_lib.pending_tokens(s, pad_id), lengths + fed, s.prompt_mask,
       s.cache, prefix_cache.SlotIndex(prompt=prompts, step=fed), constrain=layout)
   token, logprob = strategies.draw_tokens(logits, slots_lib.slot_keys(s),

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_curriculum.model import decoding
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import rope
 from rl_curriculum.model import transformer
@@ -47,7 +48,7 @@ def prefill_prompts(graphdef: nnx.GraphDef, params: transformer.Params, tokens: 
   mask = mask.astype(bool)
   length = padded_length(tp, chunk)
   if length == tp and (chunk <= 0 or chunk >= tp):
-    logits, cache = transformer.prefill(graphdef, params, tokens, mask, tp, constrain=constrain)
+    logits, cache = decoding.prefill(graphdef, params, tokens, mask, tp, constrain=constrain)
     return logits, cache, mask
   pad = length - tp
   tokens = jnp.pad(tokens, ((0, 0), (pad, 0)))

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_curriculum.model import decoding
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
@@ -149,9 +150,9 @@ def decode(graphdef, params, state, temperature, *, top_k=0, top_p=1.0, greedy=F
 
   def advance(s):
     token, new = record(s)
-    logits, cache = transformer.decode_step(graphdef, params, token, s.positions, s.key_mask,
-                                            s.cache, prompt_len + s.step,
-                                            constrain=_row_layout(mesh))
+    logits, cache = decoding.decode_step(graphdef, params, token, s.positions, s.key_mask,
+                                         s.cache, prompt_len + s.step,
+                                         constrain=_row_layout(mesh))
     return new._replace(logits=logits, cache=cache, positions=s.positions + 1)
 
   # Tokens 0 .. N-2 are recorded and fed through the model; the last one is only recorded (its

@@ -27,17 +27,17 @@ import ml_collections
 
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train.rollout import budget, pipeline
-from rl_curriculum.train.durable import checkpointing
-from rl_curriculum.train.setup import features
 from rl_curriculum.train import programs as programs_lib
+from rl_curriculum.train.durable import checkpointing
 from rl_curriculum.train.durable import recovery
-from rl_curriculum.train.learn import relora
-from rl_curriculum.train.rollout import batches
-from rl_curriculum.train.report import summary
-from rl_curriculum.train.setup import validation
 from rl_curriculum.train.durable import workdir as workdir_lib
+from rl_curriculum.train.learn import relora
+from rl_curriculum.train.report import summary
 from rl_curriculum.train.report.metrics import MetricsWriter
+from rl_curriculum.train.rollout import budget, pipeline
+from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.setup import features
+from rl_curriculum.train.setup import validation
 from rl_curriculum.train.setup.prepare import (Prepared, prepare, rl_root_key, rollout_mesh, run_mesh,
                                         step_keys, token_ids)
 from rl_curriculum.train.state import RunState, checkpoint_tree, with_checkpoint

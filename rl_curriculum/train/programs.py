@@ -42,11 +42,11 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import sampler
+from rl_curriculum.train.durable import recovery
+from rl_curriculum.train.learn import forward, rl_step, rl_types
+from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget
 from rl_curriculum.train.setup import builders
-from rl_curriculum.train.learn import forward, rl_step, rl_types
-from rl_curriculum.train.durable import recovery
-from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.state import RunState, init_train_state, init_value_head
 
 __all__ = ["Model", "TokenIds", "Programs", "needs_reference", "reference", "value_head",

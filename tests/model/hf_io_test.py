@@ -1,7 +1,6 @@
 """Tests of rl_curriculum/model/hf_io.py (no torch needed)."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -148,37 +147,7 @@ def test_hf_config_refuses_a_block_of_another_family():
     hf_io.family_of(ModelConfig.tiny(vocab_size=8, qkv_bias=True, qk_norm=True))
 
 
-# --- files ----------------------------------------------------------------------------------------
-
-
-def test_write_and_read_safetensors_sharded_and_bfloat16(tmp_path):
-  import ml_dtypes  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(4)
-  tensors = {f"model.layers.{i}.mlp.up_proj.weight": rng.normal(size=(16, 8)).astype(np.float32)
-             for i in range(5)}
-  tensors["model.norm.weight"] = rng.normal(size=(8,)).astype(ml_dtypes.bfloat16)
-  paths = hf_io.write_safetensors(tensors, str(tmp_path), max_shard_bytes=1100)
-  assert len(paths) > 1
-  assert os.path.isfile(tmp_path / "model.safetensors.index.json")
-  read = dict(hf_io.iter_safetensors(str(tmp_path)))
-  assert sorted(read) == sorted(tensors)
-  for name, value in tensors.items():
-    assert read[name].dtype == value.dtype
-    np.testing.assert_array_equal(read[name], value)
-  one = tmp_path / "one"
-  assert hf_io.write_safetensors(tensors, str(one)) == [str(one / "model.safetensors")]
-
-
-def test_missing_weights_say_what_to_do(tmp_path):
-  with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-    hf_io.safetensors_files(str(tmp_path))
-  (tmp_path / "pytorch_model.bin").write_bytes(b"")
-  with pytest.raises(FileNotFoundError, match="convert them"):
-    hf_io.safetensors_files(str(tmp_path))
-  (tmp_path / "model.safetensors.index.json").write_text(
-      json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
-  with pytest.raises(FileNotFoundError, match="every shard"):
-    hf_io.safetensors_files(str(tmp_path))
+# --- assembling a state ---------------------------------------------------------------------------
 
 
 def test_fill_state_reports_missing_and_skips_tied_head():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rl_curriculum.model import decoding
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import layer_stacking
 from rl_curriculum.model import transformer
@@ -141,8 +142,8 @@ def test_scanned_cache_decoding_equals_full_forward_and_unrolled():
   prompts, prompt_mask = _batch(5, lengths=[5, 2, 4], width=5)
   new_tokens = np.random.default_rng(6).integers(0, 48, size=(3, 3)).astype(np.int32)
   length = 8
-  prefill = jax.jit(transformer.prefill, static_argnums=(0, 4))
-  step = jax.jit(transformer.decode_step, static_argnums=0)
+  prefill = jax.jit(decoding.prefill, static_argnums=(0, 4))
+  step = jax.jit(decoding.decode_step, static_argnums=0)
 
   def decode(graphdef, params):
     logits, cache = prefill(graphdef, params, prompts, prompt_mask, length)

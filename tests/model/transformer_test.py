@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rl_curriculum.model import decoding
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
@@ -21,8 +22,6 @@ WIDTH = 9  # every batch here is [3, WIDTH] so the jitted forward compiles once 
 LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp"}
 # Jitted once per module so tests with equal configs and shapes share the compiled programs.
 _forward = jax.jit(transformer.forward, static_argnums=0)
-_prefill = jax.jit(transformer.prefill, static_argnums=(0, 4))
-_decode_step = jax.jit(transformer.decode_step, static_argnums=0)
 
 
 def _config(name, **overrides):
@@ -163,31 +162,6 @@ def test_left_padded_row_equals_unpadded_row():
   assert np.all(np.isfinite(logits))
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_kv_cache_decoding_equals_full_forward(variant):
-  config = _config(variant)
-  graphdef, params = _randomised(config, seed=5)
-  prompt_len, num_new = 5, 4
-  prompts, prompt_mask = _left_padded_batch(6, config.vocab_size, lengths=[5, 2, 4],
-                                            width=prompt_len)
-  assert prompt_len + num_new == WIDTH
-  new_tokens = np.random.default_rng(7).integers(0, config.vocab_size, size=(3, num_new))
-  logits, cache = _prefill(graphdef, params, prompts, prompt_mask, prompt_len + num_new)
-  decoded = [logits]
-  key_mask = kv_cache.cache_key_mask(jnp.asarray(prompt_mask), prompt_len + num_new)
-  positions = prompt_mask.sum(axis=1).astype(np.int32)
-  for t in range(num_new - 1):
-    logits, cache = _decode_step(graphdef, params, new_tokens[:, t], positions + t, key_mask, cache,
-                         jnp.int32(prompt_len + t))
-    decoded.append(logits)
-
-  full_tokens = np.concatenate([prompts, new_tokens], axis=1)
-  full_mask = np.concatenate([prompt_mask, np.ones((3, num_new), bool)], axis=1)
-  full = _forward(graphdef, params, full_tokens, full_mask)
-  for t, logits in enumerate(decoded):
-    np.testing.assert_allclose(logits, full[:, prompt_len - 1 + t], atol=1e-4, rtol=0)
-
-
 @pytest.mark.parametrize("variant", test_util.fast_first(sorted(VARIANTS)))
 def test_shared_prefix_equals_full_forward_values_and_gradients(variant):
   """Two prefixes (left-padded, lengths 5 and 2), three continuations each: the shared-prefix
@@ -293,11 +267,11 @@ def test_bfloat16_params_and_activations_give_finite_logits():
   @jax.jit
   def run(params):
     logits = transformer.forward(graphdef, params, tokens, mask)
-    last, cache = transformer.prefill(graphdef, params, tokens, mask, WIDTH)
+    last, cache = decoding.prefill(graphdef, params, tokens, mask, WIDTH)
     key_mask = kv_cache.cache_key_mask(jnp.asarray(mask), WIDTH)
-    step, cache = transformer.decode_step(graphdef, params, jnp.argmax(last, -1).astype(jnp.int32),
-                                          jnp.asarray(mask.sum(1), jnp.int32), key_mask, cache,
-                                          jnp.int32(5))
+    step, cache = decoding.decode_step(graphdef, params, jnp.argmax(last, -1).astype(jnp.int32),
+                                       jnp.asarray(mask.sum(1), jnp.int32), key_mask, cache,
+                                       jnp.int32(5))
     return logits, last, step, cache
 
   logits, last, step, cache = run(params)

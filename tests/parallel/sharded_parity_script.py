@@ -32,10 +32,10 @@ from rl_curriculum.model.config import ModelConfig  # pylint: disable=wrong-impo
 from rl_curriculum.parallel import distributed  # pylint: disable=wrong-import-position
 from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=wrong-import-position
 from rl_curriculum.sampling import sampler  # pylint: disable=wrong-import-position
-from rl_curriculum.train.setup import builders
 from rl_curriculum.train.learn import forward, rl_step  # pylint: disable=wrong-import-position
-from rl_curriculum.train.state import init_train_state
 from rl_curriculum.train.learn.rl_types import Batch
+from rl_curriculum.train.setup import builders
+from rl_curriculum.train.state import init_train_state
 
 P, G, TP, T, V, K = 4, 2, 6, 5, 64, 3
 B = P * G

@@ -24,8 +24,8 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 from configs import toy  # pylint: disable=wrong-import-position
 from rl_curriculum.train import loop
-from rl_curriculum.train.setup import prepare  # pylint: disable=wrong-import-position
 from rl_curriculum.train.report.metrics import read_jsonl  # pylint: disable=wrong-import-position
+from rl_curriculum.train.setup import prepare  # pylint: disable=wrong-import-position
 
 TOKEN_METRICS = ("reward_mean", "correct_mean", "nonzero_adv_frac", "completion_len",
                  "staleness_max", "staleness_mean", "rollout/tokens")

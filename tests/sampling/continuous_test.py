@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_curriculum.model import decoding
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import transformer
@@ -182,7 +183,7 @@ def test_prefix_shared_attention_equals_repeated_cache_attention():
   cache = prefix_cache.PrefixCache(tuple(p[0] for p in prompt), tuple(p[1] for p in prompt),
                                    tuple(c[0] for c in comp), tuple(c[1] for c in comp))
   index = prefix_cache.SlotIndex(prompt=jnp.asarray(which)[None], step=jnp.asarray(step))
-  logits, new = jax.jit(transformer.decode_slots, static_argnums=0)(
+  logits, new = jax.jit(decoding.decode_slots, static_argnums=0)(
       graphdef, params, tokens, positions, prompt_mask, cache, index)
   out = []
   for s in range(slots):  # each slot alone, through a KVCache of Tp + N slots
@@ -190,8 +191,8 @@ def test_prefix_shared_attention_equals_repeated_cache_attention():
         tuple(np.concatenate([p[0][which[s]], c[0][s]])[None] for p, c in zip(prompt, comp)),
         tuple(np.concatenate([p[1][which[s]], c[1][s]])[None] for p, c in zip(prompt, comp)))
     key_mask = np.concatenate([prompt_mask[which[s]], np.ones(N, bool)])[None]
-    row, full = transformer.decode_step(graphdef, params, tokens[s:s + 1], positions[s:s + 1],
-                                        key_mask, full, TP + step[s])
+    row, full = decoding.decode_step(graphdef, params, tokens[s:s + 1], positions[s:s + 1],
+                                     key_mask, full, TP + step[s])
     out.append(row[0])
     np.testing.assert_allclose(new.k[0][s], full.k[0][0, TP:], atol=1e-5, rtol=0)
   np.testing.assert_allclose(logits, np.stack(out), atol=1e-5, rtol=0)

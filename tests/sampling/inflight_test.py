@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_curriculum.model import decoding
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.rl import losses
+from rl_curriculum.rl import off_policy
 from rl_curriculum.rl import stability
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
@@ -128,13 +129,13 @@ def test_generations_decoded_in_slices_equal_each_batch_alone(model):
   assert int(state.drawn) == sum(int(_alone(model, b, 0.9).mask.sum()) for b in batches)
 
 
-_prefill = jax.jit(transformer.prefill, static_argnums=(0, 4))
-_decode_step = jax.jit(transformer.decode_step, static_argnums=0)
+_prefill = jax.jit(decoding.prefill, static_argnums=(0, 4))
+_decode_step = jax.jit(decoding.decode_step, static_argnums=0)
 
 
 def _reference_logprobs(graphdef, weights, batch, rows, r, temperature):
   """f32[L] log-probs of row r's L recorded tokens, decoded again one token at a time through a
-  plain `KVCache` (`transformer.prefill`, `transformer.decode_step`), each token drawn from the
+  plain `KVCache` (`decoding.prefill`, `decoding.decode_step`), each token drawn from the
   logits of the weights its version names (`weights[version]`): the prompt prefilled by the
   first token's, token j fed by the weights of token j + 1, which its logits drew."""
   logp = lambda logits, token: float(jax.nn.log_softmax(logits[0] / temperature)[token])
@@ -215,8 +216,8 @@ def _learn_side(graphdef, params, batch, rows, version):
   current = forward.completion_logprobs(graphdef, params, view.prompt_tokens, view.prompt_mask,
                                         view.tokens, G)
   return {"staleness": view.staleness, "current": current,
-          "proximal": losses.loglinear_proximal_logprobs(view.sampler_logprobs, current,
-                                                         view.staleness),
+          "proximal": off_policy.loglinear_proximal_logprobs(view.sampler_logprobs, current,
+                                                             view.staleness),
           **rl_step.staleness_metrics(learn_batch, view, jnp.int32(version))}
 
 

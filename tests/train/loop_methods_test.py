@@ -15,11 +15,11 @@ import pytest
 from configs import toy
 from flax import nnx
 from rl_curriculum.model import transformer
-from rl_curriculum.train.setup import builders
-from rl_curriculum.train.durable import checkpointing, recovery
 from rl_curriculum.train import loop
-from rl_curriculum.train.setup import prepare as prepare_lib
+from rl_curriculum.train.durable import checkpointing, recovery
 from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.setup import builders
+from rl_curriculum.train.setup import prepare as prepare_lib
 import test_util
 
 # The caches a workdir keeps for its tokenizer and SFT warm start (`warm_start`), not its RL run.

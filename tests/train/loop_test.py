@@ -13,14 +13,14 @@ import pytest
 from configs import toy
 from rl_curriculum import tasks
 from rl_curriculum.tasks import data as tasks_data
-from rl_curriculum.train.setup import data, features, validation
 from rl_curriculum.train import loop
-from rl_curriculum.train.rollout import batches
-from rl_curriculum.train.setup import prepare as prepare_lib
-from rl_curriculum.train.report import summary as summary_lib
-from rl_curriculum.train.setup import warm_start
 from rl_curriculum.train.durable import workdir as workdir_lib
+from rl_curriculum.train.report import summary as summary_lib
 from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.setup import data, features, validation
+from rl_curriculum.train.setup import prepare as prepare_lib
+from rl_curriculum.train.setup import warm_start
 import test_util
 
 ROOT = test_util.ROOT

@@ -8,12 +8,12 @@ import pytest
 from configs import toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train.setup import builders, prepare
-from rl_curriculum.train.learn import examples
-from rl_curriculum.train import loop, programs
-from rl_curriculum.train.rollout import pipeline
 from rl_curriculum.plan import planner as plan
+from rl_curriculum.train import loop, programs
+from rl_curriculum.train.learn import examples
+from rl_curriculum.train.rollout import pipeline
 from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.setup import builders, prepare
 from rl_curriculum.train.setup import validation
 import test_util
 

@@ -16,6 +16,7 @@ import optax
 
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.rl import losses
+from rl_curriculum.rl import off_policy
 from rl_curriculum.rl import stability
 from rl_curriculum.train.learn import forward
 from rl_curriculum.train.learn.rl_types import LearnConfig, TrainView
@@ -32,7 +33,7 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   with `tis_cap` > 0 its per-token advantages are weighted by truncated importance weights
   against the sampler (`truncated_is`). The old log-probs are the view's (a forward pass at the
   update's start), or with the view's `staleness` (`proximal="loglinear"`) interpolated between
-  the sampler's and the policy's (`losses.loglinear_proximal_logprobs`), or on-policy the
+  the sampler's and the policy's (`off_policy.loglinear_proximal_logprobs`), or on-policy the
   policy's own without gradient. With the old policy as the proximal one, `tis_cap` > 0 makes
   this the decoupled PPO objective of Fu et al. (2025), "AReaL: A Large-Scale Asynchronous
   Reinforcement Learning System for Language Reasoning", arXiv:2505.24298: importance weight
@@ -72,7 +73,7 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
   if view.logp_old is not None:
     old = view.logp_old
   elif view.staleness is not None:  # proximal="loglinear": no forward pass of the old policy
-    old = losses.loglinear_proximal_logprobs(view.sampler_logprobs, logp, view.staleness)
+    old = off_policy.loglinear_proximal_logprobs(view.sampler_logprobs, logp, view.staleness)
   else:
     old = jax.lax.stop_gradient(logp)
   norm = normaliser or {"policy": None, "tokens": None}
@@ -117,7 +118,7 @@ def policy_objective(trained: Any, view: TrainView, *, graphdef, frozen: Any, gr
 def truncated_is(advantages: jax.Array, logp_old: jax.Array, sampler_logprobs: jax.Array,
                  mask: jax.Array, *, cap: float) -> tuple[jax.Array, dict]:
   """Per-token advantages f32[B, T] times the truncated importance weights
-  w = min(pi_old / pi_sampler, cap) of the sampled tokens (`losses.truncated_is_weights`), which
+  w = min(pi_old / pi_sampler, cap) of the sampled tokens (`off_policy.truncated_is_weights`), which
   correct the loss for the sampler's numerics differing from the trainer's; and the metrics
   "tis_weight_mean" (masked mean of w) and "tis_truncated_frac" (masked share of tokens whose
   weight the cap truncated).
@@ -125,7 +126,7 @@ def truncated_is(advantages: jax.Array, logp_old: jax.Array, sampler_logprobs: j
   Reference: Yao et al. (2025), "Your Efficient RL Framework Secretly Brings You Off-Policy RL
   Training", https://fengyao.notion.site/off-policy-rl.
   """
-  w = losses.truncated_is_weights(logp_old, sampler_logprobs, cap=cap)
+  w = off_policy.truncated_is_weights(logp_old, sampler_logprobs, cap=cap)
   return advantages * w, {
       "tis_weight_mean": losses.masked_mean(w, mask),
       "tis_truncated_frac": losses.masked_mean((w >= cap).astype(jnp.float32), mask)}

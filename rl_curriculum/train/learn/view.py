@@ -126,7 +126,7 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   With `proximal="loglinear"` no old-policy pass runs: the view carries each token's staleness,
   `version` (i32[], the train state's update counter) minus the version that sampled it
   (`Batch.versions`; 0 everywhere when None), and the objective interpolates the proximal
-  log-probs (`losses.loglinear_proximal_logprobs`).
+  log-probs (`off_policy.loglinear_proximal_logprobs`).
   """
   _, g = batch.rewards.shape
   rows = forward.trained_rows(batch.train_groups, g)

@@ -22,10 +22,10 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.rl import rewards as rewards_lib
 from rl_curriculum.tasks.data import TaskPool
+from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget
 from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.setup.prepare import Prepared
-from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.types import Feedback, Selection
 
 __all__ = ["RowLayout", "row_layout", "score_completions", "train_groups", "Scored",

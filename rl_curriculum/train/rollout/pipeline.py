@@ -54,12 +54,12 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
-from rl_curriculum.train.rollout import budget, checks as rollout_checks
-from rl_curriculum.train.setup import builders
 from rl_curriculum.train import programs as programs_lib
-from rl_curriculum.train.rollout import batches
-from rl_curriculum.train.setup.prepare import step_keys
 from rl_curriculum.train.learn.rl_types import Batch
+from rl_curriculum.train.rollout import budget, checks as rollout_checks
+from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.setup import builders
+from rl_curriculum.train.setup.prepare import step_keys
 from rl_curriculum.train.state import RunState
 from rl_curriculum.types import Selection
 

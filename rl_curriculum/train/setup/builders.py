@@ -15,8 +15,8 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum import tasks as tasks_lib
 from rl_curriculum.curriculum import filters
 from rl_curriculum.model.config import PRESETS, ModelConfig
-from rl_curriculum.train.setup import data
 from rl_curriculum.train.learn.rl_types import LearnConfig
+from rl_curriculum.train.setup import data
 
 # name -> constructor. Every constructor is `name(pool, *, batch_size, **options)`.
 CURRICULA: dict[str, Callable[..., cur.Curriculum]] = {

@@ -20,9 +20,9 @@ from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.tasks.data import TaskPool
-from rl_curriculum.train.setup import builders, data
 from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train.rollout import checks as rollout_checks
+from rl_curriculum.train.setup import builders, data
 from rl_curriculum.train.setup import validation, warm_start
 
 __all__ = ["Prepared", "run_mesh", "prepare", "rl_root_key", "token_ids"]

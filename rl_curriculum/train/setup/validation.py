@@ -24,10 +24,10 @@ from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import surrogate
 from rl_curriculum.tasks.base import TEMPLATES
+from rl_curriculum.train.durable.recovery import ON_COLLAPSE
 from rl_curriculum.train.rollout import budget, checks as rollout_checks
 from rl_curriculum.train.setup import builders, data
 from rl_curriculum.train.setup.errors import ConfigError, fail
-from rl_curriculum.train.durable.recovery import ON_COLLAPSE
 from rl_curriculum.train.learn.rl_types import (ALGORITHMS, CURRICULUM_FEEDBACK, DR_GRPO_AGGREGATION,
                                           KL_LOSS_ESTIMATORS, OVERLONG, PROXIMAL)
 

@@ -21,8 +21,8 @@ from flax import nnx
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.train.setup import builders, sft
 from rl_curriculum.train.durable import checkpointing
+from rl_curriculum.train.setup import builders, sft
 from rl_curriculum.train.setup.data import TOKENIZER_FILE, Pools
 
 __all__ = ["RECORD", "SFT_DIR", "SFT_PROGRESS_DIR", "CACHES", "fingerprint", "check_workdir",

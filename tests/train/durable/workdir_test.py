@@ -29,7 +29,7 @@ def test_a_second_lock_names_the_holder_and_a_released_one_is_taken(tmp_path):
 
 def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time; from rl_curriculum.train import workdir; "
+      [sys.executable, "-c", "import sys, time; from rl_curriculum.train.durable import workdir; "
        f"lock = workdir.Lock({str(tmp_path)!r}).__enter__(); print('held', flush=True); "
        "time.sleep(600)"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
   try:

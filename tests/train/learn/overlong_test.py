@@ -11,9 +11,9 @@ import pytest
 from configs import toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.rl import stability
-from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.learn import examples, forward, rl_step
 from rl_curriculum.train.learn import view as view_lib
+from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.state import init_train_state, init_value_head
 import test_util
 

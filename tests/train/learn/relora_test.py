@@ -14,8 +14,8 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
-from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.learn import examples, relora
+from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.state import init_train_state, init_value_head, RunState
 import test_util
 

@@ -15,9 +15,9 @@ from rl_curriculum.model import transformer
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import losses, stability
 from rl_curriculum.sampling import sampler
-from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.learn import examples, forward, objective, rl_step
 from rl_curriculum.train.learn import view as view_lib
+from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.state import init_train_state, init_value_head
 import test_util
 

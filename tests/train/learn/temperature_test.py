@@ -16,12 +16,12 @@ from configs import toy
 from rl_curriculum import curriculum as cur
 from rl_curriculum.rl import stability
 from rl_curriculum.sampling import sampler
+from rl_curriculum.train import loop
 from rl_curriculum.train.durable import checkpointing
 from rl_curriculum.train.learn import examples, objective, rl_step
-from rl_curriculum.train import loop
 from rl_curriculum.train.learn import view as view_lib
-from rl_curriculum.train.report.metrics import read_jsonl
 from rl_curriculum.train.learn.rl_types import LearnConfig
+from rl_curriculum.train.report.metrics import read_jsonl
 from rl_curriculum.train.state import init_train_state
 import test_util
 

@@ -153,7 +153,7 @@ def test_tensorboard_scalars_are_written_without_importing_torch(tmp_path):
   """A process that writes metrics holds TensorBoard scalars by name and step afterwards, and
   has not imported torch (tensorboardX would, for seconds, where torch is installed)."""
   code = ("import io, sys\n"
-          "from rl_curriculum.train import metrics\n"
+          "from rl_curriculum.train.report import metrics\n"
           f"w = metrics.MetricsWriter({str(tmp_path)!r}, total_steps=2, stream=io.StringIO())\n"
           "w.write(1, {'reward_mean': 0.25, 'curriculum': {'probs': [0.5, 0.5]}})\n"
           "w.write(2, {'reward_mean': 0.75})\n"

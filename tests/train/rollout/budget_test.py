@@ -16,9 +16,9 @@ from rl_curriculum.curriculum import allocation, prompt_stats
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.sampling import sampler
 from rl_curriculum.tasks.data import TaskPool
+from rl_curriculum.train.learn import examples
 from rl_curriculum.train.rollout import batches, budget
 from rl_curriculum.train.setup import builders, validation
-from rl_curriculum.train.learn import examples
 from rl_curriculum.train.state import init_train_state
 from rl_curriculum.types import Selection
 import test_util

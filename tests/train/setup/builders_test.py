@@ -4,8 +4,8 @@ curriculum's arms."""
 import pytest
 
 from configs import scratch
-from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.learn import rl_types
+from rl_curriculum.train.setup import builders, validation
 import test_util
 
 

@@ -85,7 +85,7 @@ def test_partition_is_stable_and_nested():
   # Nested: held out at 0.2 means held out at 0.25.
   assert all(data.held_out(p, 0.25) for p, s in zip(ADD_2D_2D, sides) if s)
   # Another process with another hash salt sees the same sides.
-  code = ("from rl_curriculum.train import data; "
+  code = ("from rl_curriculum.train.setup import data; "
           f"print(sum(data.held_out(p, 0.2) for p in {ADD_2D_2D[:2000]!r}))")
   env = dict(os.environ, PYTHONHASHSEED="12345")
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,

@@ -12,10 +12,10 @@ import pytest
 
 from configs import multitask, toy
 from rl_curriculum.tasks import get_task
-from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.report import summary
-from rl_curriculum.train.setup import prepare as prepare_lib
 from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.setup import builders, validation
+from rl_curriculum.train.setup import prepare as prepare_lib
 import test_util
 
 TASK = "arithmetic+countdown"

@@ -5,8 +5,8 @@ import re
 import pytest
 
 from configs import scratch
-from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.rollout import checks as rollout_checks
+from rl_curriculum.train.setup import builders, validation
 import test_util
 
 
