@@ -1,5 +1,6 @@
-"""docs/methods.md stays true: every row's flags make a valid config, every curriculum, filter and
-algorithm has a row, every test a row names exists, and every row trains as written (slow)."""
+"""docs/methods.md stays true: every row's flags make a valid config and reach what the run is
+built from, every curriculum, filter and algorithm has a row, every test a row names exists, and
+each family of methods trains one RL step with its rows' flags as written."""
 
 import ast
 import json
@@ -14,16 +15,12 @@ from ml_collections import config_flags
 import numpy as np
 import pytest
 
-from rl_curriculum.train.rollout import budget
-
-from rl_curriculum.train.setup import builders, validation
-
 from rl_curriculum.train import loop
-
-from rl_curriculum.train.report import figures
-
 from rl_curriculum.train.learn import rl_types
+from rl_curriculum.train.report import figures
 from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.rollout import budget, checks as rollout_checks, pipeline
+from rl_curriculum.train.setup import builders, validation
 import test_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,9 +169,95 @@ def test_config_with_parses_values_as_the_command_line_does():
 
 
 # ------------------------------------------------------------------------------------------------
-# Every row trains for one RL step with its flags as written (about 10 s a row on a 2-core CPU,
-# the learn program compiled anew for each), and the flags change what that step does.
+# Every row's flags reach what the run is built from (cheap, no training), and one RL step per
+# family of methods trains with the family's flags merged into one config.
 # ------------------------------------------------------------------------------------------------
+
+def signature(config: ml_collections.ConfigDict) -> dict:
+  """What the run's programs and loop are made from, as the run derives it: the learn program's
+  settings (`LearnConfig`: its switches, shapes and traced coefficients), the curriculum its
+  select and update build (name, options, arms, filter), the rollout engine and schedule, the
+  completion slots, the policy's adapters, the task mixture and the recovery settings."""
+  c = config
+  return {
+      "learn": builders.learn_config(c),
+      "curriculum": (c.curriculum.name, json.dumps(c.curriculum.options.to_dict(),
+                                                   sort_keys=True), c.curriculum.arms,
+                     c.curriculum.filter, builders.sampled_prompts(c), tuple(c.curriculum.band)),
+      "rollout": (c.rl.engine, c.rl.decode_slots, pipeline.persists(c), pipeline.generations(c),
+                  c.rl.decode_budget, c.rl.admission, rollout_checks.in_flight(c)),
+      "slots": (budget.group_slots(c), c.rl.allocation, budget.needs_prompt_stats(c)),
+      "model": (c.model.lora_rank, c.model.lora_merge_every, tuple(c.model.lora_targets)),
+      "task": (c.task.name, tuple(c.task.train_bins), tuple(c.task.weights)),
+      "recovery": (c.checkpoint.rollback_after, c.checkpoint.collapse_after)}
+
+
+@pytest.mark.parametrize("row", _params(ROWS))
+def test_row_flags_reach_what_the_run_is_built_from(row):
+  """The row's flags change the run's `signature` (a learn-program switch or coefficient, the
+  curriculum, the rollout schedule, ...): a flag that parses but nothing reads fails here. A
+  row whose flags spell the default config names the default's own methods."""
+  config, default = config_with(row.flags), config_with([])
+  if config.to_dict() == default.to_dict():
+    assert _row_id(row) in _DEFAULTS, f"{row.method}: its flags spell the default config"
+    return
+  mine, theirs = signature(config), signature(default)
+  assert any(mine[k] != theirs[k] for k in mine), (
+      f"{row.method}: its flags change nothing the run is built from")
+
+
+# Rows whose flags spell configs/toy.py as it is (the default's own methods: the default step
+# below trains them).
+_DEFAULTS = ("sec_self_evolving_curriculum_sec", "rloo_rloo", "importance_ratio_guard",
+             "rollback_past_a_kl_bound", "clip_higher", "token_mean_aggregation")
+
+# One RL step per family: each family's rows' flags merged into one config (a field set by two
+# rows must agree). The other rows' methods are covered by the tests their rows name (each
+# curriculum's own tests and the simulated learner's; the estimators' and losses' kernels; the
+# engine's and the pipeline's end-to-end tests).
+FAMILIES = {
+    "default": _DEFAULTS,
+    "critic": ("ppo_with_a_critic_and_gae_ppo", "value_loss_into_the_trunk",
+               "kl_folded_into_the_reward", "dual_clip", "entropy_bonus",
+               "several_optimizer_steps_per_batch", "gradient_accumulation"),
+    "group_objective": ("grpo_with_the_sample_std", "kl_to_the_reference_as_a_loss_k2",
+                        "gspo_sequence_level_ratio", "sequence_mean_of_token_means",
+                        "decoupled_ppo_proximal_policy_interpolated_a_3po",
+                        "capo_advantage_sign_curriculum", "overlong_filtering",
+                        "reward_whitening", "curriculum_fed_the_shaped_reward",
+                        "adaptive_sampling_temperature"),
+    "dr_grpo": ("dr_grpo_dr_grpo", "soft_overlong_punishment",
+                "dynamic_sampling_all_equal_filter_all_equal"),
+    "budgets_and_adapters": ("counterfactual_baseline", "rollout_allocation_by_posterior_variance",
+                             "lora", "relora_lora_merged_and_restarted",
+                             "rollback_to_the_last_healthy_checkpoint"),
+    "rollouts_in_flight": ("partial_rollouts", "late_groups_dropped_rl_admission_drop"),
+    "skipped_before_rollout": ("greso_greso",),
+    "prompt_features": ("pcl_prompt_curriculum_with_a_value_model_pcl",),
+    "training_mask": ("vcrl_s_training_mask",),
+    "mixture": ("task_mixture_sec_over_task_bin_arms_2_d_sec", "mixture_weights"),
+}
+_BY_ID = {_row_id(r): r for r in ROWS}
+
+
+def family_flags(name: str) -> list[str]:
+  """The flags of a family's rows merged, in table order (a field given twice once)."""
+  merged = {}
+  for row_id in FAMILIES[name]:
+    for flag in _BY_ID[row_id].flags:
+      field, _, value = flag.partition("=")
+      assert merged.get(field, value) == value, f"{name}: {field} set to two values"
+      merged[field] = value
+  return [f"{field}={value}" for field, value in merged.items()]
+
+
+def test_families_name_rows_of_the_table_and_make_valid_configs():
+  named = [row_id for rows in FAMILIES.values() for row_id in rows]
+  assert not set(named) - set(_BY_ID), "families name rows the table does not hold"
+  assert len(named) == len(set(named)), "a row in two families"
+  for name in FAMILIES:
+    validation.validate(config_with(family_flags(name)))
+
 
 # Wall-clock measurements differ between runs by nature; every other metric is deterministic.
 _TIMING = ("time/", "tokens_per_s")
@@ -185,8 +268,8 @@ def _one_step(overrides, workdir: str) -> dict:
   warm start of those settings (rows that change the model, e.g. LoRA, share theirs)."""
   config = config_with([*overrides, "--config.rl.steps=1"])
   test_util.copy_warm_start(test_util.shared_warm_start(config), workdir)
-  # The plots of report.png are not what a row is about (tests/train/report/metrics_test.py checks
-  # them); drawing them would take a sixth of a row's time.
+  # The plots of report.png are not what a row is about (tests/train/report/metrics_test.py
+  # checks them); drawing them would take a sixth of a step's time.
   with mock.patch.object(figures, "write_report", lambda *args, **kwargs: {}):
     loop.train_and_evaluate(config, workdir)
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -194,49 +277,23 @@ def _one_step(overrides, workdir: str) -> dict:
   return {k: v for k, v in rows[-1].items() if not k.startswith(_TIMING)}
 
 
-# Methods that act only on tokens far from the sampling policy: one step at the toy's learning
-# rate leaves every metric as it is (GSPO's sequence ratio equals the token ratios where they are
-# 1; the dual clip engages above a ratio of c = 3). For these the flags must reach the learn
-# step's configuration; the tests their rows name check the effect on off-policy batches.
-_OFF_POLICY_ONLY = ("gspo_sequence_level_ratio", "dual_clip")
-
-
 @pytest.fixture(scope="module")
 def default_step(tmp_path_factory):
-  """Step 1 of configs/toy.py as it is: what a row's flags are compared with."""
+  """Step 1 of configs/toy.py as it is: what a family's step is compared with."""
   return _one_step([], str(tmp_path_factory.mktemp("default") / "run"))
 
 
-# Step 1 of each config the rows make, by the config: rows whose flags make the same config (a
-# method and a setting it enforces, say) train it once.
-_STEPS = {}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("row", _params(ROWS))
-def test_row_trains_one_rl_step(row, default_step, tmp_path):
-  """The row's flags as written train one RL step without a skipped update, and that step
-  differs from the default config's step (same seed, same warm start): a metric changes or
-  appears (`_OFF_POLICY_ONLY`: the learn step's configuration changes). A row whose flags spell
-  the default config (the default's own methods) trains as `default_step` does."""
-  config, default = config_with(row.flags), config_with([])
-  if config.to_dict() == default.to_dict():
-    step = default_step
-  else:
-    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
-    if key not in _STEPS:
-      _STEPS[key] = _one_step(row.flags, str(tmp_path / "run"))
-    step = _STEPS[key]
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "default"])
+def test_each_family_trains_one_rl_step_with_its_flags_as_written(family, default_step,
+                                                                   tmp_path):
+  """A family's merged flags train one RL step without a skipped update, and the step differs
+  from the default config's (same seed, same warm start): a metric changes or appears."""
+  step = _one_step(family_flags(family), str(tmp_path / "run"))
   assert np.isfinite(step["loss"]) and step["skipped_total"] == 0
-  if step is default_step:
-    return
   changed = sorted(k for k in set(step) | set(default_step)
                    if step.get(k, "absent") != default_step.get(k, "absent"))
-  if _row_id(row) in _OFF_POLICY_ONLY:
-    assert builders.learn_config(config) != builders.learn_config(default), row.method
-  else:
-    assert changed, f"{row.method}: its flags changed nothing in the step's metrics"
+  assert changed, f"{family}: its flags changed nothing in the step's metrics"
 
 
-def test_rows_without_an_effect_in_one_step_are_rows():
-  assert set(_OFF_POLICY_ONLY) <= {_row_id(r) for r in ROWS}
+def test_the_default_step_trains(default_step):
+  assert np.isfinite(default_step["loss"]) and default_step["skipped_total"] == 0
