@@ -84,6 +84,105 @@ def make_learn(graphdef, optimizer, curriculum, config, *, use_lora: bool = Fals
   return fn
 
 
+def compiled_programs(*jitted) -> tuple:
+  """How many programs each jitted function has compiled so far in this process."""
+  return tuple(f._cache_size() for f in jitted)  # pylint: disable=protected-access
+
+
+# The rewards f32[P, G] the learn-step tests train on: a group with a right and a wrong completion,
+# an all-wrong group (no gradient), a mostly-right one and an all-right one (no gradient).
+LEARN_REWARDS = np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1], [1, 1, 1, 1]], np.float32)
+
+# The tiny model families of the model tests (Llama-style GQA, Qwen2's biases and untied head,
+# Qwen3's q/k norms with one KV head), at one small size.
+MODEL_BASE = dict(vocab_size=48, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                  mlp_dim=48)
+MODEL_VARIANTS = {
+    "llama_gqa": dict(MODEL_BASE),
+    "qwen2_bias_untied": dict(MODEL_BASE, qkv_bias=True, tie_embeddings=False, rope_theta=500.0),
+    "qwen3_qknorm_mqa": dict(MODEL_BASE, qk_norm=True, num_kv_heads=1),
+}
+
+
+def variant_config(name: str, **overrides) -> ModelConfig:
+  """The tiny ModelConfig of MODEL_VARIANTS[name] with `overrides`."""
+  return ModelConfig.tiny(**{**MODEL_VARIANTS[name], **overrides})
+
+
+def randomised_model(config: ModelConfig, seed: int = 0, std: float = 0.2):
+  """(graphdef, params) of a model whose every parameter (norm scales and biases too) is random."""
+  graphdef, params = transformer.init_model(config, seed)
+  return graphdef, randomise(params, jax.random.key(seed + 100), std)
+
+
+def randomise(params, key, std: float):
+  """`params` with every leaf drawn anew: 1 + noise for norm scales, noise elsewhere."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  flat = dict(nnx.to_flat_state(params))
+  for i, (path, var) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
+    noise = std * jax.random.normal(jax.random.fold_in(key, i), var[...].shape)
+    value = 1.0 + noise if path[-1] == "scale" else noise
+    flat[path] = var.replace(value.astype(var[...].dtype))
+  return nnx.from_flat_state(flat)
+
+
+def left_padded_batch(seed: int, vocab: int, lengths, width: int):
+  """tokens i32[B, width] (garbage in the padding), mask bool[B, width], right-aligned rows."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, vocab, size=(len(lengths), width)).astype(np.int32)
+  mask = np.zeros((len(lengths), width), bool)
+  for b, n in enumerate(lengths):
+    mask[b, width - n:] = True
+  return tokens, mask
+
+
+def engine_model_config(scan: bool, vocab: int = 64) -> ModelConfig:
+  """The rollout engines' tests' model: two layers, large enough to draw varied tokens."""
+  return ModelConfig.tiny(vocab_size=vocab, d_model=64, num_layers=2, num_heads=4,
+                          num_kv_heads=2, mlp_dim=128, init_std=0.3, scan_layers=scan)
+
+
+def logprob_batch(b: int = 4, t: int = 6, seed: int = 0, spread: float = 0.3):
+  """(logp f32[b, t], logp_old, advantages, mask) of the loss tests: logp spread around logp_old,
+  ragged masks and (b > 2) an absent completion slot."""
+  rng = np.random.default_rng(seed)
+  logp_old = -rng.random((b, t)).astype(np.float32) * 3
+  logp = (logp_old + spread * rng.normal(size=(b, t))).astype(np.float32)
+  adv = rng.normal(size=(b, t)).astype(np.float32)
+  mask = np.ones((b, t), np.float32)
+  mask[0, 4:] = 0
+  mask[1, 1:] = 0
+  if b > 2:
+    mask[2] = 0  # an absent completion slot
+  return logp, logp_old, adv, mask
+
+
+def scratch_config(**fields):
+  """configs/scratch.py's config with fields set ("section__field", as `set_fields`)."""
+  return set_fields(scratch.get_config(), **fields)
+
+
+def toy_rl_config(steps: int, **rl):
+  """configs/toy.py for `steps` RL steps at a learning rate large enough for a few updates to move
+  the policy visibly, evaluated and saved at the start and the end only, with config.rl fields
+  set by name."""
+  from configs import toy  # pylint: disable=import-outside-toplevel
+  c = toy.get_config()
+  c.rl.steps = steps
+  c.rl.learning_rate = 1e-3
+  c.eval.every = 100
+  c.checkpoint.every = 100
+  for name, value in rl.items():
+    c.rl[name] = value
+  return c
+
+
+def arm_pool(k: int, per_arm: int = 4):
+  """A PromptPool of `k` arms with `per_arm` prompts each."""
+  from rl_curriculum.curriculum import PromptPool  # pylint: disable=import-outside-toplevel
+  return PromptPool.from_arms(np.repeat(np.arange(k), per_arm))
+
+
 def feedback(correct=None, *, rewards=None, ids=None, arms=None, advantages=None,
              valid=None) -> Feedback:
   """A `Feedback` of P prompts x G completions from whichever fields a test cares about.

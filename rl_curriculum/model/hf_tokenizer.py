@@ -31,9 +31,8 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
 # Pre-tokenizer split patterns of byte-level BPE vocabularies, keyed by GGUF `tokenizer.ggml.pre`
-# (llama.cpp's names). The merges were learned on text split this way, so encoding must split
-# the same way.
-_GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# (llama.cpp's names; GPT-2's own is the tokenizers library's ByteLevel split). The merges were
+# learned on text split this way, so encoding must split the same way.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"

@@ -34,7 +34,6 @@ __all__ = [
     "group_advantages",
     "gae",
     "broadcast_to_tokens",
-    "sequence_mean",
 ]
 
 
@@ -322,22 +321,3 @@ def broadcast_to_tokens(advantages: jax.Array, mask: jax.Array) -> jax.Array:
   flat = advantages.reshape(-1).astype(jnp.float32)
   chex.assert_equal(flat.shape[0], mask.shape[0])
   return flat[:, None] * mask.astype(jnp.float32)
-
-
-def sequence_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-  """Masked mean over tokens of each row: sum_t x m / sum_t m, and 0 for rows with no token.
-
-  Curricula use it to reduce token-level advantages to the per-completion |A| they learn from.
-
-  Args:
-    x: f32[B, T] token-level quantity.
-    mask: f32[B, T] 1 on tokens that count.
-
-  Returns:
-    f32[B] per-row mean, in the units of x.
-  """
-  chex.assert_rank([x, mask], 2)
-  chex.assert_equal_shape([x, mask])
-  m = mask.astype(jnp.float32)
-  n = jnp.sum(m, axis=1)
-  return jnp.sum(x.astype(jnp.float32) * m, axis=1) / jnp.maximum(n, 1.0)

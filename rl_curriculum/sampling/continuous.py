@@ -68,7 +68,7 @@ from rl_curriculum.sampling.slots import EngineState
 from rl_curriculum.types import Rollout
 
 __all__ = ["ENGINES", "EngineState", "prefill_groups", "row_limits", "first_tokens", "start",
-           "stage_slots", "run", "Generation", "sample", "compiled_programs"]
+           "stage_slots", "run", "Generation", "sample"]
 
 # The rollout engines a run can use (config.rl.engine): `sampler` and this module.
 ENGINES = ("static", "continuous")
@@ -287,8 +287,3 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
   rollout = Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
                     mask=state.mask)
   return Generation(rollout=rollout, slot_steps=state.slot_steps)
-
-
-def compiled_programs():
-  """Number of (start, run) programs compiled so far in this process (for tests)."""
-  return start._cache_size(), run._cache_size()  # pylint: disable=protected-access

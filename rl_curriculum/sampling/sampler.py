@@ -29,7 +29,7 @@ exits early once every row has stopped; slots never reached also hold pad_id, 0,
 """
 
 import functools
-from typing import NamedTuple, Sequence, Tuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -222,8 +222,3 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
                   pad_id=int(pad_id), mesh=mesh)
   return Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
                  mask=state.mask)
-
-
-def compiled_programs() -> Tuple[int, int]:
-  """Number of (prefill, decode) programs compiled so far in this process (for tests)."""
-  return prefill._cache_size(), decode._cache_size()  # pylint: disable=protected-access

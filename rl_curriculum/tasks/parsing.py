@@ -36,8 +36,7 @@ from typing import NamedTuple, Optional
 
 Fraction = fractions.Fraction
 
-__all__ = ["normalize", "parse_number", "extract_number", "number_tokens", "parse_expression",
-           "Parsed", "format_number"]
+__all__ = ["normalize", "parse_number", "extract_number", "parse_expression", "Parsed"]
 
 MAX_LITERAL_DIGITS = 40
 MAX_TEXT_CHARS = 4096
@@ -94,11 +93,6 @@ def parse_number(text: str) -> Optional[Fraction]:
   return Fraction(s)
 
 
-def number_tokens(text: str) -> list[str]:
-  """All number tokens in (normalised) `text`, in order; see `_TOKEN`."""
-  return _TOKEN.findall(normalize(text[:MAX_TEXT_CHARS]))
-
-
 def extract_number(text: str) -> Optional[Fraction]:
   """The single number in a short answer string, or None (see module docstring)."""
   if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
@@ -115,12 +109,6 @@ def extract_number(text: str) -> Optional[Fraction]:
   if len(tokens) != 1:
     return None
   return parse_number(tokens[0])
-
-
-def format_number(x: Fraction) -> str:
-  """Canonical text of an exact number: "12", "-3", "7/2"."""
-  x = Fraction(x)
-  return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
 
 
 class Parsed(NamedTuple):

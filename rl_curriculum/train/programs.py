@@ -5,13 +5,18 @@ a mesh.
   state = place(programs, init_run_state(config, programs, model, pool, key))
   ref = place_reference(programs, reference(config, model))
   selection, curriculum_state = programs.select(state.curriculum, key)
-  rollout = sample(programs, policy(state), prompt_tokens, prompt_mask, key)
+  generation = sample(programs, policy(state), prompt_tokens, prompt_mask, key, temperature)
   train, curriculum_state, metrics = programs.learn(*learn_inputs(programs, state, batch, key, ref))
 
-The training loop (`loop`), the memory planner (`plan`) and the speed benchmark all build their
-programs here, so the programs the planner compiles from abstract shapes are the programs the loop
-runs, with the same inputs: `model` may hold arrays or `jax.ShapeDtypeStruct`s, and `shardings`
-lays out a concrete run state (`place`) and an abstract one (`abstract`) alike.
+The training loop (`loop`), the memory planner (`plan.planner`) and the speed benchmarks all build
+their programs here, so the programs the planner compiles from abstract shapes are the programs
+the loop runs, with the same inputs: `model` may hold arrays or `jax.ShapeDtypeStruct`s, and
+`shardings` lays out a concrete run state (`place`) and an abstract one (`abstract`) alike.
+select and learn are made from a `ProgramSpec` (`program_spec`): runs whose specs are equal share
+them, and with them the programs JAX compiled; the learn step takes the run's `LearnConfig`, whose
+coefficients it traces. `sample` runs the configured engine on one batch (the static sampler of a
+synchronous step, the overlap benchmark's sampler process); the loop runs the continuous engine
+through `rollout.pipeline` and its generations of rows.
 
 What lives on the devices during a run:
 

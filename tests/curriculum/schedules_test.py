@@ -3,20 +3,15 @@
 import jax
 import numpy as np
 
-from rl_curriculum.curriculum.base import PromptPool
 from rl_curriculum.curriculum.schedules import (cyclical, easy_to_hard, hard_to_easy,
                                                 linear_pacing, mixed_replay)
 import test_util
 
 
-def _pool(k):
-  return PromptPool.from_arms(np.repeat(np.arange(k), 4))
-
-
 def _probs_sequence(cur, k, steps, correct=0.0):
   """Probabilities of the next selection after each of `steps` updates (all arms sampled)."""
   update = jax.jit(cur.update)
-  state = cur.init(_pool(k), jax.random.key(0))
+  state = cur.init(test_util.arm_pool(k), jax.random.key(0))
   out = []
   for _ in range(steps):
     fb = test_util.feedback(rewards=[[correct, correct]] * k, ids=[0] * k, arms=list(range(k)))
@@ -27,7 +22,7 @@ def _probs_sequence(cur, k, steps, correct=0.0):
 
 def test_easy_to_hard_advances_every_n_steps():
   cur = easy_to_hard(3, batch_size=2, steps_per_arm=2)
-  sel, _ = jax.jit(cur.select)(cur.init(_pool(3), jax.random.key(0)), jax.random.key(1))
+  sel, _ = jax.jit(cur.select)(cur.init(test_util.arm_pool(3), jax.random.key(0)), jax.random.key(1))
   np.testing.assert_array_equal(sel.arms, [0, 0])
   p = _probs_sequence(cur, 3, 6)
   np.testing.assert_array_equal(np.argmax(p, axis=1), [0, 1, 1, 2, 2, 2])

@@ -17,10 +17,6 @@ SIZES = (3, 5, 2, 6)
 POOL = PromptPool.from_arms(np.repeat(np.arange(4), SIZES))
 
 
-def _pool(k):
-  return PromptPool.from_arms(np.repeat(np.arange(k), 4))
-
-
 # ------------------------------------------------------------------------------------------------
 # SEC: hand-computed updates.
 # ------------------------------------------------------------------------------------------------
@@ -35,7 +31,7 @@ FB_IDS = [0, 0, 0, 0]  # category curricula ignore prompt ids
 
 
 def _sec_state(cur, q, visits=None, last=None):
-  state = cur.init(_pool(3), jax.random.key(0))
+  state = cur.init(test_util.arm_pool(3), jax.random.key(0))
   state = state._replace(q=jnp.asarray(q, jnp.float32))
   if visits is not None:
     state = state._replace(visits=jnp.asarray(visits, jnp.int32))

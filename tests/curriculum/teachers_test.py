@@ -9,10 +9,6 @@ from rl_curriculum.curriculum.teachers import alp_teacher, mastering_rate
 import test_util
 
 
-def _pool(k):
-  return PromptPool.from_arms(np.repeat(np.arange(k), 4))
-
-
 def test_alp_teacher_hand_computed():
   # W = 2 steps, ring of 4 steps per arm; each step pushes (correct, valid) per sampled arm.
   cur = alp_teacher(2, batch_size=2, window=2, epsilon=0.2)
@@ -74,7 +70,7 @@ def test_alp_windows_count_steps_not_completions(window):
   steps = 8 if window is None else window
   cur = alp_teacher(3, batch_size=256, **kwargs)
   update = jax.jit(cur.update)
-  state = cur.init(_pool(3), jax.random.key(0))
+  state = cur.init(test_util.arm_pool(3), jax.random.key(0))
   arms = np.arange(256) % 3
   for t in range(2 * steps):
     fb = test_util.feedback(rewards=np.full((256, 8), float(t >= steps)), ids=np.zeros(256),
@@ -91,7 +87,7 @@ def test_alp_windows_count_steps_not_completions(window):
 def test_mastering_rate_chain():
   cur = mastering_rate(3, batch_size=2, unlock_threshold=0.5, mastery_threshold=0.85, rate=0.5)
   update = jax.jit(cur.update)
-  state = cur.init(_pool(3), jax.random.key(0))
+  state = cur.init(test_util.arm_pool(3), jax.random.key(0))
   sel, _ = jax.jit(cur.select)(state, jax.random.key(1))
   np.testing.assert_array_equal(sel.arms, [0, 0])  # only arm 0 is available at first
   five = lambda c, arm: test_util.feedback(rewards=[[1.0] * c + [0.0] * (5 - c)], ids=[0],

@@ -9,48 +9,12 @@ from flax import nnx
 from rl_curriculum.model import decoding
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
 import test_util
 
-BASE = dict(vocab_size=48, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=48)
-VARIANTS = {
-    "llama_gqa": dict(BASE),
-    "qwen2_bias_untied": dict(BASE, qkv_bias=True, tie_embeddings=False, rope_theta=500.0),
-    "qwen3_qknorm_mqa": dict(BASE, qk_norm=True, num_kv_heads=1),
-}
 WIDTH = 9  # every batch here is [3, WIDTH] so the jitted forward compiles once per variant
 LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp"}
 # Jitted once per module so tests with equal configs and shapes share the compiled programs.
 _forward = jax.jit(transformer.forward, static_argnums=0)
-
-
-def _config(name, **overrides):
-  return ModelConfig.tiny(**{**VARIANTS[name], **overrides})
-
-
-def _randomised(config, seed=0, std=0.2):
-  """A model whose every parameter (norm scales and biases too) is random, split."""
-  graphdef, params = transformer.init_model(config, seed)
-  return graphdef, _randomise(params, jax.random.key(seed + 100), std)
-
-
-def _randomise(params, key, std):
-  flat = dict(nnx.to_flat_state(params))
-  for i, (path, var) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
-    noise = std * jax.random.normal(jax.random.fold_in(key, i), var[...].shape)
-    value = 1.0 + noise if path[-1] == "scale" else noise
-    flat[path] = var.replace(value.astype(var[...].dtype))
-  return nnx.from_flat_state(flat)
-
-
-def _left_padded_batch(seed, vocab, lengths, width):
-  """tokens i32[B, width] (garbage in the padding), mask bool[B, width], right-aligned rows."""
-  rng = np.random.default_rng(seed)
-  tokens = rng.integers(0, vocab, size=(len(lengths), width)).astype(np.int32)
-  mask = np.zeros((len(lengths), width), bool)
-  for b, n in enumerate(lengths):
-    mask[b, width - n:] = True
-  return tokens, mask
 
 
 # --- NumPy reference, written with loops over rows, positions and heads --------------------------
@@ -128,11 +92,11 @@ def _np_forward(c, params, tokens, mask):
 # --- tests ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(test_util.MODEL_VARIANTS))
 def test_forward_matches_numpy_reference(variant):
-  config = _config(variant)
-  graphdef, params = _randomised(config)
-  tokens, mask = _left_padded_batch(1, config.vocab_size, lengths=[9, 4, 1], width=WIDTH)
+  config = test_util.variant_config(variant)
+  graphdef, params = test_util.randomised_model(config)
+  tokens, mask = test_util.left_padded_batch(1, config.vocab_size, lengths=[9, 4, 1], width=WIDTH)
   logits = _forward(graphdef, params, tokens, mask)
   expected = _np_forward(config, params, tokens, mask)
   assert logits.dtype == jnp.float32 and logits.shape == (3, 9, config.vocab_size)
@@ -140,17 +104,17 @@ def test_forward_matches_numpy_reference(variant):
 
 
 def test_forward_jit_and_no_jit_agree():
-  config = _config("llama_gqa")
-  graphdef, params = _randomised(config, seed=3)
-  tokens, mask = _left_padded_batch(2, config.vocab_size, lengths=[9, 5, 2], width=WIDTH)
+  config = test_util.variant_config("llama_gqa")
+  graphdef, params = test_util.randomised_model(config, seed=3)
+  tokens, mask = test_util.left_padded_batch(2, config.vocab_size, lengths=[9, 5, 2], width=WIDTH)
   eager = transformer.forward(graphdef, params, tokens, mask)
   jitted = _forward(graphdef, params, tokens, mask)
   np.testing.assert_allclose(eager, jitted, atol=1e-5, rtol=0)
 
 
 def test_left_padded_row_equals_unpadded_row():
-  config = _config("llama_gqa")
-  graphdef, params = _randomised(config, seed=4)
+  config = test_util.variant_config("llama_gqa")
+  graphdef, params = test_util.randomised_model(config, seed=4)
   row = np.array([5, 17, 3, 40, 8, 1, 33, 21, 9], np.int32)
   # Row 0 unpadded; rows 1 and 2 hold its first 6 and 1 tokens behind garbage padding. By
   # causality row 0's first n logits are those of its n-token prefix.
@@ -162,15 +126,15 @@ def test_left_padded_row_equals_unpadded_row():
   assert np.all(np.isfinite(logits))
 
 
-@pytest.mark.parametrize("variant", test_util.fast_first(sorted(VARIANTS)))
+@pytest.mark.parametrize("variant", test_util.fast_first(sorted(test_util.MODEL_VARIANTS)))
 def test_shared_prefix_equals_full_forward_values_and_gradients(variant):
   """Two prefixes (left-padded, lengths 5 and 2), three continuations each: the shared-prefix
   pass equals the full forward pass over each row's prefix ++ continuation, and so does the
   gradient of a loss that reads both the prefix's and the continuations' hidden states."""
-  config = _config(variant)
-  graphdef, params = _randomised(config, seed=12)
+  config = test_util.variant_config(variant)
+  graphdef, params = test_util.randomised_model(config, seed=12)
   tp, t, group = 5, 4, 3
-  prefix, prefix_mask = _left_padded_batch(13, config.vocab_size, lengths=[5, 2], width=tp)
+  prefix, prefix_mask = test_util.left_padded_batch(13, config.vocab_size, lengths=[5, 2], width=tp)
   tokens = np.random.default_rng(14).integers(0, config.vocab_size, size=(2 * group, t))
   full_tokens = np.concatenate([np.repeat(prefix, group, axis=0), tokens], axis=1)
   full_mask = np.concatenate([np.repeat(prefix_mask, group, axis=0),
@@ -201,7 +165,7 @@ def test_shared_prefix_equals_full_forward_values_and_gradients(variant):
 
 
 def test_shared_prefix_rejects_rows_that_do_not_split_into_groups():
-  config = _config("llama_gqa")
+  config = test_util.variant_config("llama_gqa")
   graphdef, params = transformer.init_model(config)
   with pytest.raises(ValueError, match="groups"):
     transformer.shared_prefix_hidden(graphdef, params, np.zeros((2, 3), np.int32),
@@ -209,9 +173,9 @@ def test_shared_prefix_rejects_rows_that_do_not_split_into_groups():
 
 
 def test_hidden_states_then_head_equal_forward():
-  config = _config("qwen2_bias_untied")
-  graphdef, params = _randomised(config, seed=8)
-  tokens, mask = _left_padded_batch(9, config.vocab_size, lengths=[9, 4, 2], width=WIDTH)
+  config = test_util.variant_config("qwen2_bias_untied")
+  graphdef, params = test_util.randomised_model(config, seed=8)
+  tokens, mask = test_util.left_padded_batch(9, config.vocab_size, lengths=[9, 4, 2], width=WIDTH)
 
   @jax.jit
   def hidden_then_head(params):
@@ -228,9 +192,9 @@ def test_hidden_states_then_head_equal_forward():
 
 
 def test_every_parameter_gets_a_gradient():
-  config = _config("qwen2_bias_untied", qk_norm=True, num_layers=1)  # every kind of parameter
-  graphdef, params = _randomised(config, seed=10)
-  tokens, mask = _left_padded_batch(11, config.vocab_size, lengths=[4, 3], width=4)
+  config = test_util.variant_config("qwen2_bias_untied", qk_norm=True, num_layers=1)  # every kind of parameter
+  graphdef, params = test_util.randomised_model(config, seed=10)
+  tokens, mask = test_util.left_padded_batch(11, config.vocab_size, lengths=[4, 3], width=4)
 
   def loss(params):
     logits = transformer.forward(graphdef, params, tokens, mask)
@@ -243,7 +207,7 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_parameters_carry_logical_axis_names():
-  config = _config("qwen3_qknorm_mqa", qkv_bias=True, tie_embeddings=False)
+  config = test_util.variant_config("qwen3_qknorm_mqa", qkv_bias=True, tie_embeddings=False)
   _, params = transformer.init_model(config)
   for path, var in nnx.to_flat_state(params):
     names = var.get_metadata("out_sharding")
@@ -256,13 +220,13 @@ def test_parameters_carry_logical_axis_names():
 
 
 def test_bfloat16_params_and_activations_give_finite_logits():
-  config = _config("qwen3_qknorm_mqa", dtype="bfloat16", param_dtype="bfloat16")
+  config = test_util.variant_config("qwen3_qknorm_mqa", dtype="bfloat16", param_dtype="bfloat16")
   # Random float32 weights of the same shapes, stored in bfloat16 (cheaper than a bfloat16 init).
   graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(config,
                                                                       rngs=nnx.Rngs(0))))[0]
-  graphdef_f32, params_f32 = _randomised(_config("qwen3_qknorm_mqa"), seed=12)
+  graphdef_f32, params_f32 = test_util.randomised_model(test_util.variant_config("qwen3_qknorm_mqa"), seed=12)
   params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params_f32)
-  tokens, mask = _left_padded_batch(12, config.vocab_size, lengths=[5, 2, 4], width=5)
+  tokens, mask = test_util.left_padded_batch(12, config.vocab_size, lengths=[5, 2, 4], width=5)
 
   @jax.jit
   def run(params):
@@ -287,7 +251,7 @@ def test_bfloat16_params_and_activations_give_finite_logits():
 
 
 def test_cache_without_index_raises():
-  config = _config("llama_gqa")
+  config = test_util.variant_config("llama_gqa")
   model = transformer.Transformer(config, rngs=nnx.Rngs(0))
   cache = kv_cache.init_cache(config, 1, 4)
   with pytest.raises(ValueError, match="cache_index"):

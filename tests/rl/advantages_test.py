@@ -348,7 +348,7 @@ def test_gae_lambda_one_is_monte_carlo_and_ignores_padding():
 
 
 @test_util.JIT
-def test_broadcast_to_tokens_and_sequence_mean(use_jit):
+def test_broadcast_to_tokens(use_jit):
   adv = np.array([[1.0, -2.0], [0.5, 3.0]], np.float32)
   mask = np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], np.float32)
   tok = test_util.maybe_jit(advantages.broadcast_to_tokens, use_jit)(adv, mask)
@@ -359,17 +359,6 @@ def test_broadcast_to_tokens_and_sequence_mean(use_jit):
       expected[b, t] = flat[b] * mask[b, t]
   np.testing.assert_allclose(tok, expected, **test_util.TOL)
   np.testing.assert_allclose(advantages.broadcast_to_tokens(adv.reshape(-1), mask), expected)
-
-  x = np.arange(12, dtype=np.float32).reshape(4, 3)
-  means = test_util.maybe_jit(advantages.sequence_mean, use_jit)(x, mask)
-  expected_means = []
-  for b in range(4):
-    n = sum(mask[b])
-    expected_means.append(sum(x[b, t] * mask[b, t] for t in range(3)) / n if n else 0.0)
-  np.testing.assert_allclose(means, expected_means, **test_util.TOL)
-  # The per-completion |A| that curricula consume.
-  np.testing.assert_allclose(
-      advantages.sequence_mean(jnp.abs(tok), mask), [1.0, 2.0, 0.0, 3.0], **test_util.TOL)
 
 
 def test_broadcast_to_tokens_rejects_wrong_count():

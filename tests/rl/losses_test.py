@@ -102,19 +102,6 @@ def ref_kl(logp, logp_ref, estimator, clamp=20.0):
   return out
 
 
-def _batch(b=4, t=6, seed=0, spread=0.3):
-  rng = np.random.default_rng(seed)
-  logp_old = -rng.random((b, t)).astype(np.float32) * 3
-  logp = (logp_old + spread * rng.normal(size=(b, t))).astype(np.float32)
-  adv = rng.normal(size=(b, t)).astype(np.float32)
-  mask = np.ones((b, t), np.float32)
-  mask[0, 4:] = 0
-  mask[1, 1:] = 0
-  if b > 2:
-    mask[2] = 0  # an absent completion slot
-  return logp, logp_old, adv, mask
-
-
 # --- masked_mean, aggregate, KL -----------------------------------------------------------------
 
 
@@ -123,7 +110,7 @@ def _batch(b=4, t=6, seed=0, spread=0.3):
 def test_aggregate_matches_reference(use_jit, aggregation):
   rng = np.random.default_rng(1)
   x = rng.normal(size=(4, 6)).astype(np.float32)
-  _, _, _, mask = _batch()
+  _, _, _, mask = test_util.logprob_batch()
   out = test_util.maybe_jit(losses.aggregate, use_jit, aggregation=aggregation,
                             max_tokens=MAX_TOKENS)(x, mask)
   np.testing.assert_allclose(out, ref_aggregate(x, mask, aggregation, MAX_TOKENS), **test_util.TOL)
@@ -143,7 +130,7 @@ def test_masked_mean_axes_and_empty():
 @test_util.JIT
 @pytest.mark.parametrize("estimator", losses.KL_ESTIMATORS)
 def test_kl_matches_reference(use_jit, estimator):
-  logp, logp_ref, _, _ = _batch(spread=1.0)
+  logp, logp_ref, _, _ = test_util.logprob_batch(spread=1.0)
   logp[0, 0] = logp_ref[0, 0] - 30.0  # beyond the clamp
   out = test_util.maybe_jit(losses.kl_divergence, use_jit, estimator=estimator)(logp, logp_ref)
   assert out.dtype == jnp.float32
@@ -152,13 +139,13 @@ def test_kl_matches_reference(use_jit, estimator):
 
 @pytest.mark.parametrize("estimator", losses.KL_ESTIMATORS)
 def test_kl_zero_at_reference_and_gradient(estimator):
-  logp, _, _, _ = _batch()
+  logp, _, _, _ = test_util.logprob_batch()
   np.testing.assert_array_equal(losses.kl_divergence(logp, logp, estimator=estimator), 0.0)
   f = jax.jit(lambda x, y: jnp.sum(losses.kl_divergence(x, y, estimator=estimator)))
   g = jax.grad(f)(jnp.asarray(logp), jnp.asarray(logp))
   # d/dlogp: k1 -> 1, k2 -> 0, k3 -> 0 at logp == logp_ref.
   np.testing.assert_allclose(g, 1.0 if estimator == "k1" else 0.0, **test_util.TOL)
-  logp2, logp_ref, _, _ = _batch(spread=0.5, seed=3)
+  logp2, logp_ref, _, _ = test_util.logprob_batch(spread=0.5, seed=3)
   check_grads(lambda x: losses.kl_divergence(x, logp_ref, estimator=estimator), (logp2,),
               order=1, modes=["rev"], eps=1e-3, atol=2e-3, rtol=2e-3)
 
@@ -203,7 +190,7 @@ POLICY_CONFIGS = [
 @LEVELS
 @pytest.mark.parametrize("config", POLICY_CONFIGS, ids=["ppo", "clip_higher", "dual_clip"])
 def test_policy_loss_matches_reference(use_jit, aggregation, level, config):
-  logp, logp_old, adv, mask = _batch(spread=0.6)
+  logp, logp_old, adv, mask = test_util.logprob_batch(spread=0.6)
   if level == "sequence":
     adv = adv[:, 0]  # one advantage per completion
   kwargs = dict(config, level=level, aggregation=aggregation, max_tokens=MAX_TOKENS)
@@ -258,7 +245,7 @@ def _pg_weights(mask, aggregation):
 @AGGS
 @LEVELS
 def test_on_policy_gradient_is_vanilla_policy_gradient(use_jit, aggregation, level):
-  logp, _, adv, mask = _batch()
+  logp, _, adv, mask = test_util.logprob_batch()
   if level == "sequence":
     adv = np.repeat(adv[:, :1], adv.shape[1], axis=1)  # GSPO: constant within a completion
   kwargs = dict(level=level, aggregation=aggregation, max_tokens=MAX_TOKENS, eps_high=0.28,
@@ -274,7 +261,7 @@ def test_on_policy_gradient_is_vanilla_policy_gradient(use_jit, aggregation, lev
 @AGGS
 @pytest.mark.parametrize("config", POLICY_CONFIGS, ids=["ppo", "clip_higher", "dual_clip"])
 def test_gspo_equals_token_ppo_for_one_token_completions(aggregation, config):
-  logp, logp_old, adv, _ = _batch(spread=1.0)
+  logp, logp_old, adv, _ = test_util.logprob_batch(spread=1.0)
   # Single-token completions, either as T = 1 or as one unmasked token in a longer row.
   one_hot = np.zeros_like(logp)
   one_hot[np.arange(4), [0, 3, 5, 2]] = 1.0
@@ -298,7 +285,7 @@ def test_gspo_equals_token_ppo_for_one_token_completions(aggregation, config):
 @AGGS
 @LEVELS
 def test_masked_tokens_change_neither_loss_nor_gradient(aggregation, level):
-  logp, logp_old, adv, mask = _batch(spread=0.6)
+  logp, logp_old, adv, mask = test_util.logprob_batch(spread=0.6)
   off = mask == 0
   garbage = [np.where(off, v, x).astype(np.float32)
              for x, v in [(logp, np.nan), (logp_old, -np.inf), (adv, 1e30)]]
@@ -333,7 +320,7 @@ def test_policy_loss_check_grads(aggregation, level):
 
 
 def test_policy_loss_all_masked_is_zero_with_zero_gradient():
-  logp, logp_old, adv, mask = _batch()
+  logp, logp_old, adv, mask = test_util.logprob_batch()
   for aggregation in losses.AGGREGATIONS:
     for level in ("token", "sequence"):
       vg = jax.value_and_grad(lambda lp: losses.policy_loss(
@@ -344,7 +331,7 @@ def test_policy_loss_all_masked_is_zero_with_zero_gradient():
 
 
 def test_policy_loss_argument_errors():
-  logp, logp_old, adv, mask = _batch()
+  logp, logp_old, adv, mask = test_util.logprob_batch()
   with pytest.raises(ValueError, match="max_tokens"):
     losses.policy_loss(logp, logp_old, adv, mask, aggregation="seq_mean_token_sum_norm")
   with pytest.raises(ValueError, match="max_tokens"):
@@ -477,7 +464,7 @@ def test_value_loss_matches_reference(use_jit, clip):
   values = rng.normal(size=(4, 6)).astype(np.float32)
   values_old = (values + 0.5 * rng.normal(size=(4, 6))).astype(np.float32)
   returns = rng.normal(size=(4, 6)).astype(np.float32)
-  _, _, _, mask = _batch()
+  _, _, _, mask = test_util.logprob_batch()
   loss, metrics = test_util.maybe_jit(losses.value_loss, use_jit, clip=clip)(
       values, values_old, returns, mask)
   np.testing.assert_allclose(loss, ref_value_loss(values, values_old, returns, mask, clip),
@@ -498,7 +485,7 @@ def test_value_loss_check_grads(clip):
   rng = np.random.default_rng(8)
   values_old = rng.normal(size=(4, 6)).astype(np.float32)
   returns = rng.normal(size=(4, 6)).astype(np.float32)
-  _, _, _, mask = _batch()
+  _, _, _, mask = test_util.logprob_batch()
   # Away from the clip boundaries, finite differences agree with the gradient.
   delta = rng.choice([-0.5, -0.1, 0.1, 0.5], size=(4, 6))
   v = (values_old + delta).astype(np.float32)
@@ -527,7 +514,7 @@ def test_advantage_sign_mask_schedule(use_jit, positive_only_steps, ramp_steps):
 def test_entropy_bonus_is_aggregated_entropy():
   rng = np.random.default_rng(7)
   entropy = rng.random((4, 6)).astype(np.float32)
-  _, _, _, mask = _batch()
+  _, _, _, mask = test_util.logprob_batch()
   for aggregation in losses.AGGREGATIONS:
     np.testing.assert_allclose(
         losses.entropy_bonus(entropy, mask, aggregation=aggregation, max_tokens=MAX_TOKENS),

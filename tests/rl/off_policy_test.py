@@ -10,22 +10,9 @@ from rl_curriculum.rl import off_policy
 import test_util
 
 
-def _batch(b=4, t=6, seed=0, spread=0.3):
-  rng = np.random.default_rng(seed)
-  logp_old = -rng.random((b, t)).astype(np.float32) * 3
-  logp = (logp_old + spread * rng.normal(size=(b, t))).astype(np.float32)
-  adv = rng.normal(size=(b, t)).astype(np.float32)
-  mask = np.ones((b, t), np.float32)
-  mask[0, 4:] = 0
-  mask[1, 1:] = 0
-  if b > 2:
-    mask[2] = 0  # an absent completion slot
-  return logp, logp_old, adv, mask
-
-
 @test_util.JIT
 def test_truncated_is_weights_match_reference(use_jit):
-  logp_trainer, logp_sampler, _, _ = _batch(spread=1.0)
+  logp_trainer, logp_sampler, _, _ = test_util.logprob_batch(spread=1.0)
   out = test_util.maybe_jit(off_policy.truncated_is_weights, use_jit, cap=1.5)(
       logp_trainer, logp_sampler)
   expected = np.zeros(logp_trainer.shape)
@@ -41,7 +28,7 @@ def test_truncated_is_weights_match_reference(use_jit):
 def test_loglinear_proximal_logprobs_match_a_float64_reference(use_jit):
   """log pi_prox = log mu + s / (s + 1) (log pi - log mu) per token, in float64 by hand; s = 0
   gives the sampler's log-probs exactly, negative staleness counts as 0, and no gradient flows."""
-  logp, logp_sampler, _, _ = _batch(spread=1.0)
+  logp, logp_sampler, _, _ = test_util.logprob_batch(spread=1.0)
   staleness = np.tile(np.array([0, 1, 2, 3, 7, -1], np.int32), (logp.shape[0], 1))
   fn = test_util.maybe_jit(off_policy.loglinear_proximal_logprobs, use_jit)
   out = np.asarray(fn(logp_sampler, logp, staleness))

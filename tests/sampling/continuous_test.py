@@ -16,24 +16,19 @@ from rl_curriculum.model import decoding
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import prompt_prefill
 from rl_curriculum.sampling import sampler
+import test_util
 
 V, P, G, TP, N = 64, 3, 4, 7, 10
 R = P * G
 NEVER = V  # an eos id the model cannot emit
 
 
-def _config(scan):
-  return ModelConfig.tiny(vocab_size=V, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                          mlp_dim=128, init_std=0.3, scan_layers=scan)
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["unrolled", "scanned"])
 def model(request):
-  return transformer.init_model(_config(request.param), seed=0)
+  return transformer.init_model(test_util.engine_model_config(request.param), seed=0)
 
 
 def _prompts(seed=0):
@@ -167,7 +162,7 @@ def test_chunked_prefill_matches_whole_prefill(model):
 def test_prefix_shared_attention_equals_repeated_cache_attention():
   """decode_slots over a PrefixCache == decode_step over the KVCache that repeats each prompt's
   slots for its rows (random caches, rows at different completion slots)."""
-  config = _config(False)
+  config = test_util.engine_model_config(False)
   graphdef, params = transformer.init_model(config, seed=1)
   rng = np.random.default_rng(0)
   shape = lambda *s: rng.standard_normal(s).astype(np.float32)
@@ -200,10 +195,10 @@ def test_prefix_shared_attention_equals_repeated_cache_attention():
 
 def test_compiled_once_per_shape(model):
   _both(model, 5, temperature=0.9, key=1, active=np.ones(R, bool))
-  before = continuous.compiled_programs()
+  before = test_util.compiled_programs(continuous.start, continuous.run)
   _both(model, 5, temperature=0.7, key=2, active=np.arange(R) % 3 == 0)
   _both(model, 5, temperature=0.7, key=3, active=np.arange(R) % 2 == 0)
-  assert continuous.compiled_programs() == before
+  assert test_util.compiled_programs(continuous.start, continuous.run) == before
 
 
 @pytest.mark.parametrize("kwargs,match", [

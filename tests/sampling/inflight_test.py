@@ -13,7 +13,6 @@ import pytest
 
 from rl_curriculum.model import decoding
 from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.rl import off_policy
 from rl_curriculum.rl import stability
 from rl_curriculum.sampling import continuous
@@ -31,14 +30,9 @@ NEVER = V        # an eos id the model cannot emit
 STATIC = dict(max_new_tokens=N, group=G)
 
 
-def _config(scan):
-  return ModelConfig.tiny(vocab_size=V, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                          mlp_dim=128, init_std=0.3, scan_layers=scan)
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["unrolled", "scanned"])
 def model(request):
-  return transformer.init_model(_config(request.param), seed=0)
+  return transformer.init_model(test_util.engine_model_config(request.param), seed=0)
 
 
 def _batch(seed):
@@ -162,7 +156,7 @@ def test_each_token_carries_the_version_of_the_weights_that_drew_it(model):
   read 4 and its log-prob would be A's."""
   graphdef, params_a = model
   scanned = transformer.merge_params(graphdef, params_a).config.scan_layers
-  params_b = transformer.init_model(_config(scanned), seed=1)[1]
+  params_b = transformer.init_model(test_util.engine_model_config(scanned), seed=1)[1]
   batch = _batch(4)
   state = _admit((graphdef, params_a), _init(model), batch, 0, 1.0, version=3)
   state = _run((graphdef, params_a), state, 1.0, version=3, budget=2)

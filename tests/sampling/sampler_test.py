@@ -13,6 +13,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.sampling import sampler
 from rl_curriculum.types import Rollout
+import test_util
 
 CONFIG = ModelConfig.tiny(vocab_size=48, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                           mlp_dim=48, init_std=0.3)
@@ -145,15 +146,16 @@ def test_loop_exits_early_once_every_row_stopped(model):
 
 def test_sampler_compiles_once_per_shape(model):
   prompts, mask = _prompts(seed=10, lengths=(3, 1, 2, 3, 2), width=3)  # a shape no other test uses
-  before = sampler.compiled_programs()
+  programs = lambda: test_util.compiled_programs(sampler.prefill, sampler.decode)
+  before = programs()
   for seed, temperature in [(0, 1.0), (1, 0.7), (2, 1.3)]:
     sampler.sample(*model, np.roll(prompts, seed, axis=0), mask, jax.random.key(seed),
                    max_new_tokens=5, eos_id=0, temperature=temperature)
-  assert sampler.compiled_programs() == (before[0] + 1, before[1] + 1)
+  assert programs() == (before[0] + 1, before[1] + 1)
   sampler.sample(*model, prompts, mask, jax.random.key(0), max_new_tokens=6, eos_id=0)
-  assert sampler.compiled_programs() == (before[0] + 2, before[1] + 2)
+  assert programs() == (before[0] + 2, before[1] + 2)
   sampler.sample(*model, prompts, mask, jax.random.key(5), max_new_tokens=5, eos_id=0)
-  assert sampler.compiled_programs() == (before[0] + 2, before[1] + 2)
+  assert programs() == (before[0] + 2, before[1] + 2)
 
 
 def test_bfloat16_model_samples_finite_logprobs(model):

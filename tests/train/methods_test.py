@@ -6,20 +6,12 @@ import numpy as np
 import pytest
 import test_util
 
-from configs import toy
 
 STEPS = 3
 
 
 def _config(**rl):
-  c = toy.get_config()
-  c.rl.steps = STEPS
-  c.rl.learning_rate = 1e-3  # large enough for three updates to move the policy visibly
-  c.eval.every = 100         # evaluations at the start and the end only
-  c.checkpoint.every = 100
-  for name, value in rl.items():
-    c.rl[name] = value
-  return c
+  return test_util.toy_rl_config(STEPS, **rl)
 
 
 @pytest.fixture(scope="module")

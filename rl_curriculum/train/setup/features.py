@@ -1,7 +1,7 @@
 """The prompt features PCL's value model reads: the policy's view of each pool prompt.
 
-  pool = curriculum_pool(config, run, run.model.trainable)   # with features under PCL
-  state = refresh_features(config, run, step, state, replicated)
+  pool = curriculum_pool(config, run)        # the RL pool, with the features under PCL
+  state = refresh_features(config, run, step, state, replicated)   # every features_every steps
 
 Reference: Gao et al. (2025), "Prompt Curriculum Learning for Efficient LLM Post-Training",
 arXiv:2510.01135. The features are the policy's mean-pooled final hidden states; they are computed

@@ -258,15 +258,7 @@ MAX_NEW_TOKENS = 3  # toy completions are an answer and EOS: at 3 tokens some ar
 
 
 def _config(**rl):
-  c = toy.get_config()
-  c.rl.steps = STEPS
-  c.rl.max_new_tokens = MAX_NEW_TOKENS
-  c.rl.learning_rate = 1e-3
-  c.eval.every = 100         # evaluations at the start and the end only
-  c.checkpoint.every = 100
-  for name, value in rl.items():
-    c.rl[name] = value
-  return c
+  return test_util.toy_rl_config(STEPS, **{"max_new_tokens": MAX_NEW_TOKENS, **rl})
 
 
 @pytest.fixture(scope="module")

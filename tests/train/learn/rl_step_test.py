@@ -56,10 +56,6 @@ def _batch(rewards, train_groups=None, train_valid=None, mask=None, correct=None
                              train_groups=train_groups, train_valid=train_valid)
 
 
-def _rewards():
-  return np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1], [1, 1, 1, 1]], np.float32)
-
-
 def _rloo(rewards):
   r = np.asarray(rewards, np.float64)
   g = r.shape[1]
@@ -80,12 +76,12 @@ def _tree_equal(a, b):
 def test_update_changes_params_and_curriculum():
   params, state, cur_state, learn = _setup(kl_coef=1e-3)
   before = jax.tree.map(np.asarray, params)
-  new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
+  new_state, new_cur, metrics = learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2),
                                       None, params)
   assert int(new_state.step) == 1 and int(new_state.skipped) == 0
   assert not _tree_equal(before, new_state.params)
   # SEC with alpha = 1: q = mean |RLOO advantage| of the arm. Arm 0 = prompts 0, 2; arm 1 = 1, 3.
-  np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(_rewards()), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(test_util.LEARN_REWARDS.copy()), atol=1e-6)
   assert float(metrics["nonzero_adv_frac"]) == 0.5
   assert float(metrics["mixed_correct_frac"]) == 0.5
   assert float(metrics["steps_taken"]) == 2.0
@@ -97,10 +93,10 @@ def test_update_changes_params_and_curriculum():
 def test_non_finite_reward_rolls_back_params_curriculum_and_whitening(whiten):
   # The curriculum is fed the rewards here, so a NaN reaches SEC's Q unless the step is undone.
   params, state, cur_state, learn = _setup(whiten_rewards=whiten, curriculum_feedback="reward")
-  first, cur_state, _ = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None,
+  first, cur_state, _ = learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2), None,
                               params)
   before = jax.tree.map(np.asarray, (first.params, first.opt_state, first.whitening, cur_state))
-  rewards = _rewards()
+  rewards = test_util.LEARN_REWARDS.copy()
   rewards[0, 0] = np.nan
   second, new_cur, metrics = learn(first, cur_state, _batch(rewards), jax.random.PRNGKey(3),
                                    None, params)
@@ -110,7 +106,7 @@ def test_non_finite_reward_rolls_back_params_curriculum_and_whitening(whiten):
   assert _tree_equal(before, (second.params, second.opt_state, second.whitening, new_cur))
   assert np.all(np.isfinite(np.asarray(new_cur.q)))
   # Training continues: the next finite batch updates normally.
-  third, newer_cur, metrics = learn(second, new_cur, _batch(_rewards()), jax.random.PRNGKey(4),
+  third, newer_cur, metrics = learn(second, new_cur, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(4),
                                     None, params)
   assert float(metrics["update_skipped"]) == 0.0 and int(third.skipped) == 1
   assert np.all(np.isfinite(np.asarray(newer_cur.q)))
@@ -120,7 +116,7 @@ def test_non_finite_reward_rolls_back_params_curriculum_and_whitening(whiten):
 def test_curriculum_sees_all_groups_policy_only_kept_ones():
   params, state, cur_state, learn = _setup(minibatches=1)
   # Six sampled groups; the filter kept groups 0 and 2 and could not fill two slots.
-  rewards = np.concatenate([_rewards(), np.array([[1, 0, 1, 0], [0, 1, 1, 1]], np.float32)])
+  rewards = np.concatenate([test_util.LEARN_REWARDS.copy(), np.array([[1, 0, 1, 0], [0, 1, 1, 1]], np.float32)])
   batch = _batch(rewards, train_groups=jnp.array([0, 2, 0, 0], jnp.int32),
                  train_valid=jnp.array([True, True, False, False]))
   _, new_cur, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
@@ -138,9 +134,9 @@ def test_curriculum_sees_all_groups_policy_only_kept_ones():
 def test_curriculum_feedback_from_correctness_ignores_a_format_bonus():
   # Group 1 is all wrong; two of its completions earn the format bonus. GRPO gives that group the
   # same |advantage| as a group with real successes; its correctness advantages are 0.
-  rewards = _rewards()
+  rewards = test_util.LEARN_REWARDS.copy()
   rewards[1] = [0.1, 0.0, 0.1, 0.0]
-  correct = _rewards() > 0.5
+  correct = test_util.LEARN_REWARDS.copy() > 0.5
   q = {}
   for source in ("correct", "reward"):
     params, state, cur_state, learn = _setup(algorithm="grpo", curriculum_feedback=source)
@@ -156,18 +152,18 @@ def test_curriculum_feedback_from_correctness_ignores_a_format_bonus():
 
 def test_ppo_step_trains_policy_and_value_head():
   params, state, cur_state, learn = _setup(algorithm="ppo", value_detach=False)
-  new_state, new_cur, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
+  new_state, new_cur, metrics = learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2),
                                       None, params)
   assert float(metrics["update_skipped"]) == 0.0
   assert float(metrics["value_loss"]) > 0.0  # the head starts at 0, the returns are 0/1
   assert float(jnp.abs(new_state.value["w"]).sum()) > 0.0
   assert not _tree_equal(params, new_state.params)
   # The curriculum is fed group-relative (RLOO) advantages under PPO too.
-  np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(_rewards()), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(new_cur.q), _sec_q(test_util.LEARN_REWARDS.copy()), atol=1e-6)
   # The critic learns: on the same batch, its loss falls over a few steps.
   value_losses = [float(metrics["value_loss"])]
   for i in range(3):
-    new_state, _, metrics = learn(new_state, cur_state, _batch(_rewards()),
+    new_state, _, metrics = learn(new_state, cur_state, _batch(test_util.LEARN_REWARDS.copy()),
                                   jax.random.PRNGKey(3 + i), None, params)
     value_losses.append(float(metrics["value_loss"]))
   assert value_losses[-1] < value_losses[0], value_losses
@@ -184,7 +180,7 @@ def test_detached_value_head_leaves_the_policy_update_alone(detach):
                                              value_detach=detach, vf_coef=vf_coef)
     # A trained-looking head, so that the value loss has a gradient through the hidden states.
     state = state._replace(value={"w": jnp.full((32,), 0.3), "b": jnp.zeros(())})
-    new_state, _, _ = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None,
+    new_state, _, _ = learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2), None,
                             params)
     updates.append(new_state.params)
   assert _tree_equal(updates[0], updates[1]) == detach
@@ -200,7 +196,7 @@ def test_gae_advantages_and_returns_match_a_float64_loop():
   rng = np.random.default_rng(0)
   lengths = rng.integers(1, T + 1, P * G)
   mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.float32)
-  rewards = _rewards()
+  rewards = test_util.LEARN_REWARDS.copy()
   batch = _batch(rewards, mask=mask)
   value = {"w": jnp.asarray(rng.normal(0, 0.3, 32), jnp.float32), "b": jnp.float32(0.1)}
   scores = rl_step.score_groups(batch, stability.whitening_init(), config)
@@ -231,7 +227,7 @@ def test_gae_advantages_and_returns_match_a_float64_loop():
 
 def test_kl_is_zero_while_the_policy_equals_the_reference():
   params, state, cur_state, learn = _setup(minibatches=1, kl_coef=0.1)
-  _, _, metrics = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None, params)
+  _, _, metrics = learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2), None, params)
   assert abs(float(metrics["kl"])) < 1e-6  # one minibatch: the policy is the reference
 
 
@@ -242,7 +238,7 @@ def test_kl_term_is_aggregated_like_the_policy_loss(aggregation):
   config = test_util.learn_config(kl_coef=0.5, kl_estimator="k2", aggregation=aggregation)
   mask = np.ones((P * G, T), np.float32)
   mask[::3, 1:] = 0.0  # ragged rows: the aggregations differ
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   scores = rl_step.score_groups(batch, stability.whitening_init(), config)
   ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
   view = view_lib.train_view(batch, scores, params, graphdef=graphdef, ref_params=ref,
@@ -279,7 +275,7 @@ def test_update_kl_measures_the_last_update_and_rolls_back_past_max_kl():
   lr = 2.0
   params, state, cur_state, learn = _setup(optax.sgd(lr), minibatches=1, max_kl=100.0)
   graphdef, _ = test_util.tiny_model()
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
   assert float(metrics["approx_kl"]) == 0.0  # measured before the update
   logp_of = lambda prm: forward.completion_logprobs(  # pylint: disable=unnecessary-lambda-assignment
@@ -297,10 +293,10 @@ def test_update_kl_measures_the_last_update_and_rolls_back_past_max_kl():
 
 def test_minibatch_of_padding_groups_takes_no_step():
   params, state, cur_state, learn = _setup(minibatches=2)
-  stepped, cur_state, _ = learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(2), None,
+  stepped, cur_state, _ = learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2), None,
                                 params)
   # Adam now carries momentum: a step on a zero gradient would still move every weight.
-  padding = _batch(_rewards(), train_valid=jnp.zeros(P, bool))
+  padding = _batch(test_util.LEARN_REWARDS.copy(), train_valid=jnp.zeros(P, bool))
   before = jax.tree.map(np.asarray, (stepped.params, stepped.opt_state))  # (stepped is donated)
   after, _, metrics = learn(stepped, cur_state, padding, jax.random.PRNGKey(3), None, params)
   assert float(metrics["steps_taken"]) == 0.0 and float(metrics["update_skipped"]) == 0.0
@@ -315,7 +311,7 @@ def test_metrics_average_only_the_minibatches_that_stepped():
   key = jax.random.PRNGKey(2)
   first = np.asarray(objective.minibatch_rows(jax.random.fold_in(key, 0), P, G, 2))[0] // G
   real = np.isin(np.arange(P), first)
-  batch = _batch(_rewards(), train_valid=jnp.asarray(real))
+  batch = _batch(test_util.LEARN_REWARDS.copy(), train_valid=jnp.asarray(real))
   _, _, metrics = learn(state, cur_state, batch, key, None, params)
   assert float(metrics["steps_taken"]) == 1.0
   # The same two groups as one minibatch (two more padding slots): the same minibatch metrics.
@@ -336,7 +332,7 @@ def test_tokens_after_a_stop_change_nothing():
   rng = np.random.default_rng(1)
   lengths = rng.integers(1, T + 1, P * G)
   mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.float32)
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   noise = jax.random.randint(jax.random.PRNGKey(9), batch.tokens.shape, 4, V)
   other = batch._replace(tokens=jnp.where(mask > 0, batch.tokens, noise))
   assert not np.array_equal(np.asarray(other.tokens), np.asarray(batch.tokens))
@@ -355,7 +351,7 @@ def test_two_epochs_keep_logp_old_frozen_and_clipping_engages():
   graphdef, params = test_util.tiny_model()
   config = test_util.learn_config(epochs=2, minibatches=1)
   optimizer = optax.sgd(20.0)
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   scores = rl_step.score_groups(batch, stability.whitening_init(), config)
   view = view_lib.train_view(batch, scores, params, graphdef=graphdef, ref_params=None,
                             config=config, use_lora=False)
@@ -386,11 +382,11 @@ def test_one_minibatch_step_equals_the_textbook_update(level, aggregation):
                                            aggregation=aggregation)
   rng = np.random.default_rng(2)
   mask = (np.arange(T)[None, :] < rng.integers(1, T + 1, P * G)[:, None]).astype(np.float32)
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
 
   graphdef, _ = test_util.tiny_model()
-  adv_tokens = jnp.asarray(np.repeat(_rloo(_rewards()).reshape(P * G, 1), T, axis=1) * mask,
+  adv_tokens = jnp.asarray(np.repeat(_rloo(test_util.LEARN_REWARDS.copy()).reshape(P * G, 1), T, axis=1) * mask,
                            jnp.float32)
 
   def logp_of(prm):
@@ -419,7 +415,7 @@ def test_grouped_completion_logprobs_equal_the_per_row_pass():
   """The learn step's grouped pass (each group's prompt once) gives the per-row pass's log-probs
   and gradients."""
   graphdef, params = test_util.tiny_model()
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   weights = jax.random.normal(jax.random.PRNGKey(3), batch.tokens.shape)
 
   def loss(prm, group):
@@ -451,7 +447,7 @@ def _lora_model(dtype="float32", b_scale=0.0):
 def test_shared_prefix_pass_with_lora_in_bfloat16_is_as_exact_as_the_per_row_pass():
   """In bfloat16 the grouped pass (prompt once per group) and the per-row pass differ by
   rounding; the grouped one must be no further from the float32 answer than the per-row one."""
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   out = {}
   for dtype in ("float32", "bfloat16"):
     graphdef, adapters, base = _lora_model(dtype, b_scale=0.05)
@@ -476,7 +472,7 @@ def test_lora_with_kl_trains_only_adapters_against_the_base_model():
                                test_util.learn_config(kl_coef=0.1, minibatches=2), use_lora=True)
   state = init_train_state(adapters, optimizer)
   cur_state = curriculum.init(cur.PromptPool.from_arms([0, 1] * 3), jax.random.PRNGKey(0))
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   base_before = jax.tree.map(np.asarray, base)
   new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), base, None)
   assert _tree_equal(base_before, base)
@@ -499,7 +495,7 @@ def test_learner_logprobs_are_those_of_the_sampling_temperature():
   tokens, and the learner's old log-probs equal the sampler's."""
   tau = 0.7
   graphdef, params = test_util.tiny_model()
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   rollout = sampler.sample(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
                            jax.random.PRNGKey(5), max_new_tokens=T, eos_id=V, temperature=tau,
                            group=G)
@@ -523,7 +519,7 @@ def test_learner_logprobs_are_those_of_the_sampling_temperature():
 
 def test_one_minibatch_ratio_guard_and_metrics():
   params, state, cur_state, learn = _setup(minibatches=1, ratio_guard=1.0)
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   logp = forward.completion_logprobs(*test_util.tiny_model(), batch.prompt_tokens,
                                      batch.prompt_mask, batch.tokens)
   # The sampler's log-probs agree on the first completion token and are 3 nats off elsewhere.
@@ -540,7 +536,7 @@ def test_one_minibatch_ratio_guard_and_metrics():
 def test_make_learn_compiles_once_across_steps():
   params, state, cur_state, learn = _setup(minibatches=2, kl_coef=0.1, max_kl=5.0)
   for i in range(3):
-    rewards = np.roll(_rewards(), i, axis=1)
+    rewards = np.roll(test_util.LEARN_REWARDS.copy(), i, axis=1)
     state, cur_state, _ = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(i), None,
                                 params)
   assert learn.jitted._cache_size() == 1  # pylint: disable=protected-access
@@ -553,7 +549,7 @@ def _ragged_mask(seed=2):
 
 def _step_with(optimizer, **overrides):
   params, state, cur_state, learn = _setup(optimizer, **overrides)
-  batch = _batch(_rewards(), mask=_ragged_mask())
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=_ragged_mask())
   new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
   return new_state, metrics
 
@@ -628,7 +624,7 @@ def test_chunked_head_in_the_learn_step_changes_nothing():
 def test_microbatches_must_split_the_minibatch_into_whole_groups():
   params, state, cur_state, learn = _setup(minibatches=2, microbatches=4)  # 2 prompts, 4 parts
   with pytest.raises(ValueError, match="microbatches"):
-    learn(state, cur_state, _batch(_rewards()), jax.random.PRNGKey(0), None, params)
+    learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(0), None, params)
 
 
 # --- Loss-side methods: dual clip, entropy bonus, TIS, CAPO, GRPO's std, Dr. GRPO, KL reward ----
@@ -647,7 +643,7 @@ def _objective(config, view, params, graphdef):
 
 
 def _token_advantages(mask):
-  return np.repeat(_rloo(_rewards()).reshape(P * G, 1), T, axis=1) * mask
+  return np.repeat(_rloo(test_util.LEARN_REWARDS.copy()).reshape(P * G, 1), T, axis=1) * mask
 
 
 @pytest.mark.slow
@@ -656,7 +652,7 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
   clipped at 1 + eps_high; negative ones would cost -e^3 A, and the dual clip caps them at -3 A."""
   graphdef, params = test_util.tiny_model()
   mask = _ragged_mask()
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   config = test_util.learn_config(dual_clip=3.0)  # two minibatches: the view has old log-probs
   view = _view(config, batch, params, graphdef)
   view = view._replace(logp_old=view.logp_old - 3.0)
@@ -676,7 +672,7 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
 def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy(aggregation):
   graphdef, params = test_util.tiny_model()
   mask = _ragged_mask()
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   config = test_util.learn_config(minibatches=1, entropy_coef=0.1, aggregation=aggregation)
   view = _view(config, batch, params, graphdef)
   loss, metrics = _objective(config, view, params, graphdef)
@@ -723,7 +719,7 @@ def test_truncated_importance_weights_scale_the_loss(cap, weight):
   """The sampler put every token at 1/1.5 of the trainer's probability: w = min(1.5, cap)."""
   graphdef, params = test_util.tiny_model()
   mask = _ragged_mask()
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   logp = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
                                      batch.tokens)
   batch = batch._replace(sampler_logprobs=logp - np.log(1.5))
@@ -745,7 +741,7 @@ def test_decoupled_objective_with_interpolated_proximal_policy_matches_float64()
   graphdef, params = test_util.tiny_model()
   mask = _ragged_mask()
   rng = np.random.default_rng(5)
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   logp = np.asarray(forward.completion_logprobs(graphdef, params, batch.prompt_tokens,
                                                 batch.prompt_mask, batch.tokens, G), np.float64)
   mu = logp + rng.normal(scale=0.5, size=logp.shape)
@@ -780,7 +776,7 @@ def test_decoupled_objective_with_recomputed_proximal_policy_matches_float64():
   by hand in float64 (AReaL's decoupled PPO objective)."""
   graphdef, params = test_util.tiny_model()
   rng = np.random.default_rng(7)
-  batch = _batch(_rewards(), mask=_ragged_mask())
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=_ragged_mask())
   logp_prox = np.asarray(forward.completion_logprobs(
       graphdef, params, batch.prompt_tokens, batch.prompt_mask, batch.tokens, G), np.float64)
   mu = logp_prox + rng.normal(scale=0.4, size=logp_prox.shape)
@@ -815,7 +811,7 @@ def test_learn_logs_the_staleness_of_the_trained_tokens():
   _, state, cur_state, learn = _setup(minibatches=1)
   mask = _ragged_mask()
   versions = np.random.default_rng(3).integers(4, 8, size=mask.shape).astype(np.int32)
-  batch = _batch(_rewards(), mask=mask, train_groups=np.array([0, 2], np.int32),
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask, train_groups=np.array([0, 2], np.int32),
                  train_valid=np.array([True, True]))
   state = state._replace(step=jnp.asarray(7, jnp.int32))
   _, _, metrics = learn(state, cur_state, batch._replace(versions=jnp.asarray(versions)),
@@ -835,7 +831,7 @@ def test_loglinear_proximal_on_synchronous_rollouts_uses_the_samplers_logprobs()
   proximal policy is the sampler's: two minibatches of loglinear equal two minibatches against
   old log-probs set to the sampler's, with no old-policy pass."""
   graphdef, params = test_util.tiny_model()
-  batch = _batch(_rewards(), mask=_ragged_mask())
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=_ragged_mask())
   logp = forward.completion_logprobs(graphdef, params, batch.prompt_tokens, batch.prompt_mask,
                                      batch.tokens, G)
   batch = batch._replace(sampler_logprobs=logp - 0.1)
@@ -865,7 +861,7 @@ def test_capo_trains_on_positive_advantages_first_then_phases_negatives_in():
   params, state, cur_state, learn = _setup(minibatches=1, capo_positive_steps=2,
                                            capo_ramp_steps=2)
   for step in range(4):
-    batch = _batch(_rewards(), mask=mask)
+    batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
     state, cur_state, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(step), None,
                                       params)
     weights[step] = float(metrics["capo_negative_weight"])
@@ -874,14 +870,14 @@ def test_capo_trains_on_positive_advantages_first_then_phases_negatives_in():
       np.testing.assert_allclose(float(metrics["loss"]), expected, rtol=1e-4)
   assert weights == {0: 0.0, 1: 0.0, 2: 0.5, 3: 1.0}
   # Off (both 0): no weighting and no metric.
-  view = _view(test_util.learn_config(), _batch(_rewards()), params, test_util.tiny_model()[0])
+  view = _view(test_util.learn_config(), _batch(test_util.LEARN_REWARDS.copy()), params, test_util.tiny_model()[0])
   same, extra = view_lib.advantage_curriculum(view, jnp.zeros((), jnp.int32),
                                               test_util.learn_config())
   assert same is view and not extra
 
 
 def test_grpo_sample_std_shrinks_the_advantages_by_sqrt_of_n_minus_1_over_n():
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   scores = {std: rl_step.score_groups(batch, stability.whitening_init(),
                                       test_util.learn_config(algorithm="grpo", grpo_std=std))
             for std in adv_lib.GRPO_STDS}
@@ -903,7 +899,7 @@ def test_kl_in_the_reward_lowers_each_completions_reward_before_the_advantages()
   (the penalty needs it), and the reference's pass without a KL loss term."""
   graphdef, params = test_util.tiny_model()
   mask = _ragged_mask()
-  batch = _batch(_rewards(), mask=mask)
+  batch = _batch(test_util.LEARN_REWARDS.copy(), mask=mask)
   ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
   config = test_util.learn_config(minibatches=1, kl_reward_coef=0.5)
   view = _view(config, batch, params, graphdef, ref_params=ref)
@@ -913,7 +909,7 @@ def test_kl_in_the_reward_lowers_each_completions_reward_before_the_advantages()
 
   kl_sum = ((logp_of(params) - logp_of(ref)) * mask).sum(1).reshape(P, G)
   assert np.abs(kl_sum).max() > 1e-2
-  expected = np.repeat(_rloo(_rewards() - 0.5 * kl_sum).reshape(P * G, 1), T, axis=1) * mask
+  expected = np.repeat(_rloo(test_util.LEARN_REWARDS.copy() - 0.5 * kl_sum).reshape(P * G, 1), T, axis=1) * mask
   np.testing.assert_allclose(np.asarray(view.advantages), expected, rtol=1e-4, atol=1e-5)
   _, metrics = _objective(config, view, params, graphdef)
   assert "kl" not in metrics  # kl_coef = 0: no KL loss term
@@ -925,7 +921,7 @@ def test_kl_in_the_reward_lowers_each_completions_reward_before_the_advantages()
 
 def test_kl_in_the_reward_of_ppo_is_a_per_token_penalty_before_gae():
   graphdef, params = test_util.tiny_model()
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size).reshape(x.shape)), params)
   views = {beta: _view(test_util.learn_config(algorithm="ppo", kl_reward_coef=beta, lam=1.0), batch,
                        params, graphdef, ref_params=ref) for beta in (0.0, 0.5)}

@@ -36,10 +36,6 @@ def _adaptive(**overrides) -> LearnConfig:
                                  temperature_min=0.05, temperature_max=4.0), **overrides})
 
 
-def _rewards():
-  return np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1], [1, 1, 1, 1]], np.float32)
-
-
 def _batch(rewards):
   key = jax.random.PRNGKey(1)
   prompts = jnp.repeat(jax.random.randint(key, (P, TP), 4, V), G, axis=0)
@@ -66,7 +62,7 @@ def test_traced_temperature_gives_the_loss_and_gradients_of_the_static_one():
   """The objective at a traced tau equals the objective of LearnConfig(temperature=tau)."""
   tau = 0.7
   graphdef, params = test_util.tiny_model()
-  batch = _batch(_rewards())
+  batch = _batch(test_util.LEARN_REWARDS.copy())
   static = test_util.learn_config(temperature=tau, minibatches=1, entropy_coef=0.1)
   traced = dataclasses.replace(static, temperature=1.0)
   scores = rl_step.score_groups(batch, stability.whitening_init(), static)
@@ -101,7 +97,7 @@ def test_learn_step_at_the_state_temperature_equals_the_static_step():
   static_state, cur_state, static_learn, params = _learn(
       test_util.learn_config(temperature=tau, **passes), temperature=tau)
   state, _, learn, _ = _learn(_adaptive(**passes), temperature=tau)
-  batch, key = _batch(_rewards()), jax.random.PRNGKey(2)
+  batch, key = _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2)
   new_static, _, m_static = static_learn(static_state, cur_state, batch, key, None, params)
   new_state, _, m_adaptive = learn(state, cur_state, batch, key, None, params)
   for name in ("loss", "pg_loss", "entropy", "kl", "update_kl", "approx_kl", "grad_norm"):
@@ -122,7 +118,7 @@ def test_controller_moves_the_temperature_toward_the_target(target):
   state, cur_state, learn, params = _learn(config, temperature=0.7)
   taus = [0.7]
   for i in range(3):
-    state, cur_state, metrics = learn(state, cur_state, _batch(np.roll(_rewards(), i, axis=1)),
+    state, cur_state, metrics = learn(state, cur_state, _batch(np.roll(test_util.LEARN_REWARDS.copy(), i, axis=1)),
                                       jax.random.PRNGKey(i), None, params)
     entropy = float(metrics["entropy"])
     assert 0.0 < entropy < np.log(V)
@@ -139,7 +135,7 @@ def test_controller_moves_the_temperature_toward_the_target(target):
 def test_a_skipped_update_keeps_the_temperature():
   config = _adaptive(curriculum_feedback="reward")
   state, cur_state, learn, params = _learn(config, temperature=0.7)
-  rewards = _rewards()
+  rewards = test_util.LEARN_REWARDS.copy()
   rewards[0, 0] = np.nan
   new_state, _, metrics = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(2), None,
                                 params)
@@ -150,7 +146,7 @@ def test_a_skipped_update_keeps_the_temperature():
 def test_a_step_that_trained_no_token_keeps_the_temperature():
   """Every slot is padding (a filter found nothing): no entropy was measured, tau stays."""
   state, cur_state, learn, params = _learn(_adaptive(), temperature=0.7)
-  batch = _batch(_rewards())._replace(train_valid=jnp.zeros(P, bool))
+  batch = _batch(test_util.LEARN_REWARDS.copy())._replace(train_valid=jnp.zeros(P, bool))
   new_state, _, metrics = learn(state, cur_state, batch, jax.random.PRNGKey(2), None, params)
   assert float(metrics["steps_taken"]) == 0.0
   assert float(new_state.temperature) == np.float32(0.7)
@@ -159,7 +155,7 @@ def test_a_step_that_trained_no_token_keeps_the_temperature():
 def test_the_controller_needs_a_temperature_in_the_state():
   state, cur_state, learn, params = _learn(_adaptive(), temperature=0.7)
   with pytest.raises(ValueError, match="TrainState.temperature"):
-    learn(state._replace(temperature=None), cur_state, _batch(_rewards()), jax.random.PRNGKey(2),
+    learn(state._replace(temperature=None), cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(2),
           None, params)
 
 
@@ -197,10 +193,11 @@ def straight(tmp_path_factory):
   sample = sampler.sample
 
   def recording(*args, **kwargs):
-    before = sampler.compiled_programs()
+    before = test_util.compiled_programs(sampler.prefill, sampler.decode)
     out = sample(*args, **kwargs)
     if not kwargs.get("greedy"):
-      calls.append((float(kwargs["temperature"]), before, sampler.compiled_programs()))
+      calls.append((float(kwargs["temperature"]), before,
+                    test_util.compiled_programs(sampler.prefill, sampler.decode)))
     return out
 
   with pytest.MonkeyPatch.context() as patch:

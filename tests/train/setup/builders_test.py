@@ -9,13 +9,8 @@ from rl_curriculum.train.setup import builders, validation
 import test_util
 
 
-def _config(**fields):
-  c = scratch.get_config()
-  return test_util.set_fields(c, **fields)
-
-
 def test_loss_side_methods_reach_the_learn_config():
-  c = _config(rl__algorithm="dr_grpo", rl__aggregation="seq_mean_token_sum_norm",
+  c = test_util.scratch_config(rl__algorithm="dr_grpo", rl__aggregation="seq_mean_token_sum_norm",
               rl__dual_clip=3.0, rl__entropy_coef=0.01, rl__tis_cap=2.0,
               rl__capo_positive_steps=5, rl__capo_ramp_steps=10, rl__grpo_std="sample",
               rl__kl_reward_coef=0.05)
@@ -34,8 +29,8 @@ def test_loss_side_methods_reach_the_learn_config():
 
 def test_adaptive_temperature_reaches_the_learn_config():
   # Off (target 0), the controller's other fields are not checked.
-  validation.validate(_config(rl__temperature_rate=0.0, rl__temperature_min=2.0))
-  c = _config(rl__temperature_target=1.5, rl__temperature_rate=0.05, rl__temperature_min=0.6,
+  validation.validate(test_util.scratch_config(rl__temperature_rate=0.0, rl__temperature_min=2.0))
+  c = test_util.scratch_config(rl__temperature_target=1.5, rl__temperature_rate=0.05, rl__temperature_min=0.6,
               rl__temperature_max=1.2)
   validation.validate(c)
   learn = builders.learn_config(c)
@@ -48,7 +43,7 @@ def test_adaptive_temperature_reaches_the_learn_config():
 def test_task_arms_are_counted_from_the_tasks_with_training_bins():
   from rl_curriculum.tasks import get_task  # pylint: disable=import-outside-toplevel
   task = get_task("countdown+zebra+arc1d")
-  c = _config(task__name=task.name, curriculum__arms="task",
+  c = test_util.scratch_config(task__name=task.name, curriculum__arms="task",
               task__train_bins=(task.bin_of("countdown", "n3"), task.bin_of("countdown", "n4"),
                                 task.bin_of("arc1d", "move_10")),
               task__eval_bins=(0,), task__weights=(1.0, 2.0, 1.0))

@@ -10,11 +10,6 @@ from rl_curriculum.train.setup import builders, validation
 import test_util
 
 
-def _config(**fields):
-  c = scratch.get_config()
-  return test_util.set_fields(c, **fields)
-
-
 def test_the_shipped_config_is_valid():
   validation.validate(scratch.get_config())
 
@@ -77,11 +72,11 @@ def test_the_shipped_config_is_valid():
 ])
 def test_bad_fields_are_named(fields, message):
   with pytest.raises(validation.ConfigError, match=re.escape(message)):
-    validation.validate(_config(**fields))
+    validation.validate(test_util.scratch_config(**fields))
 
 
 def test_a_whole_number_of_oversampled_prompts_is_accepted():
-  c = _config(curriculum__filter="all_equal", curriculum__oversample=1.5)  # 48 prompts
+  c = test_util.scratch_config(curriculum__filter="all_equal", curriculum__oversample=1.5)  # 48 prompts
   validation.validate(c)
   assert builders.sampled_prompts(c) == 48
 
@@ -120,7 +115,7 @@ def test_curriculum_option_values_are_checked_by_building_it(name, options, mess
 ])
 def test_mixture_fields_are_named(fields, message):
   with pytest.raises(validation.ConfigError, match=re.escape(message)):
-    validation.validate(_config(**fields))
+    validation.validate(test_util.scratch_config(**fields))
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -132,7 +127,7 @@ def test_mixture_fields_are_named(fields, message):
 ])
 def test_engine_fields_are_named(fields, message):
   with pytest.raises(validation.ConfigError, match=re.escape(message)):
-    validation.validate(_config(**fields))
+    validation.validate(test_util.scratch_config(**fields))
 
 
 _IN_FLIGHT = dict(rl__engine="continuous", rl__max_staleness=1, rl__tis_cap=2.0)
@@ -157,7 +152,7 @@ _IN_FLIGHT = dict(rl__engine="continuous", rl__max_staleness=1, rl__tis_cap=2.0)
 ])
 def test_rollouts_in_flight_fields_are_named(fields, message):
   with pytest.raises(validation.ConfigError, match=re.escape(message)) as error:
-    validation.validate(_config(**fields))
+    validation.validate(test_util.scratch_config(**fields))
   assert "\n" not in str(error.value)  # one line
 
 
@@ -168,10 +163,10 @@ def test_rollouts_in_flight_choose_how_stale_tokens_are_corrected():
   stale = dict(rl__engine="continuous", rl__max_staleness=2)
   for choice in (dict(rl__tis_cap=1.5), dict(rl__proximal="loglinear"),
                  dict(rl__off_policy_correction="none")):
-    validation.validate(_config(**stale, **choice))
-  validation.validate(_config(rl__engine="continuous", rl__decode_budget=4))
+    validation.validate(test_util.scratch_config(**stale, **choice))
+  validation.validate(test_util.scratch_config(rl__engine="continuous", rl__decode_budget=4))
   with pytest.raises(validation.ConfigError, match=re.escape("config.rl.max_staleness: 2 trains")):
-    validation.validate(_config(**stale))
+    validation.validate(test_util.scratch_config(**stale))
 
 
 def test_the_rollout_devices_split_leaves_the_learner_devices_on_every_process():
@@ -181,7 +176,7 @@ def test_the_rollout_devices_split_leaves_the_learner_devices_on_every_process()
 
   devices = [Device(i, i // 4) for i in range(8)]      # two processes of four devices
   split = lambda n, processes=2: rollout_checks.split_devices(
-      _config(parallel__rollout_devices=n), devices, processes)
+      test_util.scratch_config(parallel__rollout_devices=n), devices, processes)
   learner, rollout = split(2)
   assert [d.id for d in learner] == [0, 1, 2, 4, 5, 6] and [d.id for d in rollout] == [3, 7]
   assert split(0) == (devices, devices)
@@ -190,13 +185,13 @@ def test_the_rollout_devices_split_leaves_the_learner_devices_on_every_process()
       split(bad)
   uneven = devices[:3] + devices[4:5]  # process 1 has one device: none left to learn on
   with pytest.raises(validation.ConfigError, match="leave a process with no learner device"):
-    rollout_checks.split_devices(_config(parallel__rollout_devices=2), uneven, 2)
-  validation.validate(_config(**_IN_FLIGHT, rl__decode_budget=4, rl__admission="drop",
+    rollout_checks.split_devices(test_util.scratch_config(parallel__rollout_devices=2), uneven, 2)
+  validation.validate(test_util.scratch_config(**_IN_FLIGHT, rl__decode_budget=4, rl__admission="drop",
                               parallel__rollout_devices=1))
 
 
 def test_engine_shapes_are_checked_against_the_mesh_and_the_prompt_buffer():
-  c = _config(rl__engine="continuous", rl__decode_slots=12, rl__prefill_chunk=16)
+  c = test_util.scratch_config(rl__engine="continuous", rl__decode_slots=12, rl__prefill_chunk=16)
   rollout_checks.check_decode_slots(c, 4)
   with pytest.raises(validation.ConfigError, match=re.escape(
       "config.rl.decode_slots: 12 decode slots do not split over data x fsdp = 8 devices")):
