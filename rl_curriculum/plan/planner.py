@@ -256,9 +256,10 @@ def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
 
 
 def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
-  """The continuous engine holding the batches of rl.max_staleness + 1 steps in flight
-  (`sampling.inflight`): `admit` (a batch prefilled into its generation, as "prefill") and a
-  step's `run` (with a budget and a due generation, as "decode"), on the engine state they
+  """The continuous engine as the loop runs it (`rollout.pipeline`), W = rl.max_staleness + 1
+  generations: `admit` (a batch prefilled into its generation and its first tokens drawn, as
+  "prefill") and a step's `run` (as "decode": at k = 0 the batch decoded to its end, its slots
+  halving; with rows in flight the step's decoding, with its budget), on the engine state they
   carry (its KV cache per device, every generation's prompt slots included)."""
   options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
   graphdef, rows = inputs.programs.graphdef, prompts.shape[0]
@@ -274,10 +275,13 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
       graphdef, policy, state, prompts, prompt_mask, inputs.key, i32(),
       _small(inputs, (), jnp.float32), i32(), _rows(inputs, rows, dtype=jnp.bool_),
       chunk=options["prefill_chunk"], stop_ids=stop_ids, **shared), resident)
+  budget = config.rl.decode_budget if pipeline.persists(config) else 0
+  loop = dict(stop_ids=stop_ids, pad_id=options["pad_id"], group=options["group"],
+              mesh=options["mesh"], shrink=0 if budget else config.rl.decode_shrink,
+              fed=bool(budget) and config.rl.admission == "wait")
   decode, _ = _measure(lambda: continuous.run.lower(
-      graphdef, policy, state, _small(inputs, (), jnp.float32), i32(), i32(), i32(),
-      stop_ids=stop_ids, pad_id=options["pad_id"], group=options["group"],
-      mesh=options["mesh"], fed=True), resident)
+      graphdef, policy, state, _small(inputs, (), jnp.float32), i32(),
+      i32() if budget else None, None, **loop), resident)
   return {"prefill": admit, "decode": decode,
           "cache_gib": mesh_lib.shard_bytes(state.cache) / GIB}
 

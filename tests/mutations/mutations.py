@@ -10,9 +10,10 @@ Apply them with `run.py` in this folder, in a clean checkout that is not being e
   nice -n 15 python tests/mutations/run.py --repo /path/to/checkout \
       --out tests/mutations/baseline.json
 
-baseline.json holds the run before the test suite was made to compile and train once per run
-(shared warm starts, the compilation cache, the methods table in one process), after.json the
-run after it: every mutation is caught in both.
+baseline.json holds the run of these 34 mutations on the suite before its second cut (the
+methods table training every row; commit 224eb3a), after.json the run on the suite after it (the
+methods table checking every row's flags without training and one step per family of methods,
+the equivalence and end-to-end tests merged): every mutation is caught in both.
 """
 
 from typing import NamedTuple
@@ -31,6 +32,10 @@ class Mutation(NamedTuple):
 _LOOP = "tests/train/loop_test.py::test_resume_equals_uninterrupted_run"
 _ROLLBACK = ("tests/train/loop_methods_test.py::"
              "test_rollback_after_two_skipped_updates_restores_the_last_healthy_checkpoint")
+_INFLIGHT_VERSIONS = ("tests/sampling/inflight_test.py::"
+                      "test_each_token_carries_the_version_of_the_weights_that_drew_it")
+_DISCARDED = ("tests/train/loop_methods_test.py::"
+              "test_a_discarded_update_keeps_the_prompt_statistics_as_it_keeps_the_curriculum_state")
 
 MUTATIONS = (
     Mutation(
@@ -113,10 +118,10 @@ MUTATIONS = (
         ("tests/sampling/sampler_test.py",)),
     Mutation(
         "sampler_logprob_temperature", "recorded log-probs ignore the sampling temperature",
-        "rl_curriculum/sampling/sampler.py",
-        "scaled = s.logits if greedy else strategies.apply_temperature(s.logits, temperature)",
-        "scaled = s.logits",
-        ("tests/sampling/sampler_test.py",)),
+        "rl_curriculum/sampling/strategies.py",
+        "scaled = scaled.astype(jnp.float32)",
+        "scaled = logits.astype(jnp.float32)",
+        ("tests/sampling/strategies_test.py", "tests/sampling/sampler_test.py")),
     Mutation(
         "held_out_split", "trained bins draw their held-out sets from the trainable prompts",
         "rl_curriculum/train/setup/data.py",
@@ -141,4 +146,109 @@ MUTATIONS = (
         'return state._replace(train=tree["train"], curriculum=tree["curriculum"],',
         'return state._replace(train=tree["train"], curriculum=state.curriculum,',
         (_LOOP,)),
+    # The rollout engine: slot refill, version tags, the staleness bound, admission.
+    Mutation(
+        "slot_refill", "a free slot skips the next queued row and takes the one after it",
+        "rl_curriculum/sampling/slots.py",
+        "position = state.taken[:, None] + jnp.cumsum(free, axis=1, dtype=jnp.int32) - 1",
+        "position = state.taken[:, None] + jnp.cumsum(free, axis=1, dtype=jnp.int32)",
+        ("tests/sampling/continuous_test.py",)),
+    Mutation(
+        "first_token_version", "a row's first token is tagged version 0, not its prefill's",
+        "rl_curriculum/sampling/slots.py",
+        "versions=first_column(state.versions, first.version, 0),",
+        "versions=first_column(state.versions, 0, 0),",
+        (_INFLIGHT_VERSIONS,)),
+    Mutation(
+        "loop_token_version", "a token drawn in the loop is tagged one version too new",
+        "rl_curriculum/sampling/continuous.py",
+        "s = slots_lib.record(s._replace(cache=cache), token, logprob, version, stops)",
+        "s = slots_lib.record(s._replace(cache=cache), token, logprob, version + 1, stops)",
+        (_INFLIGHT_VERSIONS, "tests/train/rollout/pipeline_test.py")),
+    Mutation(
+        "staleness_versions", "rows in flight at k = 1 reach the learn step without versions",
+        "rl_curriculum/train/rollout/pipeline.py",
+        "  return config.rl.max_staleness > 0\n",
+        "  return config.rl.max_staleness > 1\n",
+        ("tests/train/rollout/pipeline_test.py",)),
+    Mutation(
+        "evict_passes_over", "an evicted generation's queued rows stay queued and are seated later",
+        "rl_curriculum/sampling/inflight.py",
+        "taken=jnp.maximum(state.taken, state.queue_end[:, generation]))",
+        "taken=state.taken)",
+        ("tests/sampling/inflight_test.py", "tests/train/rollout/pipeline_test.py")),
+    Mutation(
+        "admission_complete", "a group counts as complete once any of its rows stopped",
+        "rl_curriculum/train/rollout/pipeline.py",
+        "return np.all(done | ~valid, axis=1)",
+        "return np.any(done & valid, axis=1)",
+        ("tests/train/rollout/pipeline_test.py",)),
+    # Rollouts in flight must choose an off-policy correction; a discarded update rolls back.
+    Mutation(
+        "off_policy_check", "stale tokens pass the config check with no correction named",
+        "rl_curriculum/train/rollout/checks.py",
+        'corrected = rl.tis_cap > 0 or rl.proximal == "loglinear"',
+        'corrected = rl.tis_cap >= 0 or rl.proximal == "loglinear"',
+        ("tests/train/setup/validation_test.py",)),
+    Mutation(
+        "skipped_update_prompts", "a discarded update keeps the per-prompt statistics it taught",
+        "rl_curriculum/train/loop.py",
+        '  if learned["update_skipped"]:\n    state = state._replace(prompts=prompts)\n',
+        "",
+        (_DISCARDED,)),
+    # Checkpoint sealing and resume.
+    Mutation(
+        "checksum_ignored", "a checkpoint whose bytes changed passes verification",
+        "rl_curriculum/train/durable/checkpointing.py",
+        "    if found[rel][1] != digest:",
+        "    if found[rel][1] != digest and False:",
+        ("tests/train/durable/checkpointing_test.py",)),
+    Mutation(
+        "resume_in_flight", "a checkpoint leaves out the rows in flight",
+        "rl_curriculum/train/state.py",
+        "  if state.rollouts is not None:\n    tree[\"rollouts\"] = state.rollouts",
+        "  if False:\n    tree[\"rollouts\"] = state.rollouts",
+        ("tests/train/rollout/pipeline_test.py::"
+         "test_resumed_with_rows_in_flight_equals_uninterrupted_k1",)),
+    # The curricula's updates.
+    Mutation(
+        "ema_rate", "a teacher's running success moves away from the observation",
+        "rl_curriculum/curriculum/arms.py",
+        "new = jnp.where(seen, est + rate * (obs - est), obs)",
+        "new = jnp.where(seen, est + rate * (est - obs), obs)",
+        ("tests/curriculum/teachers_test.py", "tests/curriculum/arms_test.py")),
+    Mutation(
+        "dump_counts", "DUMP counts each sampled arm once more than it was drawn",
+        "rl_curriculum/curriculum/dump.py",
+        "counts = state.counts + arms_lib.arm_counts(feedback.arms, num_arms).astype(jnp.int32)",
+        "counts = state.counts + 1 + arms_lib.arm_counts(feedback.arms, num_arms).astype("
+        "jnp.int32)",
+        ("tests/curriculum/dump_test.py",)),
+    Mutation(
+        "prompt_streak", "a zero-variance streak restarts at 0 instead of 1",
+        "rl_curriculum/curriculum/prompt_stats.py",
+        "streak = jnp.where(continues, store.streak + 1, jnp.where(kind != KIND_NONE, 1, 0))",
+        "streak = jnp.where(continues, store.streak + 1, 0)",
+        ("tests/curriculum/prompt_stats_test.py",)),
+    # The verifiers.
+    Mutation(
+        "countdown_numbers", "countdown accepts an answer that uses a number twice",
+        "rl_curriculum/tasks/countdown.py",
+        "numbers_ok = used == have if problem.meta.get(\"use_all\", True) else not used - have",
+        "numbers_ok = set(used) == set(have) if problem.meta.get(\"use_all\", True) else "
+        "not used - have",
+        ("tests/tasks/countdown_test.py",)),
+    # Traced coefficients and the programs' key.
+    Mutation(
+        "switch_off_at_zero", "a coefficient of 0 stays on (a traced 0) instead of None",
+        "rl_curriculum/train/learn/rl_types.py",
+        "and not isinstance(value, bool) and value == 0):",
+        "and not isinstance(value, bool) and value == -1):",
+        ("tests/train/setup/builders_test.py", "tests/train/programs_test.py")),
+    Mutation(
+        "spec_pool", "builds over other pools share one jitted curriculum",
+        "rl_curriculum/train/programs.py",
+        "curriculum=(name, options, builders.sampled_prompts(config)), pool=ByValue(pool),",
+        "curriculum=(name, options, builders.sampled_prompts(config)), pool=ByValue(None),",
+        ("tests/train/programs_test.py",)),
 )

@@ -232,6 +232,19 @@ def test_evicted_rows_leave_and_the_next_generation_is_untouched(model):
   _assert_rows(jax.device_get(inflight.harvest(state, jnp.int32(1))), _alone(model, second, 1.1))
 
 
+def test_rows_evicted_before_a_slot_takes_them_never_decode(model):
+  """Generation 0 evicted right after both batches were queued, before any decoding: its rows
+  keep their first token (drawn from the prefill) and are passed over in the queue, so the next
+  call seats and decodes generation 1 only, as its batch alone."""
+  first, second = _batch(2), _batch(3)
+  state = _admit(model, _admit(model, _init(model), first, 0, 1.1), second, 1, 1.1)
+  state = inflight.evict(state, jnp.int32(0))
+  state = _run(model, state, 1.1)
+  cut = jax.device_get(inflight.harvest(state, jnp.int32(0)))
+  np.testing.assert_array_equal(cut.mask.sum(axis=1), first[2].astype(np.float32))
+  _assert_rows(jax.device_get(inflight.harvest(state, jnp.int32(1))), _alone(model, second, 1.1))
+
+
 def test_compiled_once_per_shape(model):
   state = _admit(model, _init(model), _batch(5), 1, 1.0)
   _run(model, state, 1.0, budget=1, due=1)

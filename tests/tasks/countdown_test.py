@@ -47,6 +47,7 @@ def _problem(use_all=True):
     ("2 * (3 + 5)", True, True), ("(3+5)\u00d72", True, True),
     ("3*5+2", False, True), ("(3+5)*2*1", False, True), ("16", False, True),
     ("(3+3)*2+4", False, True), ("3+5*2", False, True),
+    ("(3+5)*2+3-3", False, True),  # every number used, and 3 twice: the value is right
     ("-(3-5)*8", False, False), ("(3+5)**2", False, False), ("16/0", False, False),
     ("eval('16')", False, False), ("(((3+5)*2", False, False),
 ])

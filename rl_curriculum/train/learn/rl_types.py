@@ -163,18 +163,15 @@ class LearnConfig:
   def from_config(cls, config: ml_collections.ConfigDict,
                   curriculum: Optional[dict] = None) -> "LearnConfig":
     """Every field from the run's config: `config.rl.<name>`, or the field's `source` path;
-    coefficients as Python numbers of their type (a switch's 0 as None); `curriculum` the
-    curriculum's traced options."""
+    coefficients as Python numbers of their type (a switch's 0 becomes None in
+    `__post_init__`); `curriculum` the curriculum's traced options."""
     values = {"curriculum": dict(curriculum or {})}
     for f in dataclasses.fields(cls):
       if f.metadata["kind"] == "options":
         continue
       section, name = (f.metadata["source"] or f"rl.{f.name}").split(".")
       value = config[section][name]
-      if f.metadata["kind"] != "static":
-        value = None if f.metadata["kind"] == "switch" and value == 0 else (
-            f.metadata["cast"](value))
-      values[f.name] = value
+      values[f.name] = value if f.metadata["kind"] == "static" else f.metadata["cast"](value)
     return cls(**values)
 
   def coefficients(self) -> dict:

@@ -64,8 +64,9 @@ from rl_curriculum.train.state import RunState
 from rl_curriculum.types import Selection
 
 __all__ = ["Records", "StaticBatch", "InFlight", "Side", "generations", "persists",
-           "rollout_side", "empty_records", "attach", "restart", "rollout_policy", "queue", "finish",
-           "learn_batch", "decode", "score_stopped", "engine_counters", "decode_stats"]
+           "rollout_side", "empty_records", "attach", "restart", "rollout_policy", "queue",
+           "finish", "complete_groups", "learn_batch", "decode", "score_stopped",
+           "engine_counters", "decode_stats"]
 
 
 class Records(NamedTuple):
@@ -260,6 +261,12 @@ def _harvest(engine, generation: int) -> inflight.Harvest:
   return inflight.harvest(engine, jnp.int32(generation))
 
 
+def complete_groups(done: np.ndarray, valid: np.ndarray) -> np.ndarray:
+  """bool[S]: the groups every sampled row of which stopped (`done` and `valid` bool[S, G]); a
+  group with a sampled row that did not (evicted by `drop`) is incomplete and counts nowhere."""
+  return np.all(done | ~valid, axis=1)
+
+
 def _score(loop, state: RunState, generation: int) -> tuple[RunState, float]:
   """(`state` with generation `generation`'s batch scored on the host, each process its rows,
   the seconds it took): its groups whose sampled rows all stopped get their rewards and
@@ -270,8 +277,7 @@ def _score(loop, state: RunState, generation: int) -> tuple[RunState, float]:
   records = _host_records(state)
   valid = records.valid[generation]
   s, g = valid.shape
-  done = np.asarray(distributed.to_host(rows.done)).reshape(s, g)
-  complete = np.all(done | ~valid, axis=1)
+  complete = complete_groups(np.asarray(distributed.to_host(rows.done)).reshape(s, g), valid)
   sampled = (valid & complete[:, None]).reshape(-1)
   prompt_rows = np.repeat(records.prompt_ids[generation], g)[layout.mine]
   mine = batches.score_completions(run.task, run.pool, prompt_rows,

@@ -17,6 +17,7 @@ import pytest
 from configs import toy
 from rl_curriculum.train import loop
 from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.rollout import pipeline
 import test_util
 
 STEPS = 5
@@ -208,3 +209,12 @@ def test_the_planner_counts_the_bytes_a_checkpoint_with_rows_in_flight_holds(k2_
                      vocab_size=run.tokenizer.vocab_size, programs=())
   assert report["checkpoint"]["gib"] * plan.GIB == written
   assert report["checkpoint"]["gib_per_host"] == report["checkpoint"]["gib"]  # one process
+
+
+def test_a_group_is_complete_only_when_every_sampled_row_stopped():
+  """`drop` evicts the rows that have not stopped: their groups count nowhere. A group with one
+  unfinished sampled row is incomplete; a row that was never sampled does not count."""
+  done = np.array([[True, False], [True, True], [False, False], [True, False]])
+  valid = np.array([[True, True], [True, True], [True, True], [True, False]])
+  np.testing.assert_array_equal(pipeline.complete_groups(done, valid),
+                                [False, True, False, True])
