@@ -28,11 +28,11 @@ test-fast: install
 benchmark: install
 	$(BIN)/pip install --quiet -e '.[dev,interop,math,bench]'
 	bash benchmarks/peers/setup_tunix.sh
-	$(BIN)/python -m experiments.benchmark --tunix_timeout=2400
+	$(BIN)/python -m benchmarks.speed --tunix_timeout=2400
 
 # Curricula on equal rollout budgets, 5 seeds (hours on 2 cores; benchmarks/results/).
 compare: install
-	$(BIN)/python -m experiments.compare_curricula --config configs/compare.py:scratch --seeds=5
+	$(BIN)/python -m experiments.studies.compare_curricula --config configs/compare.py:scratch --seeds=5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

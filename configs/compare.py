@@ -1,13 +1,13 @@
 """Settings of the curriculum comparison: the config every compared run starts from.
 
-  python -m experiments.compare_curricula --config configs/compare.py:scratch --seeds=5
-  python -m experiments.compare_curricula --config configs/compare.py:countdown --seeds=5 \
+  python -m experiments.studies.compare_curricula --config configs/compare.py:scratch --seeds=5
+  python -m experiments.studies.compare_curricula --config configs/compare.py:countdown --seeds=5 \
       --lr_sweep=2e-5,4e-5
-  python -m experiments.compare_curricula --config configs/compare.py:toy --methods=uniform,sec \
-      --seeds=2 --lr_sweep=2e-5 --workdir=/tmp/compare --out=/tmp/compare
+  python -m experiments.studies.compare_curricula --config configs/compare.py:toy \
+      --methods=uniform,sec --seeds=2 --lr_sweep=2e-5 --workdir=/tmp/compare --out=/tmp/compare
 
 The text after ":" picks the setting (one of VARIANTS) and names its run folders (WORKDIR/NAME)
-and summary files (OUT/curricula_NAME.*). Per run, experiments/compare_curricula.py sets the
+and summary files (OUT/curricula_NAME.*). Per run, experiments/studies/compare_curricula.py sets the
 curriculum, the RL seed, the learning rate, and the steps that spend the rollout budget, whose
 default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrides such as
 `--config.rl.group_size=4` change every run: give such a comparison its own --workdir.

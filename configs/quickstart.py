@@ -32,7 +32,7 @@ the other bins' changes stayed within the intervals above.
 The 30 blocks run as one scanned block (model.scan_layers): XLA's compile time of an unrolled
 stack grows about as L^1.9 with depth, and the learn step's several passes repeat every block;
 scanned, the learn step compiles in 8.5 s, unrolled in about 5 minutes (extrapolated from 16
-layers, 93 s: `python -m experiments.benchmark_compile`,
+layers, 93 s: `python -m benchmarks.compile`,
 benchmarks/results/compile_smollm2_135m.md).
 """
 

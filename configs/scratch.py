@@ -22,7 +22,8 @@ The warm start repeats exactly on one machine, but not across machines: XLA:CPU 
 by the CPU (vector width, cache blocking) and splits reductions by the thread count, so float
 rounding differs, and 1,500 SFT steps amplify it into other greedy answers; two 2-core machines
 gave two-digit sums (add_2d_2d) 83.6% and 97.7% held out after SFT. Compare runs made from one
-warm start (experiments.compare_curricula does: one per setting), not numbers from two machines.
+warm start (experiments.studies.compare_curricula does: one per setting), not numbers from two
+machines.
 Overrides: --config.rl.steps=50 --config.curriculum.name=uniform --config.curriculum.options={}
 """
 

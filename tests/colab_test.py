@@ -32,14 +32,16 @@ def _read(name):
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_notebook_is_committed_with_its_outputs_and_installs_in_colab(name):
-  """Browsing a notebook shows its plots: it is committed as `python -m experiments.notebooks`
-  ran it, every code cell in order, none raising, with its figures as images."""
+  """Browsing a notebook shows its plots: it is committed as `python -m
+  experiments.tools.notebooks` ran it, every code cell in order, none raising, with its figures as
+  images."""
   nb = _read(name)
   nbformat.validate(nb)
   code = [c for c in nb.cells if c.cell_type == "code"]
   assert "google.colab" in code[0].source and "pip" in code[0].source
   assert [c.get("execution_count") for c in code] == list(range(1, len(code) + 1)), (
-      f"colab/{name}.ipynb is not committed as run top to bottom: python -m experiments.notebooks")
+      f"colab/{name}.ipynb is not committed as run top to bottom: "
+      "python -m experiments.tools.notebooks")
   outputs = [o for c in code for o in c.get("outputs", [])]
   assert not [o for o in outputs if o.output_type == "error"]
   images = [o for o in outputs if "image/png" in o.get("data", {})]

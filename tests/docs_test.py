@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import config_reference as ref
+from experiments.tools import config_reference as ref
 from rl_curriculum import curriculum
 from rl_curriculum.curriculum import gym
 from rl_curriculum.curriculum.base import PromptPool
@@ -143,7 +143,7 @@ def test_howto_tested_blocks_run():
 
 def test_config_reference_is_up_to_date():
   assert _read("docs", "config_reference.md") == ref.render(), (
-      "docs/config_reference.md is out of date: run python -m experiments.config_reference")
+      "docs/config_reference.md is out of date: run python -m experiments.tools.config_reference")
 
 
 def test_config_reference_covers_every_field():

@@ -13,7 +13,7 @@ logits in chunks of 128 positions:
   - memory: XLA's analysis of the compiled learn step (what `experiments/plan.py` reports, here
     from the GPU compiler and from the CPU compiler of the same programs) and the device's
     measured peak (`memory_stats()["peak_bytes_in_use"]`).
-Before that, both rollout engines (`experiments/benchmark_rollout.py`'s long-tailed workload:
+Before that, both rollout engines (`benchmarks/rollout.py`'s long-tailed workload:
 completion lengths log-normal, p90 about 4.7x the median) on the same models in bfloat16, static
 against continuous at equal cache memory, `ROLLOUT` sizes: slot utilisation, tokens/s and the
 speed-up, as in benchmarks/results/rollout_engine.json.
@@ -22,6 +22,7 @@ Writes one JSON, after every part (a part that fails records its error and the n
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import benchmark_rollout
+from benchmarks import rollout
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
@@ -62,15 +63,12 @@ def _peak_flops(kind: str):
 
 
 def _learn_config(T):
-  return LearnConfig(
-      algorithm="rloo", epochs=1, minibatches=2, microbatches=4, logits_chunk=128, eps_low=0.2,
-      eps_high=0.28, level="token", aggregation="token_mean", max_tokens=T, temperature=1.0,
-      kl_coef=0.0, kl_estimator="k3", ratio_guard=0.0, max_kl=None, whiten_rewards=False,
-      curriculum_feedback="correct", gamma=1.0, lam=1.0, vf_coef=0.5, vf_clip=0.2,
-      value_detach=True, dual_clip=0.0, entropy_coef=0.0, tis_cap=0.0, capo_positive_steps=0,
-      capo_ramp_steps=0, grpo_std="population", kl_reward_coef=0.0, overlong="none",
-      overlong_cache=0, high_variance_only=False, temperature_target=0.0, temperature_rate=0.1,
-      temperature_min=0.5, temperature_max=1.5)
+  """The scratch config's learn settings with this benchmark's batch split and length cap, no
+  ratio guard and no KL rollback."""
+  from configs import scratch  # pylint: disable=import-outside-toplevel
+  return dataclasses.replace(
+      LearnConfig.from_config(scratch.get_config()), minibatches=2, microbatches=4,
+      logits_chunk=128, max_tokens=T, learning_rate=1e-6, ratio_guard=0.0, max_kl=0.0)
 
 
 def _memory(compiled):
@@ -95,7 +93,9 @@ def _timed(fn):
 
 
 def _on(device, tree):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+  """The arrays of `tree` as abstract arrays on `device` (Python numbers, the learn config's
+  coefficients, as they are)."""
+  return jax.tree.map(lambda x: x if not hasattr(x, "shape") else jax.ShapeDtypeStruct(
       x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(device)), tree)
 
 
@@ -134,10 +134,10 @@ def measure(preset: str, sizes=(P, G, TP, T)) -> dict:
       rewards=jnp.asarray(rewards), correct=jnp.asarray(rewards > 0.5),
       valid=jnp.ones((P, G), bool), train_groups=jnp.arange(P, dtype=jnp.int32),
       train_valid=jnp.ones(P, bool))
-  learn = rl_step.make_learn(graphdef=graphdef, optimizer=optimizer,
-                             curriculum_update=curriculum.update, config=_learn_config(T),
+  learn = rl_step.make_learn(graphdef=graphdef, optimizer=lambda _: optimizer,
+                             curriculum_update=lambda s, f, _: curriculum.update(s, f),
                              use_lora=False)
-  args = (state, cur_state, batch, jax.random.key(2), None, None)
+  args = (state, cur_state, batch, jax.random.key(2), None, None, _learn_config(T))
   planned = {"device": _memory(learn.lower(*args).compile())}
   if jax.devices("cpu"):
     planned["cpu"] = _memory(learn.lower(*_on(jax.devices("cpu")[0], args)).compile())
@@ -146,7 +146,7 @@ def measure(preset: str, sizes=(P, G, TP, T)) -> dict:
 
   def learn_once():
     holder["state"], _, metrics = learn(holder["state"], cur_state, batch, jax.random.key(2),
-                                        None, None)
+                                        None, None, args[-1])
     return metrics["loss"]
 
   learn_s = _timed(learn_once)
@@ -168,15 +168,15 @@ def measure(preset: str, sizes=(P, G, TP, T)) -> dict:
 
 def rollout_engines(preset: str, sizes=ROLLOUT) -> dict:
   """Static and continuous engines on the long-tailed rows of a random-init `preset` (bfloat16
-  weights and caches), as `experiments.benchmark_rollout` measures them on the CPU."""
+  weights and caches), as `benchmarks.rollout` measures them on the CPU."""
   prompts, tp, n, slots, shrink = sizes
   extra = {"vocab_size": 256} if preset == "tiny" else {}
   config = PRESETS[preset](dtype="bfloat16", param_dtype="bfloat16", scan_layers=True, **extra)
   graphdef, params = transformer.init_model(config, seed=0)
   policy = pretrained.Policy(config=config, graphdef=graphdef, params=params, tokenizer=None,
                              context_length=tp + n)
-  rows = benchmark_rollout.long_tail(policy, prompts, tp, n)
-  out = benchmark_rollout.compare(policy, rows, slots, shrink, repeats=1)
+  rows = rollout.long_tail(policy, prompts, tp, n)
+  out = rollout.compare(policy, rows, slots, shrink, repeats=1)
   out["model"], out["params"] = preset, config.num_params
   return out
 

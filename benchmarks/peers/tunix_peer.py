@@ -1,7 +1,7 @@
 """Tunix (google-tunix 0.1.7) peer of the speed benchmark: its sampler and its GRPO learner step.
 
 Runs in .venv-tunix (made by `bash benchmarks/peers/setup_tunix.sh`), never in the project's
-.venv, and imports nothing from rl_curriculum. experiments/benchmark/peers.py calls it as
+.venv, and imports nothing from rl_curriculum. benchmarks/speed/peers.py calls it as
 
   .venv-tunix/bin/python benchmarks/peers/tunix_peer.py --model-dir DIR --batches 1,8,32,64 \
       --prompt-len 64 --new-tokens 64 --learn-prompts P --learn-group G --repeats R --out FILE.json
@@ -76,7 +76,7 @@ def parse_args(argv=None):
   p.add_argument("--learn-group", type=int, default=4, help="G (>= 2 for GRPO)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--temperature", type=float, default=0.0,
-                 help="sampler benchmark: 0 greedy (as python -m experiments.benchmark); > 0 "
+                 help="sampler benchmark: 0 greedy (as python -m benchmarks.speed); > 0 "
                       "categorical sampling (Tunix top_p=1.0). The learner's rollout always "
                       "samples, at this temperature or 1.0 when it is 0")
   p.add_argument("--time-call", action="store_true",

@@ -22,7 +22,7 @@ def _config(name: str) -> str:
     ("evaluate", [_config("toy.py"), "--workdir=unused", _TYPO[0]], _TYPO[1]),
     ("plan", [_config("toy.py"), _TYPO[0]], _TYPO[1]),
     ("sample", [_config("sample.py"), _TYPO[0]], _TYPO[1]),
-    ("compare_curricula", [_config("compare.py:scratch"), _TYPO[0]], _TYPO[1]),
+    ("studies.compare_curricula", [_config("compare.py:scratch"), _TYPO[0]], _TYPO[1]),
     ("export", ["--workdir=unused", "--out=unused", "--formatt=peft"],
      "error: Unknown command line flag 'formatt'. Did you mean: format ?"),
 ]))

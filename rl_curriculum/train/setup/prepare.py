@@ -68,7 +68,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
   `task` is the configured task when the caller has already checked the config with it
   (`validation.checked_task`); None checks the config here. The SFT warm start is trained and
   placed on `mesh` (None: `run_mesh(config)`; a process that holds a mesh of its own among
-  several, e.g. `experiments.benchmark_overlap`'s sampler, passes its own).
+  several, e.g. `benchmarks.overlap`'s sampler, passes its own).
 
   Raises:
     validation.ConfigError: a config field the run cannot use (before anything compiles).

@@ -82,6 +82,13 @@ def sync_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def k1_run(tmp_path_factory):
+  """(workdir, rows) of k = 1 with no decode budget, STEPS steps, every step saved."""
+  workdir = str(tmp_path_factory.mktemp("k1") / "run")
+  return workdir, _run(_config(k=1), workdir)
+
+
+@pytest.fixture(scope="module")
 def k2_run(tmp_path_factory):
   """(workdir, rows) of the k = 2 run of K2_FLAGS, in this process."""
   workdir = str(tmp_path_factory.mktemp("k2") / "run")
@@ -116,11 +123,16 @@ def test_k1_learns_step_1_as_the_synchronous_loop_then_a_step_behind(sync_run, t
 
 
 @pytest.mark.parametrize("k,budget,seed", [(1, 0, 0), (2, 2, 0), (2, 1, 3), (3, 2, 5)])
-def test_no_trained_token_is_older_than_k_and_wait_trains_every_group(k, budget, seed, tmp_path):
+def test_no_trained_token_is_older_than_k_and_wait_trains_every_group(k, budget, seed, request,
+                                                                     tmp_path):
   """Random completion lengths (the toy model's, over seeds): every trained token was drawn at
   most k versions before the update; with `wait` every selected group is trained, k steps after
-  its selection."""
-  rows = _run(_config(k=k, budget=budget, seed=seed), str(tmp_path / "run"))
+  its selection. (k = 1 and k = 2 with a budget of 2 are the runs the resume tests continue.)"""
+  shared = {(1, 0, 0): "k1_run", (2, 2, 0): "k2_run"}.get((k, budget, seed))
+  if shared:
+    rows = request.getfixturevalue(shared)[1]
+  else:
+    rows = _run(_config(k=k, budget=budget, seed=seed), str(tmp_path / "run"))
   assert 1 <= max(r["staleness_max"] for r in rows) <= k  # the tokens do lag, within the bound
   for step, r in enumerate(rows, start=1):
     assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= k
@@ -154,12 +166,10 @@ def _resume_from_step_2(straight: str, resumed: str, config, steps: int) -> None
           == test_util.deterministic(read_jsonl(os.path.join(resumed, "metrics.jsonl"))))
 
 
-def test_resumed_with_rows_in_flight_equals_uninterrupted_k1(tmp_path):
+def test_resumed_with_rows_in_flight_equals_uninterrupted_k1(k1_run, tmp_path):
   """The checkpoint of step 2 holds the batch in flight (queued or decoded): continuing from it
   ends as the uninterrupted run."""
-  config = _config(k=1)
-  _run(config, str(tmp_path / "straight"))
-  _resume_from_step_2(str(tmp_path / "straight"), str(tmp_path / "resumed"), config, STEPS)
+  _resume_from_step_2(k1_run[0], str(tmp_path / "resumed"), _config(k=1), STEPS)
 
 
 def test_resumed_with_rows_in_flight_equals_uninterrupted_k2(k2_run, tmp_path):

@@ -1,0 +1,169 @@
+"""The report of a curricula comparison: its markdown and its plot.
+
+Both take a summary of `experiments.studies.comparison_stats.summarise`, with the fields that
+`experiments.studies.compare_curricula.analyse` adds to it ("held_out_sizes", "bin_se").
+"""
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def _fmt(ci: Optional[dict], scale: float = 100.0, digits: int = 1) -> str:
+  """A mean_interval as text, times `scale` with `digits` decimals: "mean [lo, hi]", the mean
+  alone for one value, "never" for None."""
+  if ci is None:
+    return "never"
+  if ci["n"] == 1:
+    return f"{ci['mean'] * scale:.{digits}f}"
+  return (f"{ci['mean'] * scale:.{digits}f} "
+          f"[{ci['lo'] * scale:.{digits}f}, {ci['hi'] * scale:.{digits}f}]")
+
+
+def markdown(summary: dict, setting: str) -> str:
+  """The comparison of `setting` as markdown: the per-method table (rollouts to target, final,
+  gain, area under the curve, OOD, groups with signal, wall time), the learning-rate sweep, the
+  per-bin table, the bins' standard errors (where the summary has "bin_se"), the paired
+  differences of every two methods, the skill balance on several tasks and the SEC goal."""
+  lines = [f"# Curricula compared: {setting}", "",
+           f"Budget {summary['budget_rollouts']} rollouts per run. Target: the tuned uniform "
+           f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
+           "Intervals: 95% Student-t across seeds.", "",
+           "| method | lr | seeds reaching target | rollouts to target (x budget) | "
+           "final held-out % | gain over start, points | area under the curve % | final OOD % | "
+           "groups with signal % | groups with mixed correctness % | wall s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  if summary.get("start_heldout") is not None:
+    lines[2] += (f" Every run starts from the same warm start, at "
+                 f"{summary['start_heldout'] * 100:.1f}%.")
+  if summary.get("target_above_start") is False:
+    lines[2] += (" The tuned uniform baseline ends no higher than it started, so every method "
+                 "meets the target at 0 rollouts and rollouts-to-target says nothing here; "
+                 "compare the final accuracies and gains instead.")
+  for name, m in summary["methods"].items():
+    frac = m["rollouts_to_target_fraction"]
+    reach = ("never" if m["rollouts_to_target"] is None else
+             f"{_fmt(m['rollouts_to_target'], 1, 0)} ({frac:.2f}x)")
+    lines.append(f"| {name} | {m['learning_rate']:g} | {m['seeds_reaching_target']}/"
+                 f"{len(m['seeds'])} | {reach} | {_fmt(m['final_heldout'])} | "
+                 f"{_fmt(m['gain_heldout'])} | {_fmt(m['auc'])} | "
+                 f"{_fmt(m['final_ood']) if m['final_ood'] else '-'} | "
+                 f"{_fmt(m['signal_frac'])} | {_fmt(m['mixed_frac'])} | "
+                 f"{m['wall_s']['mean']:.0f} |")
+  swept = {m: s for m, s in summary["lr_sweep"].items() if len(s) > 1}
+  if swept:
+    lines += ["", "Learning-rate sweep (final held-out accuracy, mean over seeds): " + "; ".join(
+        f"{m}: " + ", ".join(f"{lr} -> {v * 100:.1f}%" for lr, v in sorted(s.items()))
+        for m, s in swept.items()), ""]
+  else:
+    lines += ["", "One learning rate per method, no sweep: " + ", ".join(
+        f"{m} {next(iter(s))}" for m, s in summary["lr_sweep"].items()) + ".", ""]
+  bins = sorted(next(iter(summary["methods"].values()))["final_bins"])
+  lines += ["Final held-out accuracy per bin (%, mean [95% interval]):", "",
+            "| method | " + " | ".join(bins) + " |", "|---|" + "---|" * len(bins)]
+  for name, m in summary["methods"].items():
+    lines.append(f"| {name} | " + " | ".join(_fmt(m["final_bins"][b], digits=0) for b in bins)
+                 + " |")
+  if summary.get("bin_se"):
+    lines += ["", "Standard error of one run's accuracy on a bin's held-out set, sqrt(p (1 - p) "
+              "/ n) at the tuned uniform baseline's final accuracy p (points): " + ", ".join(
+                  f"{b} {se * 100:.1f} (n = {summary['held_out_sizes'][b]})"
+                  for b, se in sorted(summary["bin_se"].items())) + ". At most "
+              f"{50 / math.sqrt(min(summary['held_out_sizes'][b] for b in summary['bin_se'])):.1f} "
+              "points (p = 0.5); "
+              "a bin at 0 of n correct has 3 / n as its 95% upper bound (the rule of three)."]
+  lines += _pair_lines(summary)
+  lines += _task_lines(summary)
+  goal = summary.get("sec_goal")
+  if goal:
+    lines += ["", f"SEC goal ({goal['rule']}): **{'met' if goal['met'] else 'not met'}**."]
+  return "\n".join(lines) + "\n"
+
+
+def _pair_lines(summary: dict) -> list:
+  """The markdown of `comparison_stats.pairs`: every two methods' difference in final held-out
+  accuracy, paired per problem and seed, and in rollouts to the target."""
+  rows = summary.get("pairs") or []
+  if not rows:
+    return []
+  lines = ["", "Paired differences, a - b: final held-out accuracy in points, paired per problem "
+           "(every run answered the same held-out problems; the interval adds the spread across "
+           "seeds), and rollouts to the target (95% Welch interval across seeds, when every seed "
+           "of both reached it):", "",
+           "| a - b | final held-out, points [95%] | resolved | rollouts to target [95%] |",
+           "|---|---|---|---|"]
+  for pair in rows:
+    d, r = pair["final_heldout"], pair["rollouts_to_target"]
+    held = (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+            if d else "no per-problem outcomes to pair")
+    resolved = ("-" if not d else "a higher" if d["lo"] > 0 else "b higher" if d["hi"] < 0
+                else "no")
+    reach = f"{r['mean']:+.0f} [{r['lo']:+.0f}, {r['hi']:+.0f}]" if r else "-"
+    lines.append(f"| {pair['a']} - {pair['b']} | {held} | {resolved} | {reach} |")
+  return lines
+
+
+def _task_lines(summary: dict) -> list:
+  """The markdown of a comparison on several tasks: per method, the final accuracy of each task,
+  the minimum per-task gain over the warm start and the spread of the tasks' accuracies."""
+  with_tasks = {n: m for n, m in summary["methods"].items() if m.get("final_tasks")}
+  if not with_tasks:
+    return []
+  tasks = sorted(next(iter(with_tasks.values()))["final_tasks"])
+  lines = ["", "Skill balance: final held-out accuracy per task (%), the smallest per-task gain "
+           "over the warm start and the spread (largest minus smallest task accuracy), in "
+           "points; mean [95% interval] over seeds:", "",
+           "| method | " + " | ".join(tasks) + " | min per-task gain | spread |",
+           "|---|" + "---|" * (len(tasks) + 2)]
+  for name, m in with_tasks.items():
+    lines.append(f"| {name} | " + " | ".join(_fmt(m["final_tasks"][t]) for t in tasks)
+                 + f" | {_fmt(m['min_task_gain'])} | {_fmt(m['task_spread'])} |")
+  return lines
+
+
+def plot(summary: dict, path: str, arm_names: Sequence[str], title: str) -> None:
+  """Writes the figure of a summary to `path` (PNG): mean held-out accuracy against rollouts per
+  method with the target, on several tasks the per-task curves of uniform and the SEC variants,
+  and SEC's mean arm probabilities per step, stacked (`arm_names` label the arms)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  tasks = sorted(next(iter(summary["methods"].values())).get("task_curves") or {})
+  fig, axes = plt.subplots(1, 3 if tasks else 2, figsize=(19 if tasks else 13, 4.8))
+  ax, bx = axes[0], axes[-1]
+  if tasks:  # per-task curves of uniform and the SEC variants
+    cx = axes[1]
+    colours = plt.get_cmap("tab10")
+    for j, name in enumerate(n for n in ("uniform", "sec", "sec_tasks") if n in summary["methods"]):
+      m = summary["methods"][name]
+      for i, task in enumerate(tasks):
+        cx.plot(m["curve"]["rollouts"], np.asarray(m["task_curves"][task]) * 100,
+                color=colours(i), ls=("-", "--", ":")[j], lw=1.8,
+                label=f"{task}, {name}")
+    cx.set(xlabel="rollouts", ylabel="held-out accuracy (%)",
+           title="Per task (mean over seeds)")
+    cx.grid(alpha=0.3)
+    cx.legend(fontsize=7, ncol=2)
+  for name, m in summary["methods"].items():
+    style = dict(lw=2.5) if name in ("sec", "uniform") else dict(lw=1.2, alpha=0.8)
+    ax.plot(m["curve"]["rollouts"], np.asarray(m["curve"]["heldout_mean"]) * 100,
+            label=f"{name} (lr {m['learning_rate']:g})", **style)
+  ax.axhline(summary["target_heldout"] * 100, color="k", ls=":", lw=1, label="uniform final")
+  ax.set(xlabel="rollouts", ylabel="held-out accuracy, training bins (%)",
+         title=f"{title}: mean over seeds")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2)
+  sec = summary["methods"].get("sec")
+  if sec and sec["arm_probs_mean"]:
+    probs = np.asarray(sec["arm_probs_mean"])
+    steps = np.arange(1, len(probs) + 1)
+    bx.stackplot(steps, probs.T, labels=list(arm_names)[:probs.shape[1]], alpha=0.85)
+    bx.set(xlabel="RL step", ylabel="probability", ylim=(0, 1),
+           title="SEC arm probabilities (mean over seeds)")
+    bx.legend(fontsize=7, loc="upper right")
+  else:
+    bx.axis("off")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

@@ -1,0 +1,277 @@
+"""Statistics of a curricula comparison: pure functions of numbers and of finished run folders.
+
+A run is one (method, learning rate, seed) of `experiments/studies/compare_curricula.py`;
+`read_run` turns its folder (metrics.jsonl, compare.json) into curves and totals, `summarise` turns
+every run into the per-method summary that `experiments/studies/comparison_report.py` writes out:
+intervals across seeds (`mean_interval`), rollouts to the tuned uniform baseline's final accuracy
+(`first_reaching`), the mean of the accuracy curve (`curve_area`) and the SEC goal. Nothing here
+reads flags.
+"""
+
+import json
+import math
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from rl_curriculum.train.report import paired
+from rl_curriculum.train.report import summary as run_summary
+
+# ---------------------------------------------------------------------------------------------
+# Numbers: intervals, curve areas, crossings.
+
+
+def mean_interval(values: Sequence[float]) -> dict:
+  """Mean and 95% Student-t interval mean +- t_{0.975,n-1} s / sqrt(n) of n >= 1 values
+  (s the sample standard deviation). With one value the interval is that value (no spread
+  known); "n" says how many there were."""
+  x = np.asarray(values, np.float64)
+  if x.size == 0:
+    raise ValueError("mean_interval needs at least one value")
+  mean = float(x.mean())
+  if x.size == 1:
+    return {"mean": mean, "lo": mean, "hi": mean, "n": 1}
+  half = paired.t_quantile(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+  return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": int(x.size)}
+
+
+def curve_area(xs: Sequence[float], ys: Sequence[float]) -> float:
+  """The area under the curve ys(xs) by the trapezoid rule, divided by the span of xs: the mean
+  of the curve over the run (for held-out accuracy against rollouts, the accuracy the run held on
+  average, which rewards reaching a level early without hanging on one crossing time). One point:
+  its y."""
+  x, y = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+  if x.size == 0 or x.shape != y.shape:
+    raise ValueError(f"curve_area needs equal, non-empty xs and ys, got {x.shape}, {y.shape}")
+  if x.size == 1 or x[-1] == x[0]:
+    return float(y[-1])
+  return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2) / (x[-1] - x[0]))
+
+
+def binomial_se(accuracy: float, n: int) -> float:
+  """Standard error of an accuracy measured on n independent problems: sqrt(p (1 - p) / n)."""
+  return math.sqrt(max(accuracy * (1.0 - accuracy), 0.0) / n) if n > 0 else float("nan")
+
+
+def first_reaching(xs: Sequence[float], ys: Sequence[float], target: float) -> Optional[float]:
+  """The first x whose y is >= target (curves are evaluated at xs, increasing); None if never."""
+  for x, y in zip(xs, ys):
+    if y >= target - 1e-9:
+      return float(x)
+  return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs.
+
+
+def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str]) -> dict:
+  """Curves and totals of one finished run folder (its metrics.jsonl and compare.json): held-out
+  accuracy is the mean over `train_bin_names`, out-of-distribution accuracy the mean over
+  `ood_names` (None when there are none). "final_outcomes" holds the final evaluation's outcome
+  of every held-out problem of `train_bin_names`, bins end to end (`final_outcome_bins`: each
+  one's bin index), for paired comparisons; None in a folder from before outcomes were kept."""
+  with open(os.path.join(folder, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  with open(os.path.join(folder, "compare.json")) as f:
+    meta = json.load(f)
+  evals = [r for r in rows if any(k.startswith("eval/acc/") for k in r)]
+  # A resumed run may log a step twice; the last record of a step wins.
+  by_step = {r["step"]: r for r in evals}
+  steps = sorted(by_step)
+  acc = lambda r, names: float(np.mean([r[f"eval/acc/{n}"] for n in names])) if names else 0.0
+  train_rows = {r["step"]: r for r in rows if "nonzero_adv_frac" in r}
+  last = by_step[steps[-1]]
+  probs = sorted((k for k in rows[-1] if k.startswith("curriculum/probs/")),
+                 key=lambda k: int(k.rsplit("/", 1)[1]))
+  rollouts = [s * meta["rollouts_per_step"] for s in steps]
+  heldout = [acc(by_step[s], train_bin_names) for s in steps]
+  # A run on several tasks logs eval/<task>/accuracy and its skill balance (eval/skill/...).
+  tasks = sorted(k.split("/")[1] for k in last
+                 if k.startswith("eval/") and k.endswith("/accuracy") and k.count("/") == 2)
+  outcomes = run_summary.read_outcomes(run_summary.outcomes_path(folder, steps[-1]))
+  if outcomes is not None and not all(b in outcomes for b in train_bin_names):
+    outcomes = None
+  return {
+      "final_outcomes": (np.concatenate([outcomes[b][0] for b in train_bin_names])
+                         if outcomes is not None else None),
+      "final_outcome_bins": (np.concatenate([np.full(len(outcomes[b][0]), i) for i, b in
+                                             enumerate(train_bin_names)])
+                             if outcomes is not None else None),
+      "steps": steps,
+      "rollouts": rollouts,
+      "heldout": heldout,
+      "auc": curve_area(rollouts, heldout),
+      "final_tasks": {t: last[f"eval/{t}/accuracy"] for t in tasks},
+      "start_tasks": ({t: by_step[0][f"eval/{t}/accuracy"] for t in tasks}
+                      if steps[0] == 0 else {}),
+      "min_task_gain": last.get("eval/skill/min_gain"),
+      "task_spread": last.get("eval/skill/spread"),
+      "task_curves": {t: [by_step[s][f"eval/{t}/accuracy"] for s in steps] for t in tasks},
+      "final_bins": {k[len("eval/acc/"):]: v for k, v in last.items() if k.startswith("eval/acc/")},
+      "start_heldout": acc(by_step[steps[0]], train_bin_names) if steps[0] == 0 else None,
+      "final_heldout": acc(last, train_bin_names),
+      "final_ood": acc(last, ood_names) if ood_names else None,  # None: no OOD bins
+      "signal_frac": float(np.mean([r["nonzero_adv_frac"] for r in train_rows.values()])),
+      # Groups with both right and wrong completions: the curriculum's signal when it learns from
+      # correctness; below signal_frac when a format bonus separates all-wrong completions.
+      "mixed_frac": float(np.mean([r["mixed_correct_frac"] for r in train_rows.values()])),
+      "wall_s": meta["wall_s"],
+      "arm_probs": [[train_rows[s][k] for k in probs] for s in sorted(train_rows)] if probs else [],
+      "rollouts_per_step": meta["rollouts_per_step"],
+  }
+
+
+def _task_summary(seeds: Sequence[dict]) -> dict:
+  """Per-task numbers of one method's seeds (runs on several tasks; {} otherwise): final accuracy
+  per task, the minimum per-task gain over the warm start and the spread of per-task accuracy
+  (each a mean_interval over seeds), and the mean per-task curve."""
+  if not seeds[0]["final_tasks"] or any(r["min_task_gain"] is None for r in seeds):
+    return {}
+  tasks = sorted(seeds[0]["final_tasks"])
+  return {
+      "final_tasks": {t: mean_interval([r["final_tasks"][t] for r in seeds]) for t in tasks},
+      "gain_tasks": ({t: mean_interval([r["final_tasks"][t] - r["start_tasks"][t] for r in seeds])
+                      for t in tasks} if all(r["start_tasks"] for r in seeds) else None),
+      "min_task_gain": mean_interval([r["min_task_gain"] for r in seeds]),
+      "task_spread": mean_interval([r["task_spread"] for r in seeds]),
+      "task_curves": {t: np.mean([r["task_curves"][t] for r in seeds], axis=0).tolist()
+                      for t in tasks},
+  }
+
+
+def welch_interval(x: Sequence[float], y: Sequence[float]) -> Optional[dict]:
+  """mean(x) - mean(y) of two independent samples with its 95% Welch t interval; None unless
+  both have at least two values (no spread known)."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  if x.size < 2 or y.size < 2:
+    return None
+  vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+  mean, se = float(x.mean() - y.mean()), math.sqrt(vx + vy)
+  df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1)) if se > 0 else math.inf
+  half = paired.t_quantile(df) * se
+  return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": [int(x.size), int(y.size)]}
+
+
+def pairs(tuned: dict, methods: dict) -> list:
+  """Every pair (a, b) of methods, a listed before b, at their tuned learning rates (`tuned`:
+  {method: {seed: run}}): the difference a - b in final held-out accuracy, paired per problem
+  over seeds (`paired.paired_difference`; None when a run folder kept no per-problem outcomes or
+  the runs were evaluated on different problems), and in rollouts to the target (Welch interval across seeds, when every seed of both reached
+  it)."""
+  out = []
+  names = list(methods)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      runs_a, runs_b = list(tuned[a].values()), list(tuned[b].values())
+      diff = None
+      both = runs_a + runs_b
+      if all(r.get("final_outcomes") is not None for r in both) and all(
+          np.array_equal(r["final_outcome_bins"], both[0]["final_outcome_bins"]) for r in both):
+        bins = runs_a[0]["final_outcome_bins"]
+        diff = paired.paired_difference(np.stack([r["final_outcomes"] for r in runs_a]),
+                                        np.stack([r["final_outcomes"] for r in runs_b]), bins)
+      reach = [[v for v in methods[m]["per_seed_rollouts_to_target"].values()] for m in (a, b)]
+      rollouts = (welch_interval(*reach)
+                  if all(v is not None for side in reach for v in side) else None)
+      out.append({"a": a, "b": b, "final_heldout": diff, "rollouts_to_target": rollouts})
+  return out
+
+
+def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
+  """Per-method summary of {(method, lr, seed): run}; uniform and SEC at their best rate.
+
+  The target is the tuned uniform baseline's final held-out accuracy (mean over seeds). For each
+  method and seed, rollouts to target = the first evaluation at or above it (None if never);
+  the method's figure is the mean over seeds that reached it, with how many did. The summary
+  lists the methods named in `order` first, in that order, then the others in the order `runs`
+  first names them; "pairs" compares every two of them (`pairs`).
+  """
+  by_method_lr = {}
+  for (method, lr, seed), run in runs.items():
+    by_method_lr.setdefault((method, lr), {})[seed] = run
+  best_lr = {}
+  for (method, lr), seeds in by_method_lr.items():
+    score = float(np.mean([r["final_heldout"] for r in seeds.values()]))
+    if method not in best_lr or score > best_lr[method][1]:
+      best_lr[method] = (lr, score)
+  if "uniform" not in best_lr:
+    raise ValueError("the comparison needs the uniform baseline's runs")
+  sweep = {m: {f"{lr:g}": float(np.mean([r["final_heldout"] for r in s.values()]))
+               for (mm, lr), s in by_method_lr.items() if mm == m}
+           for m in best_lr}
+  uniform = by_method_lr[("uniform", best_lr["uniform"][0])]
+  target = float(np.mean([r["final_heldout"] for r in uniform.values()]))
+  methods = {}
+  rank = lambda m: order.index(m) if m in order else len(order)
+  for method in sorted(best_lr, key=rank):
+    lr = best_lr[method][0]
+    seeds = by_method_lr[(method, lr)]
+    reach = {s: first_reaching(r["rollouts"], r["heldout"], target) for s, r in seeds.items()}
+    reached = [v for v in reach.values() if v is not None]
+    bins = sorted(next(iter(seeds.values()))["final_bins"])
+    rollouts = next(iter(seeds.values()))["rollouts"]
+    curve = np.mean([r["heldout"] for r in seeds.values()], axis=0)
+    methods[method] = {
+        "learning_rate": lr,
+        "seeds": sorted(seeds),
+        "rollouts_to_target": mean_interval(reached) if reached else None,
+        "rollouts_to_target_fraction": (float(np.mean(reached)) / budget) if reached else None,
+        "seeds_reaching_target": len(reached),
+        "per_seed_rollouts_to_target": {str(s): v for s, v in sorted(reach.items())},
+        "steps_to_target": (float(np.mean(reached)) / seeds[min(seeds)]["rollouts_per_step"]
+                            if reached else None),
+        "final_heldout": mean_interval([r["final_heldout"] for r in seeds.values()]),
+        "gain_heldout": (mean_interval([r["final_heldout"] - r["start_heldout"]
+                                        for r in seeds.values()])
+                         if all(r.get("start_heldout") is not None for r in seeds.values())
+                         else None),
+        "final_ood": (mean_interval([r["final_ood"] for r in seeds.values()])
+                      if all(r["final_ood"] is not None for r in seeds.values()) else None),
+        "final_bins": {b: mean_interval([r["final_bins"][b] for r in seeds.values()])
+                       for b in bins},
+        "signal_frac": mean_interval([r["signal_frac"] for r in seeds.values()]),
+        "mixed_frac": mean_interval([r["mixed_frac"] for r in seeds.values()]),
+        "wall_s": mean_interval([r["wall_s"] for r in seeds.values()]),
+        "auc": mean_interval([r["auc"] for r in seeds.values()]),
+        "curve": {"rollouts": list(rollouts), "heldout_mean": curve.tolist()},
+        **_task_summary(list(seeds.values())),
+        "arm_probs_mean": (np.mean([r["arm_probs"] for r in seeds.values()], axis=0).tolist()
+                           if all(r["arm_probs"] for r in seeds.values()) else []),
+    }
+  goal = None
+  if "sec" in methods:
+    sec, uni = methods["sec"], methods["uniform"]
+    rollouts_met = bool(sec["rollouts_to_target"] is not None
+                        and sec["seeds_reaching_target"] == len(sec["seeds"])
+                        and sec["rollouts_to_target"]["mean"] <= 0.6 * budget
+                        and uni["rollouts_to_target"] is not None
+                        # one seed gives a point, not an interval: nothing to compare
+                        and min(sec["rollouts_to_target"]["n"], uni["rollouts_to_target"]["n"]) >= 2
+                        and sec["rollouts_to_target"]["hi"] < uni["rollouts_to_target"]["lo"])
+    goal = {
+        "sec_rollouts_fraction_of_budget": sec["rollouts_to_target_fraction"],
+        "uniform_rollouts_fraction_of_budget": uni["rollouts_to_target_fraction"],
+        "sec_seeds_reaching": sec["seeds_reaching_target"],
+        "met": rollouts_met,
+        "rule": "every SEC seed reaches the tuned uniform final accuracy, in at most 0.6x the "
+                "budget on average, and SEC's 95% interval of rollouts-to-target lies below "
+                "uniform's, each from at least two seeds",
+    }
+    if sec.get("min_task_gain") is not None:  # several tasks: skill balance too
+      best = max(methods, key=lambda m: (methods[m].get("min_task_gain")
+                                          or {"mean": -math.inf})["mean"])
+      goal.update({
+          "rollouts_met": rollouts_met,
+          "best_min_task_gain": best,
+          "met": rollouts_met and best == "sec",
+          "rule": goal["rule"] + "; and SEC has the largest mean minimum per-task gain"})
+  starts = [r["start_heldout"] for r in runs.values() if r.get("start_heldout") is not None]
+  start = float(np.mean(starts)) if starts else None
+  tuned = {m: by_method_lr[(m, methods[m]["learning_rate"])] for m in methods}
+  return {"target_heldout": target, "start_heldout": start, "pairs": pairs(tuned, methods),
+          # A target the warm start already meets makes rollouts-to-target 0 for every method.
+          "target_above_start": None if start is None else bool(target > start + 1e-9),
+          "budget_rollouts": budget, "lr_sweep": sweep,
+          "methods": methods, "sec_goal": goal}

@@ -1,0 +1,206 @@
+"""experiments/studies/comparison_stats.py: intervals, curve areas, crossings and the per-method
+summary of synthetic runs (with what the report says of it)."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from experiments.studies import comparison_report as cr
+from experiments.studies import comparison_stats as cs
+from rl_curriculum.train.report import paired
+
+
+@pytest.mark.parametrize("values", [[0.2, 0.4], [1.0, 2.0, 4.0, 8.0], list(np.linspace(0, 1, 12)),
+                                    list(np.arange(40.0))])
+def test_mean_interval_is_the_student_t_interval(values):
+  got = cs.mean_interval(values)
+  n = len(values)
+  mean = sum(values) / n
+  sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+  t = stats.t.ppf(0.975, n - 1) if n <= 31 else 1.96  # beyond 30 dof mean_interval uses 1.96
+  assert got["n"] == n
+  assert got["mean"] == pytest.approx(mean, abs=1e-12)
+  # mean_interval's quantile table has three decimals.
+  assert got["hi"] - mean == pytest.approx(t * sd / n ** 0.5, rel=2e-4)
+  assert mean - got["lo"] == pytest.approx(got["hi"] - mean, rel=1e-12)
+
+
+def test_mean_interval_edge_cases():
+  assert cs.mean_interval([3.0]) == {"mean": 3.0, "lo": 3.0, "hi": 3.0, "n": 1}
+  with pytest.raises(ValueError):
+    cs.mean_interval([])
+
+
+def test_first_reaching():
+  xs, ys = [0, 10, 20, 30], [0.1, 0.3, 0.29, 0.5]
+  assert cs.first_reaching(xs, ys, 0.3) == 10
+  assert cs.first_reaching(xs, ys, 0.4) == 30
+  assert cs.first_reaching(xs, ys, 0.6) is None
+  assert cs.first_reaching(xs, ys, 0.0) == 0
+
+
+def test_curve_area_is_the_trapezoid_mean_and_binomial_se():
+  # Trapezoids over [0, 10, 30]: (0 + 0.4) / 2 * 10 + (0.4 + 0.8) / 2 * 20 = 14, over 30.
+  assert cs.curve_area([0, 10, 30], [0.0, 0.4, 0.8]) == pytest.approx(14 / 30, abs=1e-12)
+  assert cs.curve_area([5], [0.3]) == 0.3
+  # A method that reaches the same final accuracy sooner holds more area.
+  assert cs.curve_area([0, 1, 2], [0.0, 0.5, 0.5]) > cs.curve_area([0, 1, 2], [0.0, 0.0, 0.5])
+  with pytest.raises(ValueError):
+    cs.curve_area([0, 1], [0.1])
+  assert cs.binomial_se(0.5, 100) == pytest.approx(0.05, abs=1e-12)
+  assert cs.binomial_se(0.0, 100) == 0.0
+
+
+def test_summarise_tunes_the_baseline_and_measures_rollouts_to_its_accuracy(run_record):
+  budget = 40  # 4 steps of 10 rollouts
+  runs = {
+      # Uniform: 2e-5 ends at 0.5 and 0.7 (mean 0.6), better than 4e-5 (mean 0.45).
+      ("uniform", 2e-5, 1): run_record([0.0, 0.2, 0.4, 0.5, 0.5]),
+      ("uniform", 2e-5, 2): run_record([0.0, 0.3, 0.5, 0.6, 0.7]),
+      ("uniform", 4e-5, 1): run_record([0.0, 0.2, 0.4, 0.4, 0.4]),
+      ("uniform", 4e-5, 2): run_record([0.0, 0.3, 0.4, 0.5, 0.5]),
+      # SEC reaches 0.6 after one step in both seeds.
+      ("sec", 2e-5, 1): run_record([0.0, 0.6, 0.7, 0.7, 0.8]),
+      ("sec", 2e-5, 2): run_record([0.0, 0.65, 0.7, 0.7, 0.8]),
+      # Another method that never gets there.
+      ("dump", 2e-5, 1): run_record([0.0, 0.1, 0.1, 0.2, 0.3]),
+      ("dump", 2e-5, 2): run_record([0.0, 0.1, 0.2, 0.2, 0.2]),
+  }
+  s = cs.summarise(runs, budget)
+  assert s["target_heldout"] == pytest.approx(0.6)
+  uni, sec, dump = (s["methods"][m] for m in ("uniform", "sec", "dump"))
+  assert uni["learning_rate"] == 2e-5
+  assert s["lr_sweep"]["uniform"] == {"2e-05": pytest.approx(0.6), "4e-05": pytest.approx(0.45)}
+  # Uniform: seed 1 never reaches 0.6 (max 0.5); seed 2 at step 3 = 30 rollouts.
+  assert uni["per_seed_rollouts_to_target"] == {"1": None, "2": 30.0}
+  assert uni["seeds_reaching_target"] == 1
+  assert sec["per_seed_rollouts_to_target"] == {"1": 10.0, "2": 10.0}
+  assert sec["rollouts_to_target_fraction"] == pytest.approx(10 / 40)
+  assert sec["steps_to_target"] == pytest.approx(1.0)
+  assert dump["rollouts_to_target"] is None and dump["seeds_reaching_target"] == 0
+  assert sec["final_heldout"]["mean"] == pytest.approx(0.8)
+  np.testing.assert_allclose(sec["curve"]["heldout_mean"], [0.0, 0.625, 0.7, 0.7, 0.8])
+  # SEC reached it in 0.25x the budget, but only one uniform seed did: its rollouts-to-target is
+  # one value, not an interval, so the goal cannot be met (the multi-task test below meets it).
+  assert uni["rollouts_to_target"]["n"] == 1 and sec["rollouts_to_target"]["n"] == 2
+  assert not s["sec_goal"]["met"]
+  assert s["start_heldout"] == 0.0 and s["target_above_start"]
+  assert sec["gain_heldout"]["mean"] == pytest.approx(0.8)
+  assert "never" in cr.markdown(s, "synthetic")
+
+
+def test_summarise_lists_the_methods_in_the_given_order_then_as_runs_name_them(run_record):
+  runs = {("dump", 2e-5, 1): run_record([0.0, 0.2]), ("uniform", 2e-5, 1): run_record([0.0, 0.5]),
+          ("sec", 2e-5, 1): run_record([0.0, 0.6])}
+  assert list(cs.summarise(runs, 10)["methods"]) == ["dump", "uniform", "sec"]
+  assert list(cs.summarise(runs, 10, ("sec", "uniform"))["methods"]) == ["sec", "uniform", "dump"]
+
+
+def test_pairs_compare_every_two_methods_per_problem_and_their_rollouts_to_target(run_record):
+  rng = np.random.default_rng(0)
+  bins = np.repeat([0, 1], 150)
+  chance = {"uniform": 0.5, "sec": 0.65, "dump": 0.5}
+  outcomes = {(m, s): (rng.random(300) < chance[m]).astype(float)
+              for m in chance for s in (1, 2, 3)}
+  # The target is uniform's mean final accuracy, 0.502: its seed 1 (0.501) never reaches it;
+  # sec's seed 1 does after 10 rollouts, the others after 20; every dump seed after 20.
+  curves = {("uniform", s): [0.0, 0.3, 0.5 + 0.001 * s] for s in (1, 2, 3)}
+  curves.update({("sec", s): [0.0, 0.6 if s == 1 else 0.5, 0.65] for s in (1, 2, 3)})
+  curves.update({("dump", s): [0.0, 0.4, 0.55] for s in (1, 2, 3)})
+  runs = {(m, 2e-5, s): run_record(curves[(m, s)], outcomes=(outcomes[(m, s)], bins))
+          for m in chance for s in (1, 2, 3)}
+  s = cs.summarise(runs, 20, order=("uniform", "sec", "dump"))
+  assert [(p["a"], p["b"]) for p in s["pairs"]] == [("uniform", "sec"), ("uniform", "dump"),
+                                                     ("sec", "dump")]
+  sec_dump = s["pairs"][2]
+  want = paired.paired_difference(np.stack([outcomes[("sec", k)] for k in (1, 2, 3)]),
+                                  np.stack([outcomes[("dump", k)] for k in (1, 2, 3)]), bins)
+  assert sec_dump["final_heldout"] == want and want["lo"] > 0  # 15 points on 300 problems
+  assert s["pairs"][0]["rollouts_to_target"] is None  # uniform's seed 1 never reaches it
+  assert sec_dump["rollouts_to_target"] == cs.welch_interval([10.0, 20.0, 20.0], [20.0] * 3)
+  assert sec_dump["rollouts_to_target"]["mean"] == pytest.approx(-10 / 3)
+  text = cr.markdown(s, "synthetic")
+  assert "| sec - dump | +" in text and "| a higher |" in text
+  # Folders without per-problem outcomes: the pair is listed, its difference not computed.
+  bare = {k: {**r, "final_outcomes": None} for k, r in runs.items()}
+  assert all(p["final_heldout"] is None for p in cs.summarise(bare, 20)["pairs"])
+  assert "no per-problem outcomes" in cr.markdown(cs.summarise(bare, 20), "synthetic")
+  # One run evaluated on other problems (a changed eval set): nothing to pair, no error.
+  other = dict(runs)
+  other[("dump", 2e-5, 2)] = run_record(curves[("dump", 2)],
+                                        outcomes=(outcomes[("dump", 2)][:200], bins[:200]))
+  got = cs.summarise(other, 20, order=("uniform", "sec", "dump"))["pairs"]
+  assert got[0]["final_heldout"] == s["pairs"][0]["final_heldout"]  # uniform - sec: unaffected
+  assert got[1]["final_heldout"] is None and got[2]["final_heldout"] is None
+
+
+def test_welch_interval_matches_scipy():
+  x, y = [10.0, 20.0, 30.0], [40.0, 45.0, 60.0, 70.0]
+  got = cs.welch_interval(x, y)
+  res = stats.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+  assert got["mean"] == pytest.approx(np.mean(x) - np.mean(y))
+  # The t quantile at the Welch df rounded down: a little wider than scipy's exact one.
+  assert got["lo"] <= res.low + 1e-9 and got["hi"] >= res.high - 1e-9
+  assert got["hi"] - got["lo"] < 1.15 * (res.high - res.low)
+  assert cs.welch_interval([1.0], [2.0, 3.0]) is None
+
+
+def test_a_target_the_warm_start_already_meets_is_flagged(run_record):
+  runs = {("uniform", 2e-5, 1): run_record([0.5, 0.4, 0.5]),
+          ("sec", 2e-5, 1): run_record([0.5, 0.6, 0.7])}
+  s = cs.summarise(runs, 20)
+  assert s["target_above_start"] is False
+  assert s["methods"]["sec"]["per_seed_rollouts_to_target"] == {"1": 0.0}
+  assert "says nothing here" in cr.markdown(s, "synthetic")
+
+
+def test_sec_goal_not_met_when_a_seed_falls_short(run_record):
+  runs = {("uniform", 2e-5, 1): run_record([0.0, 0.5, 0.6]),
+          ("uniform", 2e-5, 2): run_record([0.0, 0.5, 0.6]),
+          ("sec", 2e-5, 1): run_record([0.0, 0.6, 0.6]),
+          ("sec", 2e-5, 2): run_record([0.0, 0.4, 0.5])}
+  s = cs.summarise(runs, 20)
+  assert s["methods"]["sec"]["seeds_reaching_target"] == 1
+  assert not s["sec_goal"]["met"]
+
+
+def test_summary_of_several_tasks_reports_skill_balance_and_its_goal(run_record):
+  budget = 20
+  runs = {
+      # Uniform improves countdown only: the smallest gain is zebra's 0.
+      ("uniform", 2e-5, 1): run_record([0.3, 0.4, 0.5], tasks={"countdown": [0.2, 0.4, 0.6],
+                                                              "zebra": [0.4, 0.4, 0.4]}),
+      ("uniform", 2e-5, 2): run_record([0.3, 0.4, 0.5], tasks={"countdown": [0.2, 0.4, 0.6],
+                                                              "zebra": [0.4, 0.4, 0.4]}),
+      # SEC reaches uniform's 0.5 at 10 rollouts and raises both tasks.
+      ("sec", 2e-5, 1): run_record([0.3, 0.5, 0.6], tasks={"countdown": [0.2, 0.5, 0.6],
+                                                          "zebra": [0.4, 0.5, 0.6]}),
+      ("sec", 2e-5, 2): run_record([0.3, 0.5, 0.6], tasks={"countdown": [0.2, 0.5, 0.6],
+                                                          "zebra": [0.4, 0.6, 0.5]}),
+  }
+  s = cs.summarise(runs, budget)
+  uni, sec = s["methods"]["uniform"], s["methods"]["sec"]
+  assert uni["min_task_gain"]["mean"] == pytest.approx(0.0)
+  assert sec["min_task_gain"]["mean"] == pytest.approx(0.15)  # zebra: +0.2 and +0.1
+  assert sec["final_tasks"]["zebra"]["mean"] == pytest.approx(0.55)
+  assert sec["gain_tasks"]["countdown"]["mean"] == pytest.approx(0.4)
+  assert sec["task_spread"]["mean"] == pytest.approx(0.05)
+  np.testing.assert_allclose(sec["task_curves"]["zebra"], [0.4, 0.55, 0.55])
+  # AUC: uniform (0.3 + 0.4) / 2 + (0.4 + 0.5) / 2 over 2 = 0.4; SEC 0.475.
+  assert uni["auc"]["mean"] == pytest.approx(0.4) and sec["auc"]["mean"] == pytest.approx(0.475)
+  goal = s["sec_goal"]
+  assert goal["rollouts_met"] and goal["best_min_task_gain"] == "sec" and goal["met"]
+  text = cr.markdown(s, "synthetic")
+  assert "min per-task gain" in text and "| sec | 60.0 [60.0, 60.0] | 55.0" in text
+  assert "Standard error" not in text  # no held-out sizes, no standard errors
+  s.update(bin_se={"a": cs.binomial_se(0.1, 400), "b": 0.0},
+           held_out_sizes={"a": 400, "b": 100, "unused": 4})
+  text = cr.markdown(s, "synthetic")
+  # sqrt(0.1 * 0.9 / 400) = 1.5 points; the worst case is at p = 0.5 on the smaller set (n = 100).
+  assert "a 1.5 (n = 400), b 0.0 (n = 100). At most 5.0 points (p = 0.5)" in text
+  # Once another method balances the tasks better, the goal is not met.
+  runs[("dump", 2e-5, 1)] = run_record([0.3, 0.5, 0.6], tasks={"countdown": [0.2, 0.5, 0.6],
+                                                              "zebra": [0.4, 0.6, 0.7]})
+  runs[("dump", 2e-5, 2)] = runs[("dump", 2e-5, 1)]
+  goal = cs.summarise(runs, budget)["sec_goal"]
+  assert goal["best_min_task_gain"] == "dump" and not goal["met"]
