@@ -24,7 +24,7 @@ def _run(args, devices, timeout=600):
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("plan") / "plan.json")
-  result = _run([os.path.join(HERE, "plan_script.py"), out], devices=4)
+  result = _run([os.path.join(HERE, "planner_script.py"), out], devices=4)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(out) as f:
     return json.load(f)

@@ -139,11 +139,13 @@ def empty_records(config: ml_collections.ConfigDict) -> Records:
                  complete=np.zeros((w, s), bool))
 
 
-def _put_records(programs: programs_lib.Programs, state: RunState,
-                 records: Records) -> RunState:
-  rep = jax.tree.map(lambda _: programs.replicated, records)
-  return state._replace(rollouts=state.rollouts._replace(
-      records=distributed.place(records, rep)))
+def _put_records(config: ml_collections.ConfigDict, programs: programs_lib.Programs,
+                 state: RunState, records: Records) -> RunState:
+  """`state` with `records`: replicated on the devices when rows stay in flight (checkpoints
+  hold them), as host arrays when they live for one step (k = 0: no device round trips)."""
+  if persists(config):
+    records = distributed.place(records, jax.tree.map(lambda _: programs.replicated, records))
+  return state._replace(rollouts=state.rollouts._replace(records=records))
 
 
 def _host_records(state: RunState) -> Records:
@@ -202,7 +204,7 @@ def attach(config: ml_collections.ConfigDict, run, programs: programs_lib.Progra
         max_new_tokens=options["max_new_tokens"], pad_id=options["pad_id"],
         group=options["group"], mesh=side.mesh)
   state = state._replace(rollouts=InFlight(engine=engine, records=None))
-  return _put_records(programs, state, empty_records(config))
+  return _put_records(config, programs, state, empty_records(config))
 
 
 def queue(loop, state: RunState, params: Any, batch_step: int, now: int) -> RunState:
@@ -238,7 +240,7 @@ def queue(loop, state: RunState, params: Any, batch_step: int, now: int) -> RunS
                        ("scored", False), ("rewards", 0.0), ("correct", False),
                        ("complete", False)):
     getattr(records, field)[j] = value
-  return _put_records(loop.programs, _with_engine(state, engine), records)
+  return _put_records(config, loop.programs, _with_engine(state, engine), records)
 
 
 def restart(loop, state: RunState, params: Any, first: int, now: int) -> RunState:
@@ -287,7 +289,7 @@ def _score(loop, state: RunState, generation: int) -> tuple[RunState, float]:
                       for x in mine)
   records.rewards[generation], records.correct[generation] = rewards, correct
   records.complete[generation], records.scored[generation] = complete, True
-  return _put_records(loop.programs, state, records), time.time() - t0
+  return _put_records(loop.config, loop.programs, state, records), time.time() - t0
 
 
 def _sample_static(loop, engine: StaticBatch, params: Any, temperature) -> StaticBatch:
