@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,interop,math]'
+	$(BIN)/pip install --quiet -e '.[dev,interop,math,tpu]'
 
 quickstart: install
 	$(BIN)/python -m experiments.train --config configs/quickstart.py --workdir workdirs/quickstart
@@ -26,7 +26,7 @@ test-fast: install
 
 # Speed against transformers, TRL and Tunix (33 min measured on one core; benchmarks/results/).
 benchmark: install
-	$(BIN)/pip install --quiet -e '.[dev,interop,math,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,interop,math,tpu,bench]'
 	bash benchmarks/peers/setup_tunix.sh
 	$(BIN)/python -m benchmarks.speed --tunix_timeout=2400
 

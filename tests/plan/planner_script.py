@@ -43,13 +43,14 @@ def live_bytes_on(device) -> int:
 
 def main(out):
   config = _config()
-  report = plan.plan(config, hbm_gib=1.0, prompt_len=TP)
+  report = plan.plan(config, hbm_gib=1.0, prompt_len=TP, all_engines=True)
   in_flight = _config()
   in_flight.rl.engine = "continuous"
   in_flight.rl.max_staleness = 2      # three batches' prompt slots in the engine
   in_flight.rl.tis_cap = 2.0
   in_flight.rl.decode_budget = 4
-  in_flight_report = plan.plan(in_flight, hbm_gib=1.0, prompt_len=TP, programs=("sampler",))
+  in_flight_report = plan.plan(in_flight, hbm_gib=1.0, prompt_len=TP, programs=("sampler",),
+                               all_engines=True)
 
   # The same learn step, built by the loop's builder and run for real.
   mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape))

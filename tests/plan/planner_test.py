@@ -58,14 +58,16 @@ def test_both_engines_are_planned_with_their_caches(measured):
 @pytest.mark.slow
 def test_rollouts_in_flight_are_planned_with_every_generations_prompt_slots(measured):
   """With rl.max_staleness = 2 the engine holds three batches' prompts: W x P x Tp prompt slots
-  and S x N completion slots, and its programs are the run's sampler."""
+  and S x N completion slots, and its programs (admit, a step's run) are the run's sampler."""
   report = measured["in_flight"]
   engines = report["sampler_engines"]
   p, tp, n, slots, w = 8, 12, 8, 8, 3
   ratio = engines["in_flight"]["cache_gib"] / engines["continuous"]["cache_gib"]
   assert abs(ratio - (w * p * tp + slots * n) / (p * tp + slots * n)) < 1e-6
-  sampler = report["programs"]["sampler"]
-  assert sampler in (engines["in_flight"]["prefill"], engines["in_flight"]["decode"])
+  assert report["programs"]["prefill"] == engines["in_flight"]["prefill"]
+  assert report["programs"]["decode"] == engines["in_flight"]["decode"]
+  assert (report["programs"]["prefill"]["program"],
+          report["programs"]["decode"]["program"]) == ("inflight.admit", "continuous.run")
 
 
 @pytest.mark.slow
@@ -74,7 +76,8 @@ def test_the_verdict_flips_at_the_planned_peak(measured):
   assert measured["fits_below"] is False
   report = measured["report"]
   assert report["devices"] == 4 and report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
-  for name in ("sampler", "learn"):
+  assert list(report["programs"]) == ["select", "prefill", "decode", "learn"]
+  for name in report["programs"]:
     p = report["programs"][name]
     for key in ("argument_gib", "output_gib", "temp_gib", "peak_gib", "compile_s"):
       assert p[key] >= 0, (name, key)
@@ -84,7 +87,7 @@ def test_the_verdict_flips_at_the_planned_peak(measured):
 @pytest.mark.slow
 def test_command_line_writes_json_and_rejects_a_bad_config(tmp_path):
   out = tmp_path / "plan.json"
-  args = ["-m", "experiments.plan", "--config", "configs/toy.py", "--devices", "2",
+  args = ["-m", "experiments.plan", "--config", "configs/toy.py", "--target", "cpu:2",
           "--hbm_gib", "16", "--prompt_len", "8", "--programs", "learn", "--out", str(out)]
   result = _run(args, devices=2)
   assert result.returncode == 0, result.stderr[-3000:]

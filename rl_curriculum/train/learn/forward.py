@@ -41,6 +41,7 @@ __all__ = [
     "in_row_blocks",
     "trained_rows",
     "row_constraint",
+    "block_group",
     "split_row_blocks",
     "merge_row_blocks",
     "scaled_logits",
@@ -199,22 +200,40 @@ def row_constraint(mesh: Any) -> Optional[Callable]:
   return lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh, axis)
 
 
+def block_group(rows: int, group: int, num_blocks: int) -> int:
+  """The rows per prompt run within a block when `rows` rows (groups of `group`) split into
+  `num_blocks` blocks: `group` when whole groups split evenly; when there are fewer groups than
+  blocks, each group's rows split into equal parts (a prompt's completions spread over blocks,
+  its prompt run once per part), so a block never holds more than rows / num_blocks rows.
+
+  Raises:
+    ValueError: neither whole groups nor equal parts of each group fill the blocks.
+  """
+  groups = rows // group
+  if rows % group == 0 and groups % num_blocks == 0:
+    return group
+  if rows % group == 0 and num_blocks % groups == 0 and group % (num_blocks // groups) == 0:
+    return group // (num_blocks // groups)
+  raise ValueError(f"{rows} rows in groups of {group} do not split into {num_blocks} blocks "
+                   "(of whole groups, or of equal parts of every group)")
+
+
 def split_row_blocks(arrays: Any, *, group: int, num_blocks: int) -> Any:
   """[B, ...] arrays (rows in groups of `group`, prompt-major) -> [num_blocks, B / num_blocks, ...].
 
   Block j holds the groups j, j + num_blocks, j + 2 num_blocks, ... (strided, so that a batch
-  sharded over rows keeps every block spread over the same devices); `merge_row_blocks` undoes it.
+  sharded over rows keeps every block spread over the same devices), or with fewer groups than
+  blocks the parts of groups (`block_group`); `merge_row_blocks` undoes it.
 
   Raises:
-    ValueError: the groups do not split into num_blocks blocks.
+    ValueError: the rows do not split into num_blocks blocks (`block_group`).
   """
   rows = jax.tree.leaves(arrays)[0].shape[0]
-  groups = rows // group
-  if rows % group or groups % num_blocks:
-    raise ValueError(f"{rows} rows in groups of {group} do not split into {num_blocks} blocks")
+  part = block_group(rows, group, num_blocks)
+  parts = rows // part
 
   def split(x):
-    x = x.reshape((groups // num_blocks, num_blocks, group) + x.shape[1:])
+    x = x.reshape((parts // num_blocks, num_blocks, part) + x.shape[1:])
     return jnp.moveaxis(x, 1, 0).reshape((num_blocks, rows // num_blocks) + x.shape[3:])
 
   return jax.tree.map(split, arrays)
@@ -225,18 +244,20 @@ def merge_row_blocks(blocks: Any, *, group: int) -> Any:
 
   def merge(x):
     num_blocks, block_rows = x.shape[:2]
-    x = x.reshape((num_blocks, block_rows // group, group) + x.shape[2:])
+    part = block_group(num_blocks * block_rows, group, num_blocks)
+    x = x.reshape((num_blocks, block_rows // part, part) + x.shape[2:])
     return jnp.moveaxis(x, 0, 1).reshape((num_blocks * block_rows,) + x.shape[3:])
 
   return jax.tree.map(merge, blocks)
 
 
 def in_row_blocks(fn: Callable[..., Any], arrays: Any, *, group: int, num_blocks: int) -> Any:
-  """fn applied to `num_blocks` blocks of whole groups of rows (`split_row_blocks`), one block at a
-  time under `lax.map`, the results put back in row order; with one block this is fn(arrays).
+  """fn applied to `num_blocks` blocks of rows (`split_row_blocks`), one block at a time under
+  `lax.map`, the results put back in row order; with one block this is fn(arrays). `fn(block)`
+  returns a pytree of [B / num_blocks, ...] arrays; a block's rows come in runs of
+  `block_group(B, group, num_blocks)` completions of one prompt.
 
   For passes without gradient (old policy, reference): memory is that of one block.
-  `fn(block_arrays)` returns a pytree of [B / num_blocks, ...] arrays.
   """
   if num_blocks == 1:
     return fn(arrays)

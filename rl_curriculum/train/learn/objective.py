@@ -172,7 +172,8 @@ def accumulated_gradients(objective: Callable, trained: Any, minibatch: TrainVie
     objective: `policy_objective` with everything but (trained, view, normaliser) bound.
     trained: the parameters being differentiated.
     minibatch: the minibatch's rows (whole groups of `group`), split into `microbatches` blocks
-      of whole groups (`forward.split_row_blocks`).
+      of whole groups, or of equal parts of every group when there are fewer groups than
+      microbatches (`forward.split_row_blocks`; `objective` then runs on the parts).
     mesh: each microbatch's rows are constrained over its batch axes (`mesh_lib.constrain_rows`).
 
   Returns:
@@ -244,10 +245,11 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
     if config.microbatches == 1:
       (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(trained, mb)
       logp_old = metrics.pop("logp_old")
-    else:
+    else:   # a microbatch may hold parts of groups (`forward.block_group`)
+      part = forward.block_group(mb_rows.shape[0], group, config.microbatches)
       loss, metrics, grads, logp_old = accumulated_gradients(
-          objective, trained, mb, group=group, microbatches=config.microbatches,
-          aggregation=config.aggregation, mesh=mesh)
+          functools.partial(objective, group=part), trained, mb, group=group,
+          microbatches=config.microbatches, aggregation=config.aggregation, mesh=mesh)
     updates, new_opt_state = optimizer.update(grads, opt_state, trained)
     new_trained = optax.apply_updates(trained, updates)
     has_tokens = jnp.sum(mb.mask) > 0

@@ -341,10 +341,9 @@ def _check_batch(batch: Batch, config: LearnConfig) -> None:
   if batch.tokens.shape[0] != s * g:
     raise ValueError(f"batch rows {batch.tokens.shape[0]} != prompts {s} x group {g}")
   p = batch.train_groups.shape[0]
-  blocks = config.minibatches * config.microbatches
-  if p % blocks:
-    raise ValueError(f"{p} prompts do not split into {config.minibatches} minibatches of "
-                     f"{config.microbatches} microbatches")
+  if p % config.minibatches:
+    raise ValueError(f"{p} prompts do not split into {config.minibatches} minibatches")
+  forward.block_group(p // config.minibatches * g, g, config.microbatches)  # raises if not
 
 
 def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array, frozen: Any,

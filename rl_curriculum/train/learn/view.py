@@ -43,10 +43,13 @@ def constant_logprobs(graphdef, params: Any, rows: tuple, *, group: int, config:
   (`forward.head_logprobs`), at the sampling temperature: `temperature` f32[] (the adaptive
   controller's), or the static `config.temperature` when None."""
 
+  num_blocks = row_blocks(config)
+  part = forward.block_group(rows[2].shape[0], group, num_blocks)
+
   def one_block(block):
     prompt_tokens, prompt_mask, tokens = mesh_lib.constrain_rows(block, mesh)
     hidden = forward.completion_hidden(graphdef, params, prompt_tokens, prompt_mask, tokens,
-                                       group, constrain=forward.row_constraint(mesh))
+                                       part, constrain=forward.row_constraint(mesh))
     # Rows layout, not vocabulary-parallel: no gradient to keep split, and inside this row-block
     # loop the vocabulary-parallel head's collectives can deadlock XLA:CPU's fake devices.
     logp, _ = forward.head_logprobs(graphdef, params, hidden, tokens,
@@ -57,7 +60,7 @@ def constant_logprobs(graphdef, params: Any, rows: tuple, *, group: int, config:
     values = None if value is None else forward.values_from_hidden(value, hidden)
     return jax.lax.stop_gradient((logp, values))
 
-  return forward.in_row_blocks(one_block, rows, group=group, num_blocks=row_blocks(config))
+  return forward.in_row_blocks(one_block, rows, group=group, num_blocks=num_blocks)
 
 
 def estimator_of(config: LearnConfig) -> str:

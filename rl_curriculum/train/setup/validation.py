@@ -133,9 +133,12 @@ def _validate_rl(rl: ml_collections.ConfigDict) -> None:
   if rl.prompts_per_step % rl.minibatches:
     fail("rl.minibatches", f"rl.prompts_per_step={rl.prompts_per_step} does not divide into "
           f"{rl.minibatches} minibatches of whole groups")
-  if (rl.prompts_per_step // rl.minibatches) % rl.microbatches:
-    fail("rl.microbatches", f"a minibatch of {rl.prompts_per_step // rl.minibatches} prompts "
-          f"does not divide into {rl.microbatches} microbatches of whole groups")
+  per_minibatch = rl.prompts_per_step // rl.minibatches
+  if per_minibatch % rl.microbatches and (rl.microbatches % per_minibatch or rl.group_size % (
+      rl.microbatches // per_minibatch)):
+    fail("rl.microbatches", f"a minibatch of {per_minibatch} prompts x {rl.group_size} "
+         f"completions does not divide into {rl.microbatches} microbatches of whole groups or "
+         "of equal parts of every group")
   if rl.logits_chunk < 0:
     fail("rl.logits_chunk", f"must be >= 0 (0 = the whole completion at once), got "
           f"{rl.logits_chunk}")

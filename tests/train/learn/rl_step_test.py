@@ -555,14 +555,15 @@ def _step_with(optimizer, **overrides):
 
 
 @pytest.mark.parametrize("microbatches,level",
-                         test_util.fast_first([(2, "token"), (4, "sequence")]))
+                         test_util.fast_first([(2, "token"), (4, "sequence"), (8, "token")]))
 @pytest.mark.slow
 @pytest.mark.parametrize("aggregation", test_util.fast_first(losses.AGGREGATIONS))
 def test_gradient_accumulation_equals_one_pass_over_the_minibatch(microbatches, level,
                                                                   aggregation):
   """k microbatches of one minibatch give the loss, gradient and SGD parameters of one pass over
   it, for every aggregation (the minibatch's normaliser, not a mean of microbatch means), with
-  ragged masks whose microbatches hold different numbers of tokens."""
+  ragged masks whose microbatches hold different numbers of tokens; with 8 microbatches of 4
+  prompts each group's completions are split in halves over two microbatches."""
   sgd = optax.sgd(0.5)
   one, m_one = _step_with(sgd, minibatches=1, level=level, aggregation=aggregation, kl_coef=0.1)
   acc, m_acc = _step_with(sgd, minibatches=1, microbatches=microbatches, level=level,
@@ -621,10 +622,13 @@ def test_chunked_head_in_the_learn_step_changes_nothing():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def test_microbatches_must_split_the_minibatch_into_whole_groups():
-  params, state, cur_state, learn = _setup(minibatches=2, microbatches=4)  # 2 prompts, 4 parts
-  with pytest.raises(ValueError, match="microbatches"):
+def test_microbatches_must_split_the_minibatch_into_whole_groups_or_equal_parts_of_each():
+  params, state, cur_state, learn = _setup(minibatches=2, microbatches=3)  # 2 prompts, 3 parts
+  with pytest.raises(ValueError, match="do not split into 3 blocks"):
     learn(state, cur_state, _batch(test_util.LEARN_REWARDS.copy()), jax.random.PRNGKey(0), None, params)
+  with pytest.raises(ValueError, match="do not split into 3 blocks"):
+    forward.block_group(2 * G, G, 3)
+  assert [forward.block_group(2 * G, G, n) for n in (1, 2, 4, 8)] == [G, G, G // 2, G // 4]
 
 
 # --- Loss-side methods: dual clip, entropy bonus, TIS, CAPO, GRPO's std, Dr. GRPO, KL reward ----

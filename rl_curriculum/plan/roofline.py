@@ -1,0 +1,323 @@
+"""What a compiled program costs, loops counted, and the least time a chip could run it in.
+
+  cost = roofline.program_cost(compiled.as_text(), unknown_trips=n_new)
+  seconds = roofline.bound_s(cost, targets.CHIPS["v5e"])    # max(FLOPs / peak, bytes / bandwidth)
+
+XLA's own cost analysis (`compiled.cost_analysis()`) counts a while loop's body once, so for a
+program made of loops (layers under `lax.scan`, microbatches, the decode loop) its FLOPs and bytes
+are a fraction of what runs. `program_cost` reads the optimised per-device HLO instead and counts
+every computation as often as it executes:
+  FLOPs  of `dot` and `convolution` instructions, wherever they are (inside fusions too):
+         2 x output elements x contracted elements, a convolution's window counted by the taps
+         that land on input elements (other instructions' FLOPs, elementwise and reductions,
+         are left out: they are memory-bound and counted by their bytes);
+  bytes  operands read and results written by each instruction of a computation that runs on its
+         own (the entry, loop bodies, branches; a fusion is one instruction), as XLA's cost
+         analysis counts them, with two refinements it also makes: a fusion operand that the fused
+         code only slices (a scanned layer's weights, one step of a stacked array) counts the
+         slices it reads, and an operand a fusion updates in place counts the update;
+  loops  a `while` whose condition is `counter < C` (how `lax.scan` and `fori_loop` lower,
+         counting from 0) runs its body C times; any other loop (a decode loop that stops when
+         its rows are done) runs `unknown_trips` times, once when it is nested in such a loop
+         (a refill inside a decode iteration), and is counted in `unknown_loops`.
+Bookkeeping instructions (parameters, constants, tuples, bitcasts) move no bytes.
+
+The bound is a roofline (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual
+performance model for multicore architectures", CACM 52(4)): a program takes at least its FLOPs
+over the chip's peak and at least its bytes over the chip's HBM bandwidth. It is a compiler's
+count against published peaks, not a measured time: real programs run slower (collectives,
+latency, imperfect overlap).
+"""
+
+import dataclasses
+import re
+from typing import Optional
+
+from rl_curriculum.plan import targets
+
+_ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "c64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
+             "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1, "f8e4m3fn": 1,
+             "f8e5m2": 1, "s4": 1, "u4": 1}
+_ARRAY = re.compile(r"\b(" + "|".join(_ITEMSIZE) + r")\[([\d,]*)\]")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->\s*(.*)\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
+         "partition-id", "replica-id", "iota", "opt-barrier", "while", "call", "conditional",
+         "custom-call"}
+_SLICING = {"dynamic-slice", "slice", "gather"}
+
+
+@dataclasses.dataclass
+class Cost:
+  """A program's FLOPs and HBM bytes per device, loops counted."""
+  flops: float = 0.0
+  bytes: float = 0.0
+  unknown_loops: int = 0   # loops of unknown trip count (each counted `unknown_trips` times)
+
+  def scaled(self, n: float) -> "Cost":
+    return Cost(self.flops * n, self.bytes * n, self.unknown_loops)
+
+  def __add__(self, other: "Cost") -> "Cost":
+    return Cost(self.flops + other.flops, self.bytes + other.bytes,
+                self.unknown_loops + other.unknown_loops)
+
+
+def _nbytes(shape_text: str) -> int:
+  """Bytes of every array in a (possibly tuple) HLO shape."""
+  total = 0
+  for kind, dims in _ARRAY.findall(shape_text):
+    n = 1
+    for d in dims.split(","):
+      if d:
+        n *= int(d)
+    total += n * _ITEMSIZE[kind]
+  return total
+
+
+def _dims(shape_text: str) -> list:
+  m = _ARRAY.search(shape_text)
+  return [int(d) for d in m.group(2).split(",") if d] if m else []
+
+
+def _split_top(text: str) -> list:
+  """Comma-separated items of `text` at bracket depth 0."""
+  items, depth, start = [], 0, 0
+  for i, ch in enumerate(text):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    elif ch == "," and depth == 0:
+      items.append(text[start:i].strip())
+      start = i + 1
+  items.append(text[start:].strip())
+  return [x for x in items if x]
+
+
+@dataclasses.dataclass
+class _Instruction:
+  name: str
+  shape: str
+  opcode: str
+  operands: list
+  attrs: str
+
+
+def _parse_instruction(line: str) -> Optional[_Instruction]:
+  m = _INSTRUCTION.match(line)
+  if not m:
+    return None
+  name, shape, opcode, rest = m.groups()
+  depth = 1
+  for i, ch in enumerate(rest):
+    depth += ch == "("
+    depth -= ch == ")"
+    if depth == 0:
+      break
+  operands = [o.split()[-1].lstrip("%") for o in _split_top(rest[:i])]
+  return _Instruction(name, shape, opcode, operands, rest[i + 1:])
+
+
+def parse_module(hlo_text: str) -> dict:
+  """{computation name: (parameter shapes {name: shape text}, [instructions])}."""
+  computations, current = {}, None
+  for line in hlo_text.splitlines():
+    header = _HEADER.match(line)
+    if header and not line.startswith(" "):
+      current = header.group(1)
+      params = {}
+      for item in _split_top(header.group(2)):
+        if ":" in item:
+          pname, pshape = item.split(":", 1)
+          params[pname.strip().lstrip("%")] = pshape.strip()
+      computations[current] = (params, [])
+      if line.startswith("ENTRY"):
+        computations["__entry__"] = computations[current]
+      continue
+    if current is None or line.startswith("}"):
+      if line.startswith("}"):
+        current = None
+      continue
+    inst = _parse_instruction(line)
+    if inst:
+      computations[current][1].append(inst)
+  return computations
+
+
+def _attr(attrs: str, key: str) -> Optional[str]:
+  m = re.search(key + r"=%?([\w.\-]+)", attrs)
+  return m.group(1) if m else None
+
+
+def _dot_flops(inst: _Instruction, shapes: dict) -> float:
+  out = 1
+  for d in _dims(inst.shape):
+    out *= d
+  if inst.opcode == "dot":
+    lhs = _dims(shapes.get(inst.operands[0], ""))
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", inst.attrs)
+    contracted = 1
+    for d in (m.group(1).split(",") if m else []):
+      if d:
+        contracted *= lhs[int(d)]
+    return 2.0 * out * contracted
+  # convolution: 2 x output elements x input features x the taps of the window that land on
+  # input elements (XLA:TPU writes batched matmuls as convolutions whose batch dimensions are
+  # spatial, dilated so that each output sees one input element: one tap).
+  rhs = _dims(shapes.get(inst.operands[1], ""))
+  labels = re.search(r"dim_labels=\w*_(\w+)->", inst.attrs)
+  if not rhs or not labels or "i" not in labels.group(1):
+    return 0.0
+  taps = 1
+  window = re.search(r"window=\{([^}]*)\}", inst.attrs)
+  if window:
+    size = re.search(r"size=([\dx]+)", window.group(1))
+    dilate = re.search(r"lhs_dilate=([\dx]+)", window.group(1))
+    sizes = [int(x) for x in size.group(1).split("x")] if size else []
+    dilates = [int(x) for x in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+    for w, d in zip(sizes, dilates):
+      taps *= -(-w // d)
+  return 2.0 * out * rhs[labels.group(1).index("i")] * taps
+
+
+class _Counter:
+  """Costs of a parsed module's computations, memoised."""
+
+  def __init__(self, computations: dict, unknown_trips: float):
+    self.computations = computations
+    self.unknown_trips = unknown_trips
+    self.memo = {}
+
+  def shapes(self, name: str) -> dict:
+    params, instructions = self.computations[name]
+    out = dict(params)
+    out.update({inst.name: inst.shape for inst in instructions})
+    return out
+
+  def flops(self, name: str) -> float:
+    """FLOPs of a fused computation (and what it calls)."""
+    _, instructions = self.computations[name]
+    shapes = self.shapes(name)
+    total = 0.0
+    for inst in instructions:
+      if inst.opcode in ("dot", "convolution"):
+        total += _dot_flops(inst, shapes)
+      called = _attr(inst.attrs, "calls")
+      if called in self.computations:
+        total += self.flops(called)
+    return total
+
+  def read_bytes(self, computation: str, value: str, full: float) -> float:
+    """Bytes that `computation` reads of its value `value` (at most `full`): the slices it
+    takes when every use slices it (through bitcasts and nested fusions), the update when it
+    only updates it in place, else all of it."""
+    params, body = self.computations[computation]
+    inner = dict(params)
+    inner.update({b.name: b.shape for b in body})
+    total = 0.0
+    for user in body:
+      for i, operand in enumerate(user.operands):
+        if operand != value:
+          continue
+        if user.opcode in _SLICING and i == 0:
+          total += _nbytes(user.shape)
+        elif user.opcode == "dynamic-update-slice" and i == 0:
+          total += _nbytes(inner.get(user.operands[1], ""))
+        elif user.opcode == "bitcast":
+          total += self.read_bytes(computation, user.name, full)
+        elif user.opcode == "fusion" and _attr(user.attrs, "calls") in self.computations:
+          called = _attr(user.attrs, "calls")
+          names = list(self.computations[called][0])
+          total += self.read_bytes(called, names[i], full) if i < len(names) else full
+        else:
+          return full
+        if total >= full:
+          return full
+    return total
+
+  def fusion_operand_bytes(self, inst: _Instruction, shapes: dict) -> float:
+    """Bytes a fusion reads of its operands (`read_bytes` of each)."""
+    called = _attr(inst.attrs, "calls")
+    names = list(self.computations[called][0]) if called in self.computations else []
+    total = 0.0
+    for i, operand in enumerate(inst.operands):
+      size = _nbytes(shapes.get(operand, ""))
+      total += self.read_bytes(called, names[i], size) if i < len(names) else size
+    return total
+
+  def cost(self, name: str, in_unknown: bool = False) -> Cost:
+    """The cost of running computation `name` once (loops inside it counted; inside a loop of
+    unknown trip count, a nested loop of unknown trip count counts once)."""
+    if (name, in_unknown) in self.memo:
+      return self.memo[(name, in_unknown)]
+    _, instructions = self.computations[name]
+    shapes = self.shapes(name)
+    total = Cost()
+    for inst in instructions:
+      op = inst.opcode
+      if op == "while":
+        body, cond = _attr(inst.attrs, "body"), _attr(inst.attrs, "condition")
+        trips = self.trips(cond)
+        inner = in_unknown or trips is None
+        once = self.cost(body, inner) + self.cost(cond, inner)
+        if trips is None:
+          once.unknown_loops += 1
+          trips = 1 if in_unknown else self.unknown_trips
+        total = total + once.scaled(trips)
+        continue
+      if op == "conditional":
+        branches = re.search(r"branch_computations=\{([^}]*)\}", inst.attrs)
+        names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches
+                 else [_attr(inst.attrs, "true_computation"),
+                       _attr(inst.attrs, "false_computation")])
+        costs = [self.cost(b, in_unknown) for b in names if b in self.computations]
+        if costs:   # one branch runs: the cheapest keeps the bound a bound
+          total = total + min(costs, key=lambda c: (c.flops, c.bytes))
+        continue
+      if op == "call":
+        called = _attr(inst.attrs, "to_apply")
+        if called in self.computations:
+          total = total + self.cost(called, in_unknown)
+        continue
+      if op in _FREE or op.endswith("-done"):
+        continue
+      if op == "fusion":
+        total.flops += self.flops(_attr(inst.attrs, "calls"))
+        total.bytes += self.fusion_operand_bytes(inst, shapes) + _nbytes(inst.shape)
+        continue
+      if op in ("dot", "convolution"):
+        total.flops += _dot_flops(inst, shapes)
+      total.bytes += sum(_nbytes(shapes.get(o, "")) for o in inst.operands) + _nbytes(inst.shape)
+    self.memo[(name, in_unknown)] = total
+    return total
+
+  def trips(self, cond: str) -> Optional[int]:
+    """C for a condition `counter < C` with a constant C (how scans and fori_loops lower)."""
+    if cond not in self.computations:
+      return None
+    _, instructions = self.computations[cond]
+    by_name = {inst.name: inst for inst in instructions}
+    root = instructions[-1] if instructions else None
+    if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
+      return None
+    bound = by_name.get(root.operands[1])
+    if bound is None or bound.opcode != "constant":
+      return None
+    value = bound.operands[0] if bound.operands else ""
+    return int(value) if re.fullmatch(r"-?\d+", value) else None
+
+
+def program_cost(hlo_text: str, unknown_trips: float = 1.0) -> Cost:
+  """FLOPs and bytes per device of a compiled program's optimised HLO (`compiled.as_text()`),
+  every loop counted as often as it runs (module docstring)."""
+  computations = parse_module(hlo_text)
+  if "__entry__" not in computations:
+    raise ValueError("no ENTRY computation in the HLO text")
+  entry_name = next(name for name, value in computations.items()
+                    if value is computations["__entry__"] and name != "__entry__")
+  return _Counter(computations, unknown_trips).cost(entry_name)
+
+
+def bound_s(cost: Cost, chip: targets.Chip) -> float:
+  """The roofline: the least seconds `chip` could run `cost` in."""
+  return max(cost.flops / chip.bf16_flops, cost.bytes / chip.hbm_bytes_per_s)

@@ -1,0 +1,174 @@
+"""The planner on XLA:TPU (rl_curriculum/plan/): programs compiled for TPU slices on this CPU host
+(libtpu from the `tpu` extra; no TPU needed), their costs with loops counted, out-of-memory as a
+row, the learn step's FLOPs against 6 N per token."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from configs import scratch
+from rl_curriculum.plan import measure, planner, report, roofline, targets
+
+ROWS, D, LAYERS = 512, 1024, 6
+
+
+@pytest.fixture(scope="module")
+def v5e():
+  return targets.devices(targets.parse("v5e-4"))
+
+
+def _spec(mesh, shape, *axes):
+  return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec(*axes)))
+
+
+def _layer(h, w):
+  return jnp.tanh(h @ w), None
+
+
+def _scanned(x, ws):
+  return jax.lax.scan(_layer, x, ws)[0].sum()
+
+
+def _unrolled(x, ws):
+  for i in range(ws.shape[0]):
+    x = _layer(x, ws[i])[0]
+  return x.sum()
+
+
+def test_targets_name_the_slices_cloud_tpu_sells():
+  assert [(t.chips, t.topology) for t in map(targets.parse, ("v5e-8", "v5p-8", "v6e-8",
+                                                            "v5e-16", "v5p-32"))] == [
+      (8, "v5e:2x4"), (4, "v5p:2x2x1"), (8, "v6e:2x4"), (16, "v5e:4x4"), (16, "v5p:2x2x4")]
+  assert targets.parse("cpu:8").chips == 8 and not targets.parse("cpu:8").is_tpu
+  for bad in ("v5e-3", "v5p-6", "v7-8", "tpu"):
+    with pytest.raises(ValueError, match="--target"):
+      targets.parse(bad)
+
+
+def test_a_scanned_loop_counts_as_its_unrolled_twin(v5e):
+  """XLA's own cost analysis counts a loop body once; the planner's count of six scanned layers
+  equals that of the same six layers unrolled, and both equal 2 x rows x D^2 per layer and
+  device (forward), 3x that with the backward pass but the input's gradient of the first layer,
+  which only the scan computes."""
+  mesh = Mesh(np.array(v5e), ("d",))
+  x, ws = _spec(mesh, (ROWS, D), "d", None), _spec(mesh, (LAYERS, D, D))
+  per_layer = 2 * (ROWS // len(v5e)) * D * D
+  counted = {}
+  for f in (_scanned, _unrolled):
+    for grad in (False, True):
+      compiled = jax.jit(jax.grad(f, argnums=1) if grad else f).lower(x, ws).compile()
+      counted[f.__name__, grad] = (roofline.program_cost(compiled.as_text()),
+                                   compiled.cost_analysis())
+  assert counted["_scanned", False][0].flops == counted["_unrolled", False][0].flops
+  assert counted["_scanned", False][0].flops == LAYERS * per_layer
+  assert counted["_scanned", True][0].flops == 3 * LAYERS * per_layer
+  assert counted["_unrolled", True][0].flops == (3 * LAYERS - 1) * per_layer
+  xla_scanned = counted["_scanned", False][1]["flops"]
+  assert xla_scanned < 1.1 * per_layer          # XLA: one layer's worth
+  for grad in (False, True):                    # no loop: bytes as XLA counts them
+    mine, xla = counted["_unrolled", grad][0].bytes, counted["_unrolled", grad][1]["bytes accessed"]
+    assert 0.75 * xla <= mine <= 1.25 * xla, (grad, mine, xla)
+
+
+def test_batched_matmuls_count_their_flops_once(v5e):
+  """XLA:TPU writes a batched matmul as a convolution whose batch dimensions are a dilated
+  window: attention's two einsums count 2 x 2 x b h t s d FLOPs, no more."""
+  mesh = Mesh(np.array(v5e[:1]), ("d",))
+  b, h, t, d = 4, 8, 256, 64
+  q = _spec(mesh, (b, h, t, d))
+
+  def attention(q, k, v):
+    s = jnp.einsum("bhtd,bhsd->bhts", q, k).astype(jnp.float32)
+    return jnp.einsum("bhts,bhsd->bhtd", jax.nn.softmax(s).astype(q.dtype), v).sum()
+
+  compiled = jax.jit(attention).lower(q, q, q).compile()
+  assert roofline.program_cost(compiled.as_text()).flops == 2 * 2 * b * h * t * t * d
+
+
+def test_an_out_of_memory_compile_is_a_row(v5e):
+  mesh = Mesh(np.array(v5e[:1]), ("d",))
+  big = jax.ShapeDtypeStruct((1024, 1024, 1024), jnp.float32,
+                             sharding=NamedSharding(mesh, PartitionSpec()))
+
+  def forty_copies(x):
+    ys = jax.lax.optimization_barrier([x * i for i in range(40)])
+    return sum(y.sum() for y in ys)
+
+  row, compiled = measure.measure(lambda: jax.jit(forty_copies).lower(big))
+  assert compiled is None
+  assert row["error"] == "needs 160.00 GiB of temporaries, the chip has 15.75"
+  assert not report.fits(row, 15.75)
+
+
+def _small(**rl):
+  c = scratch.get_config()
+  c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
+  c.rl.minibatches, c.rl.microbatches, c.rl.epochs = 1, 1, 1
+  c.rl.kl_coef, c.rl.max_kl = 0.0, 0.0
+  c.model.scan_layers, c.model.remat, c.model.lora_rank = True, "none", 0
+  c.parallel.mesh_shape = (1, -1, 1)
+  for key, value in rl.items():
+    section, field = key.split("__")
+    setattr(getattr(c, section), field, value)
+  return c
+
+
+def test_learn_flops_are_about_6n_per_token_and_remat_adds_a_forward_pass():
+  """At a small config trained on-policy (one forward and backward pass, no reference, no
+  rollback pass), the learn step's FLOPs counted by XLA:TPU are 1.0-1.5 times the model's (6 N
+  per token plus attention, each prompt once per group); block rematerialisation adds one
+  forward pass (2 N per token: +0.25-0.45 of that), a second minibatch the old policy's
+  forward pass (+0.25-0.55)."""
+  ratio = {}
+  for name, overrides in (("one_pass", {}), ("remat", {"model__remat": "block"}),
+                          ("two_minibatches", {"rl__minibatches": 2})):
+    plan = planner.plan(_small(**overrides), target="v5e-4", prompt_len=32,
+                        programs=("learn",))
+    assert plan["fits"] and plan["programs"]["learn"]["unknown_loops"] == 0
+    ratio[name] = plan["roofline"]["learn_flops_ratio"]
+  assert 1.0 <= ratio["one_pass"] <= 1.5, ratio
+  assert 0.25 <= ratio["remat"] - ratio["one_pass"] <= 0.45, ratio
+  assert 0.25 <= ratio["two_minibatches"] - ratio["one_pass"] <= 0.55, ratio
+
+
+@pytest.mark.parametrize("group", [8, 16])
+def test_learn_memory_falls_as_microbatches_split_the_groups(group):
+  """Four prompts of G completions (XLA:CPU on this process's device: the tiny model's
+  temporaries are too small for XLA:TPU to keep in HBM): at eight microbatches each group's
+  rows are split over two of them (`forward.block_group`), and the learn step's temporaries keep
+  falling as microbatches rise."""
+  temps = []
+  for microbatches in (1, 2, 4, 8):
+    c = _small(rl__prompts_per_step=4, rl__group_size=group, rl__max_new_tokens=64,
+               rl__microbatches=microbatches)
+    plan = planner.plan(c, hbm_gib=1.0, prompt_len=32, programs=("learn",))
+    temps.append(plan["programs"]["learn"]["temp_gib"])
+  assert all(b < a for a, b in zip(temps, temps[1:])), temps
+
+
+def test_the_command_plans_the_quickstart_for_a_v5e_as_it_is(tmp_path):
+  """`python -m experiments.plan --target v5e-4` on configs/quickstart.py, whose model is a named
+  checkpoint (its shape from the preset, no weights): every program compiled by XLA:TPU, with a
+  roofline bound, and exit status 0 (it fits); an unknown target is a usage error."""
+  import json  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = tmp_path / "plan.json"
+  run = lambda *args: subprocess.run([sys.executable, "-m", "experiments.plan", *args],
+                                     cwd=root, capture_output=True, text=True, timeout=600,
+                                     env={**os.environ, "PYTHONPATH": root})
+  result = run("--config", "configs/quickstart.py", "--target", "v5e-4", "--out", str(out))
+  assert result.returncode == 0, result.stderr[-3000:]
+  plan = json.loads(out.read_text())
+  assert plan["chip"]["name"] == "v5e" and plan["devices"] == 4 and plan["fits"]
+  assert list(plan["programs"]) == ["select", "prefill", "decode", "learn"]
+  assert all(p["bound_s"] > 0 for name, p in plan["programs"].items() if name != "select")
+  assert plan["programs"]["learn"]["peak_gib"] < 15.75
+  assert plan["roofline"]["step_s"] > 0 and plan["roofline"]["learned_tokens_per_s_per_chip"] > 0
+  assert "by XLA:TPU" in result.stdout and result.stdout.strip().endswith("FITS")
+  bad = run("--config", "configs/quickstart.py", "--target", "v5e-3")
+  assert bad.returncode != 0 and "--target 'v5e-3'" in bad.stderr
