@@ -13,13 +13,17 @@ every computation as often as it executes:
          are left out: they are memory-bound and counted by their bytes);
   bytes  operands read and results written by each instruction of a computation that runs on its
          own (the entry, loop bodies, branches; a fusion is one instruction), as XLA's cost
-         analysis counts them, with two refinements it also makes: a fusion operand that the fused
-         code only slices (a scanned layer's weights, one step of a stacked array) counts the
-         slices it reads, and an operand a fusion updates in place counts the update;
+         analysis counts them, with the refinements it also makes: a fusion operand that the
+         fused code only slices (a scanned layer's weights, one step of a stacked array) counts
+         the slices it reads, an operand a fusion updates in place counts the update, and an
+         operand a fusion passes through to its output (the buffers of a collective fused into
+         it) counts neither as read nor as written;
   loops  a `while` whose condition is `counter < C` (how `lax.scan` and `fori_loop` lower,
-         counting from 0) runs its body C times; any other loop (a decode loop that stops when
-         its rows are done) runs `unknown_trips` times, once when it is nested in such a loop
-         (a refill inside a decode iteration), and is counted in `unknown_loops`.
+         counting from 0) runs its body C times. Any other loop (a decode loop that stops when
+         its rows are done) is counted in `unknown_loops`: the first such loop of a computation
+         runs `unknown_trips` times, later ones beside it none (the continuous engine's stages
+         at halved slots only decode what the full-width stage left: for a lower bound, every
+         token is decoded at full width), one nested in such a loop once.
 Bookkeeping instructions (parameters, constants, tuples, bitcasts) move no bytes.
 
 The bound is a roofline (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual
@@ -223,6 +227,8 @@ class _Counter:
           total += _nbytes(user.shape)
         elif user.opcode == "dynamic-update-slice" and i == 0:
           total += _nbytes(inner.get(user.operands[1], ""))
+        elif user.opcode == "tuple":   # passed through to the fusion's output unread
+          continue
         elif user.opcode == "bitcast":
           total += self.read_bytes(computation, user.name, full)
         elif user.opcode == "fusion" and _attr(user.attrs, "calls") in self.computations:
@@ -234,6 +240,22 @@ class _Counter:
         if total >= full:
           return full
     return total
+
+  def written_bytes(self, inst: _Instruction) -> float:
+    """Bytes a fusion writes: its outputs, but for the elements of an output tuple that pass one
+    of its parameters through unchanged (buffers a fused collective carries along)."""
+    called = _attr(inst.attrs, "calls")
+    if called not in self.computations or not inst.shape.startswith("("):
+      return _nbytes(inst.shape)
+    params, body = self.computations[called]
+    root = body[-1] if body else None
+    if root is None or root.opcode != "tuple":
+      return _nbytes(inst.shape)
+    through = {b.name for b in body if b.opcode == "parameter"} | set(params)
+    through |= {b.name for b in body if b.opcode == "bitcast" and b.operands[0] in through}
+    elements = _split_top(inst.shape.strip()[1:-1])
+    return sum(_nbytes(shape) for shape, name in zip(elements, root.operands)
+               if name not in through)
 
   def fusion_operand_bytes(self, inst: _Instruction, shapes: dict) -> float:
     """Bytes a fusion reads of its operands (`read_bytes` of each)."""
@@ -253,6 +275,7 @@ class _Counter:
     _, instructions = self.computations[name]
     shapes = self.shapes(name)
     total = Cost()
+    unknown_seen = False
     for inst in instructions:
       op = inst.opcode
       if op == "while":
@@ -262,7 +285,8 @@ class _Counter:
         once = self.cost(body, inner) + self.cost(cond, inner)
         if trips is None:
           once.unknown_loops += 1
-          trips = 1 if in_unknown else self.unknown_trips
+          trips = 1 if in_unknown else 0 if unknown_seen else self.unknown_trips
+          unknown_seen = True
         total = total + once.scaled(trips)
         continue
       if op == "conditional":
@@ -283,7 +307,7 @@ class _Counter:
         continue
       if op == "fusion":
         total.flops += self.flops(_attr(inst.attrs, "calls"))
-        total.bytes += self.fusion_operand_bytes(inst, shapes) + _nbytes(inst.shape)
+        total.bytes += self.fusion_operand_bytes(inst, shapes) + self.written_bytes(inst)
         continue
       if op in ("dot", "convolution"):
         total.flops += _dot_flops(inst, shapes)

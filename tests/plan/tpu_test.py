@@ -115,6 +115,7 @@ def _small(**rl):
   return c
 
 
+@pytest.mark.slow
 def test_learn_flops_are_about_6n_per_token_and_remat_adds_a_forward_pass():
   """At a small config trained on-policy (one forward and backward pass, no reference, no
   rollback pass), the learn step's FLOPs counted by XLA:TPU are 1.0-1.5 times the model's (6 N
@@ -148,6 +149,7 @@ def test_learn_memory_falls_as_microbatches_split_the_groups(group):
   assert all(b < a for a, b in zip(temps, temps[1:])), temps
 
 
+@pytest.mark.slow
 def test_the_command_plans_the_quickstart_for_a_v5e_as_it_is(tmp_path):
   """`python -m experiments.plan --target v5e-4` on configs/quickstart.py, whose model is a named
   checkpoint (its shape from the preset, no weights): every program compiled by XLA:TPU, with a
@@ -172,3 +174,20 @@ def test_the_command_plans_the_quickstart_for_a_v5e_as_it_is(tmp_path):
   assert "by XLA:TPU" in result.stdout and result.stdout.strip().endswith("FITS")
   bad = run("--config", "configs/quickstart.py", "--target", "v5e-3")
   assert bad.returncode != 0 and "--target 'v5e-3'" in bad.stderr
+
+
+def test_with_the_tpu_compiler_installed_a_host_without_a_tpu_runs_quietly_on_the_cpu():
+  """libtpu is installed (this suite compiles for TPU slices); importing the package on a host
+  with no TPU chip names the CPU, so JAX neither starts the TPU runtime nor prints its warnings."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  assert importlib.util.find_spec("libtpu") is not None
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  result = subprocess.run([sys.executable, "-c", "import rl_curriculum, jax; "
+                           "print(jax.default_backend(), jax.device_count())"],
+                          capture_output=True, text=True, timeout=120, env=env)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == ["cpu", "1"]
+  assert "TPU" not in result.stderr, result.stderr[-2000:]
