@@ -16,9 +16,9 @@ task's verifier, held-out accuracy per task and the skill balance (`eval/skill/m
       --config.curriculum.arms=task
       --config.curriculum.name=uniform --config.curriculum.options={}
 
-Memory, planned without weights on fake CPU devices (docs/scaling.md has the numbers):
-  python -m experiments.plan --config configs/sec_paper_multitask_qwen3b.py --devices 8 \
-      --hbm_gib 80 --prompt_len 768
+Memory, planned without weights by the TPU compiler (docs/scaling.md has the numbers):
+  python -m experiments.plan --config configs/sec_paper_multitask_qwen3b.py --target v5e-8 \
+      --prompt_len 768
 
 The chat prompts of the largest zebra puzzles are the longest of the mixture (several hundred
 tokens with Qwen's tokenizer and chat template); every pool is padded to the longest prompt, so

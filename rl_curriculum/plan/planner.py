@@ -360,8 +360,8 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
 
   Args:
     config: a run config (validated first).
-    target: a `targets.Target` or its name ("v5e-8", "cpu:4", ...); None: the CPU devices JAX
-      sees.
+    target: a `targets.Target` or its name ("v5e-8", "cpu:4", ...); None: the devices JAX
+      sees (`experiments.train --plan_only` on the machine that would run).
     hbm_gib: memory per device (default: the TPU chip's; required for CPU devices).
     prompt_len: Tp, prompt tokens per row (the data decides it in a run; pass the longest).
     vocab_size: the tiny preset's vocabulary (default: config.tokenizer.vocab_size).
@@ -386,13 +386,16 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
       `model.source` names something without a config.json.
   """
   validation.validate(config, check_source=False)
-  if target is None:
-    target = targets.Target(name=f"cpu:{jax.device_count()}", chips=jax.device_count())
-  target = targets.parse(target) if isinstance(target, str) else target
+  if target is None:   # the devices this process sees, whatever their platform
+    devices = jax.devices()
+    target = targets.Target(name=f"{devices[0].platform}:{len(devices)}", chips=len(devices))
+  else:
+    target = targets.parse(target) if isinstance(target, str) else target
+    devices = targets.devices(target)
   hbm_gib = target.chip.hbm_gib if hbm_gib is None and target.is_tpu else hbm_gib
   if hbm_gib is None:
     raise ValueError(f"{target.name}: pass hbm_gib, the memory of a device")
-  mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape), targets.devices(target))
+  mesh = mesh_lib.make_mesh(tuple(config.parallel.mesh_shape), devices)
   shape = model_shape(config, vocab_size)
   if num_layers:
     shape = dataclasses.replace(shape, num_layers=num_layers)

@@ -92,8 +92,9 @@ def describe(plan: dict) -> str:
   """The plan as a few lines for a terminal."""
   m, w = plan["model"], plan["workload"]
   chip = plan.get("chip")
+  platform = plan["target"].split(":")[0].replace("cuda", "gpu").upper()
   where = (f"{plan['target']}: {plan['devices']} {chip['name']} chips by XLA:TPU" if chip
-           else f"{plan.get('target', 'cpu')}: {plan['devices']} devices by XLA:CPU")
+           else f"{plan['target']}: {plan['devices']} devices by XLA:{platform}")
   lines = [f"{where}, mesh {plan['mesh']}, budget {plan['hbm_gib']:.2f} GiB per device",
            f"model: {m['layers']} layers, d {m['d_model']}, vocab {m['vocab']}, "
            f"{m['params'] / 1e6:,.1f}M parameters, {m['dtype']} compute on {m['param_dtype']} "
