@@ -7,10 +7,10 @@ checkpoint, with the config it was started with (fields such as rl.steps may cha
 rl_curriculum/train/durable/workdir.py); `--allow_config_change` goes on with other values, logged.
 Exit status: 0 done, 1 the run stopped (a checkpoint it could not write, a collapsed policy), 2
 a bad command line or config, or a workdir another process is writing; each is one line.
-`--plan_only` compiles the run's sampler and learn step for the devices this process sees,
-without weights, prints their memory per device against `--hbm_gib` (default: the device's own
-limit) and exits (rl_curriculum/plan/planner.py; `python -m experiments.plan` does the same on fake
-CPU devices).
+`--plan_only` compiles every program of a step for the devices this process sees, without
+weights, prints their memory per device against `--hbm_gib` (default: the device's own limit) and
+exits (rl_curriculum/plan/; `python -m experiments.plan --target v5e-8` does the same for a TPU
+slice from any host, or for fake CPU devices).
 """
 
 import sys
@@ -31,6 +31,7 @@ FLAGS = flags.FLAGS
 def _plan_only() -> int:
   import jax  # pylint: disable=import-outside-toplevel
   from rl_curriculum.plan import planner as plan  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.plan import report as plan_report  # pylint: disable=import-outside-toplevel
   hbm = FLAGS.hbm_gib
   if not hbm:
     stats = jax.devices()[0].memory_stats() or {}
@@ -38,7 +39,7 @@ def _plan_only() -> int:
       raise app.UsageError("this device does not report its memory; pass --hbm_gib")
     hbm = stats["bytes_limit"] / plan.GIB
   report = plan.plan(FLAGS.config, hbm_gib=hbm, prompt_len=FLAGS.prompt_len)
-  print(plan.describe(report))
+  print(plan_report.describe(report))
   return 0 if report["fits"] else 1
 
 

@@ -30,7 +30,7 @@ Per program (all per device, GiB):
 A program FITS when it compiled and its peak is at most the budget; the config fits when every
 program does. For a TPU target the numbers are XLA:TPU's, the compiler that would run the
 program; for CPU devices they are XLA:CPU's, which fuses and schedules differently (it
-under-counted the paper setting's learn step by 2.4 GiB a chip; docs/scaling.md). Each program's
+under-counted the paper setting's learn step by 2.5 GiB a chip; docs/scaling.md). Each program's
 cost, its loops counted, and its roofline time on the target's chip: `roofline`, `report`.
 """
 
@@ -55,8 +55,6 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.plan import measure
 from rl_curriculum.plan import report as report_lib
 from rl_curriculum.plan import targets
-from rl_curriculum.plan.measure import checkpoint_bytes, largest_values  # pylint: disable=unused-import
-from rl_curriculum.plan.report import describe  # pylint: disable=unused-import
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import sampler
