@@ -18,8 +18,9 @@ every computation as often as it executes:
          the slices it reads, an operand a fusion updates in place counts the update, and an
          operand a fusion passes through to its output (the buffers of a collective fused into
          it) counts neither as read nor as written;
-  loops  a `while` whose condition is `counter < C` (how `lax.scan` and `fori_loop` lower,
-         counting from 0) runs its body C times. Any other loop (a decode loop that stops when
+  loops  a `while` whose condition is `counter < C` runs its body ceil((C - start) / step)
+         times, start and step read off the loop (0 and 1 for `lax.scan` and `fori_loop`; XLA's
+         windowed matmuls under FSDP step by 2). Any other loop (a decode loop that stops when
          its rows are done) is counted in `unknown_loops`: the first such loop of a computation
          runs `unknown_trips` times, later ones beside it none (the continuous engine's stages
          at halved slots only decode what the full-width stage left: for a lower bound, every
@@ -280,7 +281,7 @@ class _Counter:
       op = inst.opcode
       if op == "while":
         body, cond = _attr(inst.attrs, "body"), _attr(inst.attrs, "condition")
-        trips = self.trips(cond)
+        trips = self.trips(inst, name)
         inner = in_unknown or trips is None
         once = self.cost(body, inner) + self.cost(cond, inner)
         if trips is None:
@@ -315,8 +316,22 @@ class _Counter:
     self.memo[(name, in_unknown)] = total
     return total
 
-  def trips(self, cond: str) -> Optional[int]:
-    """C for a condition `counter < C` with a constant C (how scans and fori_loops lower)."""
+  def _constant(self, computation: str, name: str) -> Optional[int]:
+    """The integer value of `name` in `computation` when it is a constant (through copies)."""
+    by_name = {inst.name: inst for inst in self.computations[computation][1]}
+    inst = by_name.get(name)
+    while inst is not None and inst.opcode in ("copy", "bitcast", "convert"):
+      inst = by_name.get(inst.operands[0])
+    if inst is None or inst.opcode != "constant" or not inst.operands:
+      return None
+    return int(inst.operands[0]) if re.fullmatch(r"-?\d+", inst.operands[0]) else None
+
+  def trips(self, loop: _Instruction, parent: str) -> Optional[int]:
+    """The trips of a `while` whose condition is `counter < C` with a constant C and whose body
+    adds a constant step to the counter, from a constant start (how scans, fori_loops and
+    XLA's windowed matmuls lower): ceil((C - start) / step). A counter whose start or step is
+    not a constant is taken to start at 0 and step by 1; any other condition: None."""
+    cond, body = _attr(loop.attrs, "condition"), _attr(loop.attrs, "body")
     if cond not in self.computations:
       return None
     _, instructions = self.computations[cond]
@@ -324,11 +339,29 @@ class _Counter:
     root = instructions[-1] if instructions else None
     if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
       return None
-    bound = by_name.get(root.operands[1])
-    if bound is None or bound.opcode != "constant":
+    bound = self._constant(cond, root.operands[1])
+    counter = by_name.get(root.operands[0])
+    if bound is None:
       return None
-    value = bound.operands[0] if bound.operands else ""
-    return int(value) if re.fullmatch(r"-?\d+", value) else None
+    index = (re.search(r"index=(\d+)", counter.attrs) if counter is not None
+             and counter.opcode == "get-tuple-element" else None)
+    start, step = 0, 1
+    if index is not None and body in self.computations:
+      i = int(index.group(1))
+      body_insts = self.computations[body][1]
+      body_by_name = {inst.name: inst for inst in body_insts}
+      out = body_insts[-1] if body_insts else None
+      update = (body_by_name.get(out.operands[i]) if out is not None and out.opcode == "tuple"
+                and i < len(out.operands) else None)
+      if update is not None and update.opcode == "add":
+        steps = [self._constant(body, o) for o in update.operands]
+        step = next((k for k in steps if k), 1)
+      parent_by_name = {inst.name: inst for inst in self.computations[parent][1]}
+      init = parent_by_name.get(loop.operands[0]) if loop.operands else None
+      if init is not None and init.opcode == "tuple" and i < len(init.operands):
+        first = self._constant(parent, init.operands[i])
+        start = first if first is not None else 0
+    return max(0, -(-(bound - start) // step)) if step > 0 else None
 
 
 def program_cost(hlo_text: str, unknown_trips: float = 1.0) -> Cost:

@@ -72,6 +72,26 @@ def test_a_scanned_loop_counts_as_its_unrolled_twin(v5e):
     assert 0.75 * xla <= mine <= 1.25 * xla, (grad, mine, xla)
 
 
+def test_fsdp_windowed_matmuls_count_the_model_flops():
+  """Under FSDP XLA:TPU splits a matmul into a loop of partial matmuls that steps its counter by
+  two (a windowed matmul, fed by collective permutes): an MLP's forward on a v5e-8 counts
+  exactly its model FLOPs, summed over the chips."""
+  devices = targets.devices(targets.parse("v5e-8"))
+  mesh = Mesh(np.array(devices), ("f",))
+  b, t, d, f = 16, 1024, 2048, 11008
+  x = _spec(mesh, (b, t, d), "f", None, None)
+  w1, w2 = _spec(mesh, (d, f), "f", None), _spec(mesh, (f, d), "f", None)
+
+  def mlp(x, w1, w2):
+    h = jax.nn.gelu(jnp.einsum("btd,df->btf", x, w1))
+    return jnp.einsum("btf,fd->btd", h, w2).astype(jnp.float32).sum()
+
+  compiled = jax.jit(mlp).lower(x, w1, w2).compile()
+  assert "windowed_dot_general" in compiled.as_text()
+  counted = roofline.program_cost(compiled.as_text()).flops * len(devices)
+  assert counted == 2 * 2 * b * t * d * f
+
+
 def test_batched_matmuls_count_their_flops_once(v5e):
   """XLA:TPU writes a batched matmul as a convolution whose batch dimensions are a dilated
   window: attention's two einsums count 2 x 2 x b h t s d FLOPs, no more."""
