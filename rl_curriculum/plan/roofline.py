@@ -25,7 +25,8 @@ every computation as often as it executes:
          runs `unknown_trips` times, later ones beside it none (the continuous engine's stages
          at halved slots only decode what the full-width stage left: for a lower bound, every
          token is decoded at full width), one nested in such a loop once.
-Bookkeeping instructions (parameters, constants, tuples, bitcasts) move no bytes.
+Bookkeeping instructions (parameters, constants, tuples, bitcasts) move no bytes; a custom call
+(a buffer allocation here; a kernel's own cost is not read) counts nothing.
 
 The bound is a roofline (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual
 performance model for multicore architectures", CACM 52(4)): a program takes at least its FLOPs
