@@ -34,7 +34,7 @@ if __name__ == "__main__":
   # Fake CPU devices must be requested before JAX starts; a TPU slice is compiled for from the
   # CPU host, whose one device runs nothing.
   _name = _target_from_argv(sys.argv)
-  _cpus = _name.split(":", 1)[1] if _name.startswith("cpu:") else "1"
+  _cpus = _name[4:] if _name.startswith("cpu:") and _name[4:].isdigit() else "1"
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
                              f"device_count={_cpus}").strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
