@@ -193,33 +193,38 @@ class _Counter:
     self.computations = computations
     self.unknown_trips = unknown_trips
     self.memo = {}
+    self.shape_tables = {}
+    self.fused_flops = {}
 
   def shapes(self, name: str) -> dict:
-    params, instructions = self.computations[name]
-    out = dict(params)
-    out.update({inst.name: inst.shape for inst in instructions})
-    return out
+    """{value name: shape text} of computation `name` (its parameters and instructions)."""
+    if name not in self.shape_tables:
+      params, instructions = self.computations[name]
+      table = dict(params)
+      table.update({inst.name: inst.shape for inst in instructions})
+      self.shape_tables[name] = table
+    return self.shape_tables[name]
 
   def flops(self, name: str) -> float:
     """FLOPs of a fused computation (and what it calls)."""
-    _, instructions = self.computations[name]
-    shapes = self.shapes(name)
-    total = 0.0
-    for inst in instructions:
-      if inst.opcode in ("dot", "convolution"):
-        total += _dot_flops(inst, shapes)
-      called = _attr(inst.attrs, "calls")
-      if called in self.computations:
-        total += self.flops(called)
-    return total
+    if name not in self.fused_flops:
+      shapes = self.shapes(name)
+      total = 0.0
+      for inst in self.computations[name][1]:
+        if inst.opcode in ("dot", "convolution"):
+          total += _dot_flops(inst, shapes)
+        called = _attr(inst.attrs, "calls")
+        if called in self.computations:
+          total += self.flops(called)
+      self.fused_flops[name] = total
+    return self.fused_flops[name]
 
   def read_bytes(self, computation: str, value: str, full: float) -> float:
     """Bytes that `computation` reads of its value `value` (at most `full`): the slices it
     takes when every use slices it (through bitcasts and nested fusions), the update when it
     only updates it in place, else all of it."""
-    params, body = self.computations[computation]
-    inner = dict(params)
-    inner.update({b.name: b.shape for b in body})
+    body = self.computations[computation][1]
+    inner = self.shapes(computation)
     total = 0.0
     for user in body:
       for i, operand in enumerate(user.operands):
