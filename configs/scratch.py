@@ -66,6 +66,11 @@ def get_config() -> ml_collections.ConfigDict:
                                     # not grow with depth; same values)
   c.model.remat = "none"            # none | block | dots: recompute each block in the backward
                                     # pass instead of keeping its activations (same values)
+  c.model.attention = "reference"   # reference (pure JAX) | tpu (splash, ragged paged attention
+                                    # kernels) | auto (tpu on a TPU, reference elsewhere)
+  c.model.attention_block = 0       # reference: keys per block of the prefill/learn attention
+                                    # (0 = each layer's [T, T] scores whole; > 0 = blockwise,
+                                    # memory linear in T)
   c.model.lora_rank = 0             # 0 = full fine-tuning; > 0 = LoRA adapters only
   c.model.lora_alpha = 16.0         # LoRA scale is lora_alpha / lora_rank
   c.model.lora_targets = ("q", "v")  # projections that get adapters when lora_rank > 0
@@ -109,6 +114,12 @@ def get_config() -> ml_collections.ConfigDict:
                                     # rows left fit (the tail's slot-steps; same tokens; 0 = fixed)
   c.rl.prefill_chunk = 0            # prompt positions per prefill pass (0 = the whole prompt;
                                     # at most the prompt buffer)
+  c.rl.page_size = 0                # continuous: tokens a KV page (0 = each slot a dense cache
+                                    # of max_new_tokens; > 0 = a paged cache, pages taken as rows
+                                    # grow, a group's prompt pages shared)
+  c.rl.kv_pages = 0                 # paged: completion pages in the pool (0 = enough for every
+                                    # slot to run to max_new_tokens; fewer: rows that run out
+                                    # restart, the furthest along never)
   # Rollouts in flight across steps (docs/concepts.md#rollouts-overlapped-with-learning; each
   # needs the continuous engine): step t learns from a batch selected and queued at step t - k,
   # while the batches of the next k steps decode.

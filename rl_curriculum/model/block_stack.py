@@ -23,9 +23,11 @@ S cache slots, L layers, Hkv key/value heads.
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from rl_curriculum.model import kv_cache
+from rl_curriculum.model import paged_cache
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model.config import ModelConfig
 from rl_curriculum.model.rope import rope_frequencies
@@ -64,7 +66,8 @@ def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions:
     positions, key_mask, cache_index: as in `transformer.Transformer.hidden`.
     cache: None, or the KVCache (in the same layout) to write T new slots into, or a
       `prefix_cache.PrefixCache` with a `prefix_cache.SlotIndex` as cache_index (one token per
-      decode slot, each written at its own completion slot).
+      decode slot, each written at its own completion slot), or a pool of pages
+      (`paged_cache.init_pool`, either layout) with a `paged_cache.PageIndex`.
     rows: applied to the residual stream before every block (the identity, or a constraint).
 
   Returns:
@@ -73,6 +76,8 @@ def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions:
   Raises:
     ValueError: the cache is in the other layout (the message says how to build it).
   """
+  if isinstance(cache_index, paged_cache.PageIndex):
+    return _run_paged(blocks, config, x, positions, cache, cache_index, rows)
   if isinstance(cache, prefix_cache.PrefixCache):
     run = _run_scanned_prefix if config.scan_layers else _run_unrolled_prefix
     return run(blocks, config, x, positions, key_mask, cache, cache_index, rows)
@@ -162,3 +167,26 @@ def _run_scanned_prefix(block, config, x, positions, key_mask, cache, index, row
   x, (new_k, new_v) = jax.lax.scan(body, x, (state,) + arrays)
   return x, cache._replace(k=prefix_cache.write(cache.k, new_k, index.step, 1),
                            v=prefix_cache.write(cache.v, new_v, index.step, 1))
+
+
+def _run_paged(blocks, config, x, positions, pool, index, rows):
+  """One token per decode slot through the L blocks over a pool of pages [L, Pg, ...]: block l
+  writes its new keys and values into the pool's layer l and reads them back
+  (`paged_cache.attend`). Scanned, the pool is the scan's carry, updated in place."""
+  if not config.scan_layers:
+    for i, block in enumerate(blocks):
+      graphdef, state = nnx.split(block)
+      x, pool = _block_runner(graphdef, config)(state, rows(x), positions, None, pool,
+                                                index._replace(layer=i))
+    return x, pool
+  graphdef, state = nnx.split(blocks)
+  run = _block_runner(graphdef, config)
+
+  def body(carry, layer):
+    x, pool = carry
+    layer_state, i = layer
+    return run(layer_state, rows(x), positions, None, pool, index._replace(layer=i)), None
+
+  layers = jnp.arange(config.num_layers, dtype=jnp.int32)
+  (x, pool), _ = jax.lax.scan(body, (x, pool), (state, layers))
+  return x, pool

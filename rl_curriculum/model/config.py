@@ -29,6 +29,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 # none: keep every activation for the backward pass; block: keep only each block's input and
 # recompute the block; dots: keep the block's matmul outputs, recompute the rest (elementwise).
 REMAT_POLICIES = ("none", "block", "dots")
+ATTENTION_BACKENDS = ("reference", "tpu", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,14 @@ class ModelConfig:
   # Memory and compile time (they change no value, see transformer.py):
   scan_layers: bool = False         # the block stack as one scanned block with [L, ...] parameters
   remat: str = "none"               # recompute each block in the backward pass: none | block | dots
+  # Attention kernels (float rounding aside they change no value either): `reference` is pure
+  # JAX (CPU, GPU, tests); `tpu` is JAX's TPU kernels (splash attention for many queries, ragged
+  # paged attention for a paged decode); `auto` is `tpu` on a TPU and `reference` elsewhere.
+  attention: str = "reference"
+  # Many-query attention of the reference (prefill, learn step): 0 holds each layer's [T, S]
+  # scores whole; k > 0 walks the keys in blocks of k slots with an online softmax, memory
+  # linear in T (forward and backward).
+  attention_block: int = 0
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
@@ -93,6 +102,12 @@ class ModelConfig:
       if canonical not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {_DTYPES}, got {value!r}.")
       object.__setattr__(self, name, canonical)
+    if self.attention not in ATTENTION_BACKENDS:
+      raise ValueError(f"ModelConfig.attention must be one of {ATTENTION_BACKENDS}, got "
+                       f"{self.attention!r}.")
+    if not isinstance(self.attention_block, int) or self.attention_block < 0:
+      raise ValueError("ModelConfig.attention_block must be an int >= 0 (0 = scores whole), got "
+                       f"{self.attention_block!r}.")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}.")
     if self.rope_scaling_factor is not None:

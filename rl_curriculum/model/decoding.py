@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_curriculum.model import kv_cache
+from rl_curriculum.model import paged_cache
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import rope
 from rl_curriculum.model.transformer import Params
@@ -100,3 +101,26 @@ def decode_slots(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
   hidden, cache = model.hidden(tokens[:, None], positions[:, None], key_mask, cache, index,
                                constrain=constrain)
   return model.logits(hidden[:, 0, :]), cache
+
+
+def decode_pages(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
+                 positions: jax.Array, pool: jax.Array, index: paged_cache.PageIndex, *,
+                 constrain: Optional[Callable[[Any, int], Any]] = None
+                 ) -> Tuple[jax.Array, jax.Array]:
+  """One token per decode slot through a paged cache: each slot's token written at its
+  `index.length - 1`-th token and attending over its pages (`paged_cache.attend`).
+
+  Args:
+    tokens: i32[B] the newest token of each slot; positions: i32[B] its rotary position.
+    pool: every layer's pages (`paged_cache.init_pool`).
+    index: each slot's page table and length (`paged_cache.PageIndex`).
+    constrain: see `Transformer.hidden`.
+
+  Returns:
+    (f32[B, V] logits of each slot's next token, the pool with the new tokens written). Equal,
+    for each slot and to float rounding, to `decode_slots` over the same prompt and completion.
+  """
+  model = merge_params(graphdef, params)
+  hidden, pool = model.hidden(tokens[:, None], positions[:, None], None, pool, index,
+                              constrain=constrain)
+  return model.logits(hidden[:, 0, :]), pool

@@ -46,6 +46,7 @@ from rl_curriculum.model import attention
 from rl_curriculum.model import block_stack
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import layer_stacking
+from rl_curriculum.model import paged_cache
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import rope
 from rl_curriculum.model.config import ModelConfig
@@ -167,6 +168,10 @@ class Attention(nnx.Module):
     result is then the layer's whole completion keys and values with the new token written
     (unrolled), or the new keys and values [B, 1, ...] for the caller to write (scanned).
 
+    With a `paged_cache.PageIndex` as cache_index (T = 1), `cache` is the pool of every layer's
+    pages (`paged_cache.init_pool`), the index names this layer, and the second result is the
+    pool with each slot's new key and value written (`paged_cache.attend`; key_mask unused).
+
     With `cache`, this layer's (k, v) [B, S, Hkv, head_dim], the queries attend over its S slots
     with slots cache_index .. cache_index + T - 1 holding the new keys and values (in the cache
     dtype, also returned). Writing them into the cache is the caller's (`Transformer.hidden`),
@@ -180,6 +185,10 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q = rope.apply_rope(q, positions, inv_freq)
     k = rope.apply_rope(k, positions, inv_freq)
+    if isinstance(cache_index, paged_cache.PageIndex):  # one token per slot, paged cache
+      q = q.reshape(b, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
+      out, pool = paged_cache.attend(cache, cache_index, q, k[:, 0], v[:, 0], config=c)
+      return self.o(out.reshape(b, 1, c.num_heads, c.head_dim)), pool
     if isinstance(cache_index, prefix_cache.SlotIndex):  # one token per decode slot
       prompt_k, prompt_v, cache_k, cache_v = cache
       read = (prefix_cache.with_new(cache_k, k, cache_index, c.scan_layers),
@@ -291,7 +300,8 @@ class Transformer(nnx.Module):
       raise ValueError("cache and cache_index must be given together.")
     c = self.config
     x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
-    if cache is not None and not isinstance(cache_index, prefix_cache.SlotIndex):
+    if cache is not None and not isinstance(cache_index, (prefix_cache.SlotIndex,
+                                                          paged_cache.PageIndex)):
       cache_index = jnp.asarray(cache_index, jnp.int32)
     rows = (lambda x: x) if constrain is None else (lambda x: constrain(x, 0))
     x, cache = block_stack.run_layers(self.blocks, c, x, positions, key_mask, cache, cache_index,

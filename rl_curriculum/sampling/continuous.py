@@ -58,16 +58,19 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_curriculum.model import decoding
+from rl_curriculum.model import paged_cache
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import pages
 from rl_curriculum.sampling import prompt_prefill
 from rl_curriculum.sampling import slots as slots_lib
 from rl_curriculum.sampling import strategies
 from rl_curriculum.sampling.slots import EngineState
 from rl_curriculum.types import Rollout
 
-__all__ = ["ENGINES", "EngineState", "prefill_groups", "row_limits", "first_tokens", "start",
+__all__ = ["ENGINES", "EngineState", "prefill_groups", "row_limits", "first_tokens",
+           "engine_cache", "start",
            "stage_slots", "run", "Generation", "sample"]
 
 # The rollout engines a run can use (config.rl.engine): `sampler` and this module.
@@ -109,25 +112,43 @@ def first_tokens(prompt_logits: jax.Array, key: jax.Array, version: jax.Array, *
                                version=jnp.asarray(version, jnp.int32))
 
 
+def engine_cache(config, prompts, mask, *, slots, max_new_tokens, page_size=0, kv_pages=0,
+                 shards=1):
+  """The engine's cache around prefilled prompts (a `kv_cache.KVCache` of P prompts, mask
+  bool[P, Tp']): a `prefix_cache.PrefixCache` with N completion slots for each decode slot, or
+  with `page_size` > 0 a `pages.PagedCache` of `kv_pages` completion pages (0: as many as every
+  slot running to N needs) with the prompts in their pages."""
+  if not page_size:
+    return prefix_cache.from_prompts(
+        prompts, prefix_cache.init_completions(config, slots, max_new_tokens))
+  cache = pages.init(config, prompts=mask.shape[0], width=mask.shape[1], slots=slots,
+                     max_new_tokens=max_new_tokens, page_size=page_size, pages=kv_pages,
+                     shards=shards)
+  stacked = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
+  return pages.write_prompts(cache, stacked(prompts.k), stacked(prompts.v), mask, 0, 1)
+
+
 @functools.partial(jax.jit, static_argnums=(0,),
                    static_argnames=("max_new_tokens", "slots", "top_k", "top_p", "greedy",
-                                    "stop_ids", "pad_id", "group", "mesh", "chunk"))
+                                    "stop_ids", "pad_id", "group", "mesh", "chunk", "page_size",
+                                    "kv_pages"))
 def start(graphdef, params, prompt_tokens, prompt_mask, key, temperature, active=None,
           stop_after=None, *, max_new_tokens, slots, top_k=0, top_p=1.0, greedy=False,
-          stop_ids=(), pad_id=0, group=1, mesh=None, chunk=0):
+          stop_ids=(), pad_id=0, group=1, mesh=None, chunk=0, page_size=0, kv_pages=0):
   """The first device program: the rows' prompts (i32[R, Tp] left-padded, runs of `group`
   equal prompts; mask bool[R, Tp]) prefilled once per group into a PrefixCache with `slots`
   decode slots, each active row's first token drawn at `temperature` (f32[], traced), and the
   first rows that go on seated. `active` (bool[R], None = all) and `stop_after` (i32[R] in
-  [1, max_new_tokens], None = max_new_tokens) as in `sample`. Jitted; everything after the
+  [1, max_new_tokens], None = max_new_tokens) as in `sample`; `page_size` > 0 pages the cache
+  (`engine_cache`). Jitted; everything after the
   arrays is static (stop_ids a sorted tuple of ints)."""
   r, _ = prompt_tokens.shape
   shards = 1 if mesh is None else mesh_lib.batch_size_of(mesh)
   logits, prompts, mask = prefill_groups(graphdef, params, prompt_tokens, prompt_mask,
                                          group=group, mesh=mesh, chunk=chunk)
   config = transformer.merge_params(graphdef, params).config
-  cache = prefix_cache.from_prompts(
-      prompts, prefix_cache.init_completions(config, slots, max_new_tokens))
+  cache = engine_cache(config, prompts, mask, slots=slots, max_new_tokens=max_new_tokens,
+                       page_size=page_size, kv_pages=kv_pages, shards=shards)
   state = slots_lib.empty(cache, mask, jnp.stack([key]), rows=r, slots=slots,
                           max_new_tokens=max_new_tokens, shards=shards, pad_id=pad_id)
   active = jnp.ones((r,), bool) if active is None else jnp.asarray(active, bool)
@@ -137,7 +158,7 @@ def start(graphdef, params, prompt_tokens, prompt_mask, key, temperature, active
   state = slots_lib.enqueue(state, active, jnp.zeros((), jnp.int32),
                             row_limits(r, max_new_tokens, stop_after), first,
                             jnp.asarray(stop_ids, jnp.int32), pad_id)
-  state = slots_lib.seat(state, jnp.zeros((slots,), bool))
+  state = slots_lib.seat(state, jnp.zeros((slots,), bool), group)
   return slots_lib.constrain(state, mesh)
 
 
@@ -154,23 +175,38 @@ def _advance(s: EngineState, graphdef, params, temperature, version, *, stop, pa
              draw, layout) -> EngineState:
   """One loop iteration: every occupied slot's newest token fed through the model, its next
   token drawn from the logits that come out and recorded (with `version`), the slots whose rows
-  stopped refilled from the queue."""
+  stopped refilled from the queue. A paged cache first gives the slots whose token starts a page
+  a page (restarting rows if it must: `pages.make_room`) and takes the stopped rows' pages back."""
   rows, shards = s.tokens.shape[0], s.queue.shape[0]
   live = s.row < rows
-  fed = jnp.maximum(s.step - 1, 0)  # the completion slot of the token fed
   prompts = slots_lib.slot_prompts(s.row, shards, rows, group)
-  lengths = prefix_cache.gather(jnp.sum(s.prompt_mask, axis=1, dtype=jnp.int32), prompts)
-  logits, cache = decoding.decode_slots(
-      graphdef, params, slots_lib.pending_tokens(s, pad_id), lengths + fed, s.prompt_mask,
-      s.cache, prefix_cache.SlotIndex(prompt=prompts, step=fed), constrain=layout)
+  lengths = slots_lib.prompt_lengths(s, prompts)
+  paged = isinstance(s.cache, pages.PagedCache)
+  if paged:
+    cache, restart = pages.make_room(s.cache, live, lengths, jnp.maximum(s.step - 1, 0))
+    s = slots_lib.restart(s._replace(cache=cache), restart, pad_id)
+  fed = jnp.maximum(s.step - 1, 0)  # the completion slot of the token fed
+  if paged:
+    index = paged_cache.PageIndex(
+        table=s.cache.table.reshape((shards, -1) + s.cache.table.shape[1:]),
+        length=jnp.where(live, lengths + fed + 1, 0).reshape(shards, -1))
+    logits, pool = decoding.decode_pages(graphdef, params, slots_lib.pending_tokens(s, pad_id),
+                                         lengths + fed, s.cache.pool, index, constrain=layout)
+    cache = s.cache._replace(pool=pool)
+  else:
+    logits, cache = decoding.decode_slots(
+        graphdef, params, slots_lib.pending_tokens(s, pad_id), lengths + fed, s.prompt_mask,
+        s.cache, prefix_cache.SlotIndex(prompt=prompts, step=fed), constrain=layout)
   token, logprob = strategies.draw_tokens(logits, slots_lib.slot_keys(s),
                                           temperature=temperature, **draw)
   token = jnp.where(live, token, pad_id)
   limit = jnp.take(s.limit, jnp.minimum(s.row, rows - 1))
   stops = jnp.any(token[:, None] == stop[None, :], axis=-1) | (s.step + 1 >= limit)
   s = slots_lib.record(s._replace(cache=cache), token, logprob, version, stops)
+  if paged:
+    s = s._replace(cache=pages.stop(s.cache, live & stops, lengths, lengths + fed + 1))
   s = s._replace(iterations=s.iterations + 1, slot_steps=s.slot_steps + s.row.shape[0])
-  return slots_lib.seat(s, live & ~stops)
+  return slots_lib.seat(s, live & ~stops, group)
 
 
 @functools.partial(
@@ -224,7 +260,7 @@ def run(graphdef, params, state, temperature, version=None, budget=None, due=Non
       go = go & ~jnp.any(free & (s.queued <= s.taken))
     return go
 
-  state = slots_lib.seat(state, state.row < rows)  # rows queued since the last call
+  state = slots_lib.seat(state, state.row < rows, group)  # rows queued since the last call
   place = lambda s: s if mesh is None else slots_lib.on_slots(
       s, lambda x, axis, fill: mesh_lib.constrain_rows(x, mesh, axis), scanned)
   sizes = stage_slots(state.row.shape[0], shards, shrink)
@@ -253,15 +289,18 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
            slots: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            greedy: bool = False, stop_ids: Sequence[int] = (), pad_id: int = 0, group: int = 1,
            mesh=None, active: Optional[jax.Array] = None, stop_after: Optional[jax.Array] = None,
-           prefill_chunk: int = 0, shrink: int = 0) -> Generation:
+           prefill_chunk: int = 0, shrink: int = 0, page_size: int = 0,
+           kv_pages: int = 0) -> Generation:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt with `slots` decode
-  slots, halved up to `shrink` times as the rows run out (`stage_slots`); arguments and the
+  slots, halved up to `shrink` times as the rows run out (`stage_slots`), over a paged cache
+  when `page_size` > 0 (`engine_cache`); arguments and the
   returned rollout as in `sampler.sample` (whose tokens, log-probs and mask it reproduces,
   log-probs to float rounding; module docstring), plus the call's slot-steps.
 
   Raises:
     ValueError: slots not a positive multiple of the mesh's batch shards, groups that do not
-      split over them, shrink not an int >= 0, or a bad argument of `sampler.sample`.
+      split over them, shrink, page_size or kv_pages not an int >= 0, too few kv_pages
+      (`pages.layout`), or a bad argument of `sampler.sample`.
   """
   rows = prompt_tokens.shape[0]
   shards = 1 if mesh is None else mesh_lib.batch_size_of(mesh)
@@ -275,6 +314,9 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
     raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}.")
   if not isinstance(shrink, int) or shrink < 0:
     raise ValueError(f"shrink must be an int >= 0 (0 = fixed slots), got {shrink!r}.")
+  for name, value in (("page_size", page_size), ("kv_pages", kv_pages)):
+    if not isinstance(value, int) or value < 0:
+      raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
   stop = tuple(sorted({int(eos_id), *(int(s) for s in stop_ids)}))
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
   temperature = jnp.asarray(temperature, jnp.float32)
@@ -282,7 +324,7 @@ def sample(graphdef: nnx.GraphDef, params: transformer.Params, prompt_tokens: ja
               pad_id=int(pad_id), group=group, mesh=mesh)
   state = start(graphdef, params, prompt_tokens, prompt_mask, key, temperature, active,
                 stop_after, max_new_tokens=max_new_tokens, slots=slots, chunk=int(prefill_chunk),
-                **draw)
+                page_size=page_size, kv_pages=kv_pages, **draw)
   state = run(graphdef, params, state, temperature, shrink=shrink, **draw)
   rollout = Rollout(prompt_tokens=prompt_tokens, tokens=state.tokens, logprobs=state.logprobs,
                     mask=state.mask)

@@ -38,6 +38,7 @@ from rl_curriculum.model import prefix_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
+from rl_curriculum.sampling import pages
 from rl_curriculum.sampling import prompt_prefill
 from rl_curriculum.sampling import slots as slots_lib
 
@@ -53,22 +54,26 @@ def _shards(mesh) -> int:
 
 
 def _empty_options(graphdef, params, *, rows, generations, prompt_len, slots, max_new_tokens,
-                   pad_id, group, mesh, chunk) -> dict:
+                   pad_id, group, mesh, chunk, page_size=0, kv_pages=0) -> dict:
   """`_empty`'s static arguments for an engine of these sizes (`params`: shapes suffice)."""
-  return dict(config=transformer.merge_params(graphdef, params).config, rows=rows, generations=generations,
-              width=prompt_prefill.padded_length(prompt_len, chunk), slots=slots,
-              max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh)
+  return dict(config=transformer.merge_params(graphdef, params).config, rows=rows,
+              generations=generations, width=prompt_prefill.padded_length(prompt_len, chunk),
+              slots=slots, max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh,
+              page_size=page_size, kv_pages=kv_pages)
 
 
 def init(graphdef, params, key, *, rows, generations, prompt_len, slots, max_new_tokens,
-         pad_id=0, group=1, mesh=None, chunk=0) -> continuous.EngineState:
+         pad_id=0, group=1, mesh=None, chunk=0, page_size=0, kv_pages=0
+         ) -> continuous.EngineState:
   """An engine for `generations` batches of `rows` rows (whole groups of `group`; prompts of
   `prompt_len` tokens, prefilled `chunk` positions at a time) on `slots` decode slots, every row
   done and nothing queued, laid out over `mesh`'s batch axes; `key` is every generation's until
-  `admit` sets its own. `params` give only the model's shapes (arrays or abstract)."""
+  `admit` sets its own; `page_size` > 0 pages the cache (`continuous.engine_cache`). `params`
+  give only the model's shapes (arrays or abstract)."""
   return _empty(key, **_empty_options(
       graphdef, params, rows=rows, generations=generations, prompt_len=prompt_len, slots=slots,
-      max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh, chunk=chunk))
+      max_new_tokens=max_new_tokens, pad_id=pad_id, group=group, mesh=mesh, chunk=chunk,
+      page_size=page_size, kv_pages=kv_pages))
 
 
 def abstract(graphdef, params, key, **sizes) -> continuous.EngineState:
@@ -83,12 +88,19 @@ def abstract(graphdef, params, key, **sizes) -> continuous.EngineState:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "rows", "generations", "width", "slots",
-                                             "max_new_tokens", "pad_id", "group", "mesh"))
+                                             "max_new_tokens", "pad_id", "group", "mesh",
+                                             "page_size", "kv_pages"))
 def _empty(key, *, config, rows, generations, width, slots, max_new_tokens, pad_id, group,
-           mesh) -> continuous.EngineState:
+           mesh, page_size, kv_pages) -> continuous.EngineState:
   prompts = generations * rows // group
-  cache = prefix_cache.from_prompts(kv_cache.init_cache(config, prompts, width),
-                                    prefix_cache.init_completions(config, slots, max_new_tokens))
+  if page_size:
+    cache = pages.init(config, prompts=prompts, width=width, slots=slots,
+                       max_new_tokens=max_new_tokens, page_size=page_size, pages=kv_pages,
+                       shards=_shards(mesh))
+  else:
+    cache = prefix_cache.from_prompts(kv_cache.init_cache(config, prompts, width),
+                                      prefix_cache.init_completions(config, slots,
+                                                                    max_new_tokens))
   state = slots_lib.empty(
       cache, jnp.zeros((prompts, width), bool), jnp.stack([key] * generations),
       rows=generations * rows, slots=slots, max_new_tokens=max_new_tokens, shards=_shards(mesh),
@@ -117,14 +129,19 @@ def admit(graphdef, params, state, prompt_tokens, prompt_mask, key, generation, 
   logits, prompts, mask = continuous.prefill_groups(graphdef, params, prompt_tokens, prompt_mask,
                                                     group=group, mesh=mesh, chunk=chunk)
   cache = state.cache
-  axis = kv_cache.cache_batch_axis(kv_cache.KVCache(k=cache.prompt_k, v=cache.prompt_v))
   put = lambda table, new, ax=0: slots_lib.put_block(table, new, generation, shards, ax)
-  layer = lambda tables, news: (put(tables, news, axis) if axis else
-                                tuple(put(t, n) for t, n in zip(tables, news)))
-  state = state._replace(
-      cache=cache._replace(prompt_k=layer(cache.prompt_k, prompts.k),
-                           prompt_v=layer(cache.prompt_v, prompts.v)),
-      prompt_mask=put(state.prompt_mask, mask), keys=state.keys.at[generation].set(key))
+  if isinstance(cache, pages.PagedCache):
+    stacked = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
+    cache = pages.write_prompts(cache, stacked(prompts.k), stacked(prompts.v), mask, generation,
+                                state.keys.shape[0])
+  else:
+    axis = kv_cache.cache_batch_axis(kv_cache.KVCache(k=cache.prompt_k, v=cache.prompt_v))
+    layer = lambda tables, news: (put(tables, news, axis) if axis else
+                                  tuple(put(t, n) for t, n in zip(tables, news)))
+    cache = cache._replace(prompt_k=layer(cache.prompt_k, prompts.k),
+                           prompt_v=layer(cache.prompt_v, prompts.v))
+  state = state._replace(cache=cache, prompt_mask=put(state.prompt_mask, mask),
+                         keys=state.keys.at[generation].set(key))
   active = jnp.ones((r,), bool) if active is None else jnp.asarray(active, bool)
   first = continuous.first_tokens(logits, key, version, group=group, temperature=temperature,
                                   top_k=top_k, top_p=top_p, greedy=greedy, mesh=mesh)
@@ -134,14 +151,20 @@ def admit(graphdef, params, state, prompt_tokens, prompt_mask, key, generation, 
   return slots_lib.constrain(state, mesh)
 
 
-@functools.partial(jax.jit, donate_argnames=("state",))
-def evict(state: continuous.EngineState, generation) -> continuous.EngineState:
+@functools.partial(jax.jit, static_argnames=("group",), donate_argnames=("state",))
+def evict(state: continuous.EngineState, generation, group: int = 1) -> continuous.EngineState:
   """The state without generation `generation`'s rows that have not stopped: their slots are
-  freed and their queued places passed over (they are the oldest queued: the queue is first in,
-  first out). They keep what they recorded and stay not done (`harvest`)."""
+  freed (with their pages, of a paged cache with `group` rows a prompt) and their queued places
+  passed over (they are the oldest queued: the queue is first in, first out). They keep what
+  they recorded and stay not done (`harvest`)."""
   rows, shards = state.tokens.shape[0], state.queue.shape[0]
   mine, _ = slots_lib.generation_parts(state.row, rows, shards, state.keys.shape[0])
   leave = (state.row < rows) & (mine == generation)
+  if isinstance(state.cache, pages.PagedCache):
+    lengths = slots_lib.prompt_lengths(state, slots_lib.slot_prompts(state.row, shards, rows,
+                                                                     group))
+    written = lengths + jnp.maximum(state.step - 1, 0)
+    state = state._replace(cache=pages.stop(state.cache, leave, lengths, written))
   return state._replace(row=jnp.where(leave, rows, state.row),
                         step=jnp.where(leave, 0, state.step),
                         taken=jnp.maximum(state.taken, state.queue_end[:, generation]))

@@ -8,6 +8,7 @@ the pure functions that move rows in and out of slots, with no model in them:
   state = seat(state, keep)                                       free slots take queued rows
   token = pending_tokens(state)                                   each slot's token to feed next
   state = record(state, token, logprob, version, stops)           a drawn token in its row
+  state = restart(state, again, pad_id)                           rows back at their first token
   state = compact(state, slots, scanned)                          occupied slots first, fewer
 
 A row's first token is drawn when it is queued, from its prompt's prefill logits (`enqueue`
@@ -26,10 +27,12 @@ import jax.numpy as jnp
 
 from rl_curriculum.model import prefix_cache
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.sampling import pages
 
 __all__ = ["EngineState", "FirstTokens", "generation_parts", "slot_keys", "put_block",
            "take_block", "empty", "enqueue", "seat", "pending_tokens", "record", "fits",
-           "compact", "on_slots", "constrain", "pending", "slot_prompts"]
+           "compact", "on_slots", "constrain", "pending", "slot_prompts", "prompt_lengths",
+           "restart"]
 
 
 class EngineState(NamedTuple):
@@ -178,27 +181,46 @@ def enqueue(state: EngineState, active: jax.Array, generation: jax.Array, limit:
       drawn=state.drawn + jnp.sum(active, dtype=jnp.int32))
 
 
-def _refill(free: jax.Array, state: EngineState, rows: int):
+def _refill(free: jax.Array, state: EngineState, rows: int, room: Optional[jax.Array]):
   """(row i32[S], refilled bool[S], taken i32[D]): each free slot given its shard's next queued
-  row, in slot order, while the shard's queue lasts; R where none is left."""
+  row, in slot order, while the shard's queue lasts (and at most `room` i32[D] rows a shard);
+  R where none is left."""
   d, per_shard = state.queue.shape
   free = free.reshape(d, -1)
-  position = state.taken[:, None] + jnp.cumsum(free, axis=1, dtype=jnp.int32) - 1
+  order = jnp.cumsum(free, axis=1, dtype=jnp.int32)
+  position = state.taken[:, None] + order - 1
   refilled = free & (position < state.queued[:, None])
+  if room is not None:
+    refilled = refilled & (order <= room[:, None])
   local = jnp.take_along_axis(state.queue, position % per_shard, axis=1)
   row = jnp.where(refilled, local + per_shard * jnp.arange(d, dtype=jnp.int32)[:, None], rows)
   taken = state.taken + jnp.sum(refilled, axis=1, dtype=jnp.int32)
   return row.reshape(-1), refilled.reshape(-1), taken
 
 
-def seat(state: EngineState, keep: jax.Array) -> EngineState:
+def seat(state: EngineState, keep: jax.Array, group: int = 1) -> EngineState:
   """The state with the slots not in `keep` (bool[S]) refilled from the queue: a new row starts
-  at step 1 (its first token recorded, to be fed); slots left without a row hold R."""
+  at step 1 (its first token recorded, to be fed); slots left without a row hold R. A paged
+  cache seats only the rows its free pages admit and gives each its pages (`pages.seat`;
+  `group` rows a prompt)."""
   rows = state.tokens.shape[0]
-  new_row, refilled, taken = _refill(~keep, state, rows)
-  return state._replace(row=jnp.where(keep, state.row, new_row),
-                        step=jnp.where(keep, state.step, refilled.astype(jnp.int32)),
-                        taken=taken)
+  paged = isinstance(state.cache, pages.PagedCache)
+  room = pages.admissible(state.cache, keep & (state.row < rows)) if paged else None
+  new_row, refilled, taken = _refill(~keep, state, rows, room)
+  state = state._replace(row=jnp.where(keep, state.row, new_row),
+                         step=jnp.where(keep, state.step, refilled.astype(jnp.int32)),
+                         taken=taken)
+  if not paged:
+    return state
+  prompt = slot_prompts(state.row, state.queue.shape[0], rows, group)
+  return state._replace(cache=pages.seat(state.cache, refilled, prompt,
+                                         prompt_lengths(state, prompt)))
+
+
+def prompt_lengths(state: EngineState, prompt: jax.Array) -> jax.Array:
+  """i32[S] the real tokens of each slot's prompt (prompt: i32[D, S/D], `slot_prompts`)."""
+  lengths = jnp.sum(state.prompt_mask, axis=1, dtype=jnp.int32)
+  return prefix_cache.gather(lengths, prompt)
 
 
 def _local(row: jax.Array, rows: int, shards: int) -> jax.Array:
@@ -251,6 +273,20 @@ def record(state: EngineState, token: jax.Array, logprob: jax.Array, version: ja
       fed=state.fed + jnp.sum(live, dtype=jnp.int32))
 
 
+def restart(state: EngineState, again: jax.Array, pad_id: int) -> EngineState:
+  """The state with the rows in the slots `again` (bool[S]) back at their first token: step 1,
+  and everything they recorded after it cleared (they draw it again, `pages.make_room`)."""
+  rows, shards, _ = _sizes(state)
+  mine = _write(jnp.zeros((rows,), bool), jnp.where(again, state.row, rows), None,
+                jnp.ones(again.shape, bool), shards)
+  later = mine[:, None] & (jnp.arange(state.tokens.shape[1], dtype=jnp.int32)[None, :] >= 1)
+  clear = lambda x, fill: jnp.where(later, jnp.asarray(fill, x.dtype), x)
+  dropped = jnp.sum(jnp.where(again, state.step - 1, 0), dtype=jnp.int32)
+  return state._replace(tokens=clear(state.tokens, pad_id), logprobs=clear(state.logprobs, 0),
+                        mask=clear(state.mask, 0), versions=clear(state.versions, 0),
+                        step=jnp.where(again, 1, state.step), drawn=state.drawn - dropped)
+
+
 def fits(state: EngineState, slots: int) -> jax.Array:
   """bool[]: every shard's rows left (seated, or queued and not yet seated) fit in `slots`."""
   rows, d, _ = _sizes(state)
@@ -279,9 +315,12 @@ def on_slots(state: EngineState, fn, scanned: bool) -> EngineState:
   completion keys and values; `fill` marks a free slot's value)."""
   rows = state.tokens.shape[0]
   cache = state.cache
-  layer = lambda arrays: (fn(arrays, 1, 0) if scanned else tuple(fn(a, 0, 0) for a in arrays))
-  return state._replace(row=fn(state.row, 0, rows), step=fn(state.step, 0, 0),
-                        cache=cache._replace(k=layer(cache.k), v=layer(cache.v)))
+  if isinstance(cache, pages.PagedCache):  # the pages stay; the slots' tables move
+    cache = cache._replace(table=fn(cache.table, 0, 0))
+  else:
+    layer = lambda arrays: (fn(arrays, 1, 0) if scanned else tuple(fn(a, 0, 0) for a in arrays))
+    cache = cache._replace(k=layer(cache.k), v=layer(cache.v))
+  return state._replace(row=fn(state.row, 0, rows), step=fn(state.step, 0, 0), cache=cache)
 
 
 def compact(state: EngineState, slots: int, scanned: bool) -> EngineState:
@@ -302,8 +341,13 @@ def constrain(state: EngineState, mesh) -> EngineState:
   """The state's row and slot arrays and cache over the mesh's batch axes (None: unchanged)."""
   if mesh is None:
     return state
-  scanned = not isinstance(state.cache.k, (tuple, list))
-  cache = mesh_lib.constrain_rows(state.cache, mesh, 1 if scanned else 0)
+  if isinstance(state.cache, pages.PagedCache):  # pages on axis 1, the rest by shard or slot
+    rest = {f: getattr(state.cache, f) for f in ("table", "prompts", "free", "count")}
+    cache = state.cache._replace(pool=mesh_lib.constrain_rows(state.cache.pool, mesh, 1),
+                                 **mesh_lib.constrain_rows(rest, mesh))
+  else:
+    scanned = not isinstance(state.cache.k, (tuple, list))
+    cache = mesh_lib.constrain_rows(state.cache, mesh, 1 if scanned else 0)
   by_rows = mesh_lib.constrain_rows({f: getattr(state, f) for f in _BY_ROWS}, mesh)
   return state._replace(cache=cache, **by_rows)
 

@@ -92,6 +92,7 @@ class Programs(NamedTuple):
   engine: str              # config.rl.engine: static | continuous
   slots: int               # the continuous engine's decode slots (config.rl.decode_slots)
   shrink: int              # and their halvings as the rows run out (config.rl.decode_shrink)
+  paging: dict             # its KV cache: page_size (0 = dense) and kv_pages (config.rl)
   train_shardings: Any     # of the train state, by logical axes
   base_shardings: Any      # of the frozen base (None without LoRA)
   ref_shardings: Any       # of the KL reference's weights (None without one)
@@ -259,6 +260,7 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
                    group=budget.group_slots(config), mesh=rollout_mesh,
                    prefill_chunk=config.rl.prefill_chunk),
       engine=config.rl.engine, slots=config.rl.decode_slots, shrink=config.rl.decode_shrink,
+      paging=dict(page_size=config.rl.page_size, kv_pages=config.rl.kv_pages),
       train_shardings=train_shardings,
       base_shardings=(None if model.frozen is None
                       else mesh_lib.param_shardings(model.frozen, mesh)),
@@ -337,7 +339,7 @@ def sample(programs: Programs, params: Any, prompt_tokens: jax.Array, prompt_mas
   if programs.engine == "continuous":
     return continuous.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
                              temperature=temperature, active=active, slots=programs.slots,
-                             shrink=programs.shrink, **programs.sampler)
+                             shrink=programs.shrink, **programs.paging, **programs.sampler)
   rollout = sampler.sample(programs.graphdef, params, prompt_tokens, prompt_mask, key,
                            temperature=temperature, active=active, **programs.sampler)
   steps = jnp.max(jnp.sum(rollout.mask, axis=1)).astype(jnp.int32)

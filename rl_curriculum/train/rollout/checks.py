@@ -52,6 +52,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not _whole(rl.prefill_chunk, 0):
     fail("rl.prefill_chunk", f"must be a whole number >= 0 (0 = the whole prompt), got "
          f"{rl.prefill_chunk!r}")
+  if not _whole(rl.page_size, 0):
+    fail("rl.page_size", f"must be a whole number >= 0 (tokens a KV page; 0 = the dense cache), "
+         f"got {rl.page_size!r}")
+  if not _whole(rl.kv_pages, 0):
+    fail("rl.kv_pages", f"must be a whole number >= 0 (completion pages; 0 = as many as every "
+         f"slot running to rl.max_new_tokens needs), got {rl.kv_pages!r}")
+  if rl.page_size and rl.engine != "continuous":
+    fail("rl.page_size", "a paged KV cache is the continuous engine's: set rl.engine="
+         "'continuous' or rl.page_size = 0")
+  if rl.kv_pages and not rl.page_size:
+    fail("rl.kv_pages", "counts pages of a paged cache: set rl.page_size > 0 too")
   if not _whole(rl.max_staleness, 0):
     fail("rl.max_staleness", f"must be a whole number >= 0 (policy versions a trained token may "
          f"lag; 0 = synchronous), got {rl.max_staleness!r}")
@@ -104,6 +115,14 @@ def check_decode_slots(config: ml_collections.ConfigDict, batch_shards: int) -> 
   if rl.engine == "continuous" and rl.decode_slots % batch_shards:
     fail("rl.decode_slots", f"{rl.decode_slots} decode slots do not split over data x fsdp = "
          f"{batch_shards} devices (use a multiple of {batch_shards})")
+  if rl.page_size and rl.kv_pages:
+    own = -(-rl.max_new_tokens // rl.page_size) + 1
+    least = batch_shards * (own + rl.decode_slots // batch_shards - 1)
+    if rl.kv_pages % batch_shards or rl.kv_pages < least:
+      fail("rl.kv_pages", f"{rl.kv_pages} pages: use a multiple of the {batch_shards} batch "
+           f"shards, at least {least} (each shard holds one row of rl.max_new_tokens = "
+           f"{rl.max_new_tokens} tokens in pages of {rl.page_size} and a page for each other "
+           "slot, so that its longest row can always finish)")
 
 
 def check_prefill_chunk(config: ml_collections.ConfigDict, prompt_len: int) -> None:

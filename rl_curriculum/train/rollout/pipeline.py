@@ -202,7 +202,8 @@ def attach(config: ml_collections.ConfigDict, run, programs: programs_lib.Progra
         generations=generations(config), prompt_len=run.pool.tokens.shape[1],
         slots=config.rl.decode_slots, chunk=config.rl.prefill_chunk,
         max_new_tokens=options["max_new_tokens"], pad_id=options["pad_id"],
-        group=options["group"], mesh=side.mesh)
+        group=options["group"], mesh=side.mesh, page_size=config.rl.page_size,
+        kv_pages=config.rl.kv_pages)
   state = state._replace(rollouts=InFlight(engine=engine, records=None))
   return _put_records(config, programs, state, empty_records(config))
 
@@ -321,7 +322,7 @@ def finish(loop, state: RunState, params: Any, step: int,
   if isinstance(engine, StaticBatch):
     engine = _sample_static(loop, engine, params, _temperature(config, state))
   elif config.rl.admission == "drop":
-    engine = inflight.evict(engine, jnp.int32(generation))
+    engine = inflight.evict(engine, jnp.int32(generation), group=loop.programs.sampler["group"])
   else:
     # With one generation the due batch is all there is: decode to the end, slots halving.
     due = None if w == 1 else jnp.int32(generation)

@@ -102,10 +102,10 @@ def build_curriculum(config: ml_collections.ConfigDict, pool: Union[cur.PromptPo
 
 def model_numerics(config: ml_collections.ConfigDict) -> dict:
   """The ModelConfig fields `config.model` sets on any model (preset or checkpoint): compute and
-  storage dtypes, layer scan, rematerialisation."""
+  storage dtypes, layer scan, rematerialisation, attention kernels."""
   m = config.model
   return dict(dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=bool(m.scan_layers),
-              remat=m.remat)
+              remat=m.remat, attention=m.attention, attention_block=m.attention_block)
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:

@@ -18,7 +18,7 @@ import ml_collections
 
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
-from rl_curriculum.model.config import PRESETS, REMAT_POLICIES
+from rl_curriculum.model.config import ATTENTION_BACKENDS, PRESETS, REMAT_POLICIES
 from rl_curriculum.model.tokenizer import NUM_RESERVED
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import losses
@@ -96,6 +96,12 @@ def _validate_model(model: ml_collections.ConfigDict, check_source: bool) -> Non
       fail(f"model.{field}", f"must be float32 or bfloat16, got {model[field]!r}")
   if model.remat not in REMAT_POLICIES:
     fail("model.remat", f"must be one of {REMAT_POLICIES}, got {model.remat!r}")
+  if model.attention not in ATTENTION_BACKENDS:
+    fail("model.attention", f"must be one of {ATTENTION_BACKENDS}, got {model.attention!r}")
+  if (not isinstance(model.attention_block, int) or isinstance(model.attention_block, bool)
+      or model.attention_block < 0):
+    fail("model.attention_block", f"must be a whole number >= 0 (0 = scores whole), got "
+         f"{model.attention_block!r}")
   if not isinstance(model.scan_layers, bool):
     fail("model.scan_layers", f"must be True or False, got {model.scan_layers!r}")
   if model.lora_rank < 0:

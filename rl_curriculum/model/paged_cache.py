@@ -1,0 +1,108 @@
+"""Decode over a paged key/value cache: one pool of fixed-size pages, a page table per decode slot.
+
+The continuous engine's dense cache (`prefix_cache`) gives every decode slot N completion slots,
+whether its row stops after ten tokens or runs to N. A paged cache keeps every layer's keys and
+values in one pool of pages of `page_size` tokens; decode slot b reads the pages its table lists,
+
+  token j of slot b  ->  pool[layer, table[b, j // page_size], j % page_size]
+
+so a row holds only the pages it has filled, and the pages of a group's prompt are listed by all
+G rows of the group (shared, not copied). Which pages a slot owns, and when they are taken and
+given back, is the engine's bookkeeping (`sampling.pages`); this module is the model's side: the
+pool, and one decode step's write and attention (`paged_attention.decode_attention`, whose
+backends are the pure-JAX reference and JAX's TPU kernel).
+
+The pool has the layout of JAX's ragged paged attention kernel, keys and values interleaved on
+one head axis: [L, Pg, page_size, 2 Hkv, d], keys at even heads. Pages are split into D equal
+blocks over the mesh's batch shards, as the decode slots are; a slot lists page ids local to its
+shard's block, so that under a mesh no read or write crosses devices (each op runs per shard,
+`jax.vmap` over [D, ...]).
+
+Shapes: L layers, Pg pages (D blocks of Pg / D), B decode slots (D shards of B / D), M pages a
+slot can list, Hkv key/value heads, G query heads per key/value head, d = head_dim.
+"""
+
+from typing import NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+
+from rl_curriculum.model import kv_cache
+from rl_curriculum.model import paged_attention
+from rl_curriculum.model.config import ModelConfig
+
+__all__ = ["PageIndex", "init_pool", "page_size", "backend", "attend"]
+
+# The TPU kernel's tiling of one decode step: pages of keys fetched per block, queries per block.
+_KERNEL_BLOCKS = dict(num_kv_pages_per_block=8, num_queries_per_block=8)
+
+
+class PageIndex(NamedTuple):
+  """Where one decode step's token of each slot is written and what the slot reads.
+
+  `table` and `length` are split into D shards ([D, B / D, ...]); the model's blocks set `layer`.
+  """
+  table: jax.Array                 # i32[D, B/D, M] each slot's pages in order (shard-local ids)
+  length: jax.Array                # i32[D, B/D] tokens the slot holds with this step's (0: empty)
+  layer: Union[int, jax.Array] = 0  # the layer whose pages are read and written
+
+
+def init_pool(config: ModelConfig, pages: int, size: int) -> jax.Array:
+  """An all-zero pool of `pages` pages of `size` tokens for every layer, in the model's activation
+  dtype: [L, pages, size, 2 Hkv, head_dim]."""
+  shape = (config.num_layers, pages, size, 2 * config.num_kv_heads, config.head_dim)
+  return jnp.zeros(shape, config.dtype)
+
+
+def page_size(pool: jax.Array) -> int:
+  """Tokens per page of a pool from `init_pool`."""
+  return pool.shape[2]
+
+
+def backend(config: ModelConfig) -> str:
+  """The decode attention's backend for `config.attention`: `auto` is the TPU kernel when JAX's
+  default backend is a TPU, the reference elsewhere."""
+  if config.attention == "auto":
+    return "tpu" if jax.default_backend() == "tpu" else "reference"
+  return config.attention
+
+
+def attend(pool: jax.Array, index: PageIndex, q: jax.Array, k: jax.Array, v: jax.Array, *,
+           config: ModelConfig):
+  """One decode step of one layer: each slot's new key and value written at its token
+  `index.length - 1`, then its query attends over its `index.length` tokens.
+
+  Args:
+    pool: [L, Pg, page_size, 2 Hkv, d] every layer's pages (`init_pool`).
+    index: the slots' pages and lengths, and the layer (`PageIndex`).
+    q: [B, Hkv, G, d] one query per slot; k, v: [B, Hkv, d] the slot's new key and value.
+    config: the model's config (`attention` picks the backend, `dtype` the output's).
+
+  Returns:
+    ([B, Hkv, G, d] in config.dtype, the pool with the new keys and values written). An empty
+    slot (length 0) writes nothing and gets a finite, unused output.
+  """
+  layers, pages = pool.shape[0], pool.shape[1]
+  shards = index.table.shape[0]
+  kind = backend(config)
+  per_shard = lambda x: x.reshape((shards, -1) + x.shape[1:])
+
+  def one_shard(block, table, length, q, k, v):
+    # The shard's pages of every layer as one axis [L Pg/D]: layer l's page p is l Pg/D + p, so
+    # the kernel reads the layer's pages without a copy of the layer being made.
+    flat = block.reshape((layers * block.shape[1],) + block.shape[2:])
+    ids = table + index.layer * block.shape[1]
+    live = length > 0
+    flat = kv_cache.from_bits(
+        paged_attention.write(kv_cache.as_bits(flat), kv_cache.as_bits(k.astype(flat.dtype)),
+                              kv_cache.as_bits(v.astype(flat.dtype)), ids, length - 1, live),
+        flat.dtype)
+    blocks = _KERNEL_BLOCKS if kind == "tpu" else {}
+    out = paged_attention.decode_attention(q, flat, length, ids, backend=kind, dtype=config.dtype,
+                                           **blocks)
+    return out, flat.reshape(block.shape)
+
+  by_shard = pool.reshape((layers, shards, pages // shards) + pool.shape[2:])
+  out, by_shard = jax.vmap(one_shard, in_axes=(1, 0, 0, 0, 0, 0), out_axes=(0, 1))(
+      by_shard, index.table, index.length, per_shard(q), per_shard(k), per_shard(v))
+  return out.reshape((-1,) + out.shape[2:]), by_shard.reshape(pool.shape)
