@@ -39,7 +39,7 @@ def _inputs():
   return prompts, mask, active, stop_after
 
 
-def _sample(params, graphdef, inputs, greedy, mesh=None, slots=8, shrink=0):
+def _sample(params, graphdef, inputs, greedy, mesh=None, slots=8, shrink=0, **paging):
   prompts, mask, active, stop_after = inputs
   if mesh is not None:
     rows = lambda x: distributed.place(jnp.asarray(x), mesh_lib.batch_sharding(mesh, x.ndim))
@@ -47,7 +47,7 @@ def _sample(params, graphdef, inputs, greedy, mesh=None, slots=8, shrink=0):
   return continuous.sample(graphdef, params, prompts, mask, jax.random.PRNGKey(4),
                            max_new_tokens=N, eos_id=V, slots=slots, temperature=0.9,
                            greedy=greedy, group=G, mesh=mesh, active=active,
-                           stop_after=stop_after, shrink=shrink)
+                           stop_after=stop_after, shrink=shrink, **paging)
 
 
 def main(out_path, shapes):
@@ -61,9 +61,13 @@ def main(out_path, shapes):
     mesh = mesh_lib.make_mesh(shape)
     placed = distributed.place(params, mesh_lib.param_shardings(params, mesh))
     out = {}
-    for name, greedy, slots, shrink in (("greedy", True, 8, 0), ("sampled", False, 8, 0),
-                                        ("shrunk", False, 16, 2)):
-      gen = _sample(placed, graphdef, inputs, greedy, mesh, slots, shrink)
+    shards = mesh_lib.batch_size_of(mesh)
+    # The fewest pages of 2 tokens 16 slots allow: rows run out of pages and restart.
+    tight = dict(page_size=2, kv_pages=shards * (-(-N // 2) + 1 + 16 // shards - 1))
+    for name, greedy, slots, shrink, paging in (
+        ("greedy", True, 8, 0, {}), ("sampled", False, 8, 0, {}), ("shrunk", False, 16, 2, {}),
+        ("paged", False, 16, 2, tight)):
+      gen = _sample(placed, graphdef, inputs, greedy, mesh, slots, shrink, **paging)
       host, ref = jax.device_get(gen), refs[greedy]
       out[name] = {
           "tokens_equal": bool((host.rollout.tokens == ref.rollout.tokens).all()),
@@ -79,6 +83,14 @@ def main(out_path, shapes):
                                                for x in inputs[:2]],
                            jax.random.PRNGKey(0), jnp.float32(1.0), max_new_tokens=N, slots=8,
                            group=G, mesh=mesh)
+  paged = continuous.start(graphdef, placed, *[distributed.place(jnp.asarray(x),
+                                                                 mesh_lib.batch_sharding(
+                                                                     mesh, x.ndim))
+                                               for x in inputs[:2]],
+                           jax.random.PRNGKey(0), jnp.float32(1.0), max_new_tokens=N, slots=8,
+                           group=G, mesh=mesh, page_size=2)
+  results["pages"] = {"global": list(paged.cache.pool.shape),
+                      "per_device": list(paged.cache.pool.addressable_shards[0].data.shape)}
   shard = state.cache.k.addressable_shards[0].data
   results["cache"] = {"global": list(state.cache.k.shape), "per_device": list(shard.shape),
                       "prompt_per_device": list(

@@ -1,6 +1,7 @@
 """The continuous engine on 8 fake CPU devices equals it on one, with rows, prompts and decode
 slots split over the batch axes (continuous_sharded_script.py, run in a subprocess so that this
-process keeps one device), also with its slots halved as the rows run out."""
+process keeps one device), also with its slots halved as the rows run out, and on a paged cache
+of too few pages (rows restart) whose pages are split over the batch shards too."""
 
 import json
 import os
@@ -29,7 +30,7 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("mode", ["greedy", "sampled", "shrunk"])
+@pytest.mark.parametrize("mode", ["greedy", "sampled", "shrunk", "paged"])
 def test_sharded_engine_matches_one_device(results, shape, mode):
   r = results["meshes"][shape][mode]
   assert results["devices"] == 8
@@ -45,3 +46,9 @@ def test_caches_are_split_over_the_batch_shards(results):
   cache = results["cache"]
   assert cache["global"][1] == 8 and cache["per_device"][1] == 2
   assert cache["prompt_per_device"][1] == 2
+
+
+def test_pages_are_split_over_the_batch_shards(results):
+  # A pool of pages [L, Pg, page_size, 2 Hkv, d]: each of the 4 batch shards holds its block.
+  pages = results["pages"]
+  assert pages["per_device"][1] * 4 == pages["global"][1]

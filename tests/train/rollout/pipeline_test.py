@@ -228,3 +228,15 @@ def test_a_group_is_complete_only_when_every_sampled_row_stopped():
   valid = np.array([[True, True], [True, True], [True, True], [True, False]])
   np.testing.assert_array_equal(pipeline.complete_groups(done, valid),
                                 [False, True, False, True])
+
+
+def test_resumed_on_a_paged_cache_with_rows_in_flight_equals_uninterrupted(tmp_path):
+  """The k = 2 run with a budget on a paged KV cache of the fewest pages its 8 slots allow (rows
+  may run out of pages and restart): the checkpoint of step 2 holds pages, page tables and free
+  stacks with rows in flight, and continuing from it ends as the uninterrupted run."""
+  config = _config(k=2, budget=2, steps=4, checkpoint__every=2, rl__page_size=2)
+  config.rl.kv_pages = -(-config.rl.max_new_tokens // 2) + 1 + 8 - 1
+  straight = str(tmp_path / "straight")
+  rows = _run(config, straight)
+  assert rows[-1]["step"] == 4
+  _resume_from_step_2(straight, str(tmp_path / "resumed"), config, 4)
