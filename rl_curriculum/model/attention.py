@@ -20,6 +20,26 @@ import jax
 import jax.numpy as jnp
 
 
+def backend(name: str) -> str:
+  """The attention kernels `ModelConfig.attention` names: `reference` (pure JAX) or `tpu` (JAX's
+  TPU kernels); `auto` is `tpu` when JAX's default backend is a TPU, else `reference`."""
+  if name == "auto":
+    return "tpu" if jax.default_backend() == "tpu" else "reference"
+  return name
+
+
+def many_query_backend(name: str, block: int, q_offset) -> str:
+  """How T > 1 queries attend (`blockwise_attention.attend`) under ModelConfig.attention =
+  `name` and attention_block = `block`: the reference holds the scores whole (`dense`) with
+  block 0 and walks key blocks (`blockwise`) otherwise; the TPU backend is the splash kernel
+  when the first query's slot `q_offset` is a Python int (the learn step, a whole prompt's
+  prefill) and XLA's blockwise attention when it is traced (a chunked prefill's chunks), since
+  the kernel's mask is built before tracing."""
+  if backend(name) == "tpu":
+    return "splash" if isinstance(q_offset, int) else "blockwise"
+  return "blockwise" if block else "dense"
+
+
 def causal_slot_mask(key_mask: jax.Array, q_slots: jax.Array, num_slots: int) -> jax.Array:
   """bool[B, T, S]: query slot t sees key slot s iff s <= t and the key is valid.
 

@@ -51,8 +51,12 @@ def _block_runner(graphdef: nnx.GraphDef, config: ModelConfig) -> Callable:
     return run
   # Under scan the loop already keeps XLA from merging the recomputation back into the forward
   # pass, so the extra barrier of prevent_cse is dropped there (as JAX advises).
-  return jax.checkpoint(run, policy=_CHECKPOINT_POLICIES[config.remat],
-                        prevent_cse=not config.scan_layers)
+  remat = lambda static: jax.checkpoint(run, policy=_CHECKPOINT_POLICIES[config.remat],
+                                        prevent_cse=not config.scan_layers, static_argnums=static)
+  dynamic, static = remat(()), remat((5,))
+  # A Python int cache index stays one (static) inside the recomputed block: the splash kernel
+  # needs its queries' first slot before tracing (`attention.many_query_backend`).
+  return lambda *args: (static if isinstance(args[5], int) else dynamic)(*args)
 
 
 def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions: jax.Array,

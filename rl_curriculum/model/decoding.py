@@ -50,8 +50,8 @@ def prefill(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, mask: jax
   mask = mask.astype(bool)
   cache = kv_cache.init_cache(model.config, b, cache_length)
   key_mask = kv_cache.cache_key_mask(mask, cache_length)
-  hidden, cache = model.hidden(tokens, rope.positions_from_mask(mask), key_mask, cache,
-                               jnp.zeros((), jnp.int32), constrain=constrain)
+  hidden, cache = model.hidden(tokens, rope.positions_from_mask(mask), key_mask, cache, 0,
+                               constrain=constrain)
   return model.logits(hidden[:, -1, :]), cache
 
 

@@ -27,11 +27,12 @@ from typing import NamedTuple, Union
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.model import attention
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import paged_attention
 from rl_curriculum.model.config import ModelConfig
 
-__all__ = ["PageIndex", "init_pool", "page_size", "backend", "attend"]
+__all__ = ["PageIndex", "init_pool", "page_size", "attend"]
 
 # The TPU kernel's tiling of one decode step: pages of keys fetched per block, queries per block.
 _KERNEL_BLOCKS = dict(num_kv_pages_per_block=8, num_queries_per_block=8)
@@ -59,14 +60,6 @@ def page_size(pool: jax.Array) -> int:
   return pool.shape[2]
 
 
-def backend(config: ModelConfig) -> str:
-  """The decode attention's backend for `config.attention`: `auto` is the TPU kernel when JAX's
-  default backend is a TPU, the reference elsewhere."""
-  if config.attention == "auto":
-    return "tpu" if jax.default_backend() == "tpu" else "reference"
-  return config.attention
-
-
 def attend(pool: jax.Array, index: PageIndex, q: jax.Array, k: jax.Array, v: jax.Array, *,
            config: ModelConfig):
   """One decode step of one layer: each slot's new key and value written at its token
@@ -84,7 +77,7 @@ def attend(pool: jax.Array, index: PageIndex, q: jax.Array, k: jax.Array, v: jax
   """
   layers, pages = pool.shape[0], pool.shape[1]
   shards = index.table.shape[0]
-  kind = backend(config)
+  kind = attention.backend(config.attention)
   per_shard = lambda x: x.reshape((shards, -1) + x.shape[1:])
 
   def one_shard(block, table, length, q, k, v):

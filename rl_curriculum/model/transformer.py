@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_curriculum.model import attention
+from rl_curriculum.model import blockwise_attention
 from rl_curriculum.model import block_stack
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import layer_stacking
@@ -207,14 +208,25 @@ class Attention(nnx.Module):
       keys = kv_cache.with_slots(cache_k, new_cache[0], cache_index, c.scan_layers)
       values = kv_cache.with_slots(cache_v, new_cache[1], cache_index, c.scan_layers)
       q_slots = cache_index + jnp.arange(t, dtype=jnp.int32)
-    mask = attention.causal_slot_mask(key_mask, q_slots, keys.shape[1])
     group = c.num_heads // c.num_kv_heads
     q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
+    kind = attention.many_query_backend(c.attention, c.attention_block,
+                                        0 if cache is None else cache_index)
+    if t > 1 and kind != "dense":
+      if key_mask.ndim != 2:
+        raise ValueError(f"the {kind} attention takes a key mask bool[B, S], not a per-query "
+                         "mask; use ModelConfig(attention='reference', attention_block=0).")
+      out = blockwise_attention.attend(q, keys, values, key_mask,
+                                       0 if cache is None else cache_index, dtype=c.dtype,
+                                       backend=kind, block=c.attention_block or 512)
+      return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
+    mask = attention.causal_slot_mask(key_mask, q_slots, keys.shape[1])
     if t == 1:
       out = kv_cache.one_query_attention(q[:, 0], keys, values, mask[:, 0, :], c.dtype)
     else:
       out = attention.grouped_query_attention(q, keys, values, mask, c.dtype)
     return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
+
 
 
 class MLP(nnx.Module):
@@ -300,7 +312,7 @@ class Transformer(nnx.Module):
       raise ValueError("cache and cache_index must be given together.")
     c = self.config
     x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
-    if cache is not None and not isinstance(cache_index, (prefix_cache.SlotIndex,
+    if cache is not None and not isinstance(cache_index, (int, prefix_cache.SlotIndex,
                                                           paged_cache.PageIndex)):
       cache_index = jnp.asarray(cache_index, jnp.int32)
     rows = (lambda x: x) if constrain is None else (lambda x: constrain(x, 0))
@@ -392,9 +404,10 @@ def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Arr
     raise ValueError(f"{b} continuation rows do not split into groups over {n} prefixes.")
   group = b // n
   prefix_mask = prefix_mask.astype(bool)
-  zero = jnp.zeros((), jnp.int32)
+  # Python ints, not arrays, for the cache indices: static query offsets, which the splash
+  # kernel needs (`attention.many_query_backend`).
   prefix_hidden, cache = model.hidden(prefix, rope.positions_from_mask(prefix_mask), prefix_mask,
-                                      kv_cache.init_cache(model.config, n, tp), zero,
+                                      kv_cache.init_cache(model.config, n, tp), 0,
                                       constrain=constrain)
   # Each prefix's keys and values, repeated for its group, with T free slots after them.
   rows = kv_cache.cache_batch_axis(cache)
@@ -411,8 +424,8 @@ def shared_prefix_hidden(graphdef: nnx.GraphDef, params: Params, prefix: jax.Arr
     tokens, mask = constrain((tokens, mask), 0)
   positions = (jnp.sum(mask, axis=1, dtype=jnp.int32)[:, None]
                + jnp.arange(t, dtype=jnp.int32)[None, :])
-  hidden, _ = model.hidden(tokens, positions, kv_cache.cache_key_mask(mask, tp + t), cache,
-                           zero + tp, constrain=constrain)
+  hidden, _ = model.hidden(tokens, positions, kv_cache.cache_key_mask(mask, tp + t), cache, tp,
+                           constrain=constrain)
   if constrain is not None:
     hidden = constrain(hidden, 0)
   return prefix_hidden, hidden

@@ -254,7 +254,8 @@ def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs, names: tupl
   if "continuous" in names:
     out["continuous"] = _plan_programs(
         *args, continuous.start, continuous.run,
-        {**shared, "slots": config.rl.decode_slots, "stop_ids": stop_ids},
+        {**shared, "slots": config.rl.decode_slots, "stop_ids": stop_ids,
+         **inputs.programs.paging},
         {**loop, "group": options["group"], "shrink": config.rl.decode_shrink},
         ("continuous.start", "continuous.run"), _decode_trips(config, rows, "continuous"),
         first_extra=(_small(inputs, (), jnp.float32),))
@@ -274,7 +275,7 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   state = inflight.abstract(graphdef, policy, inputs.key, rows=rows,
                             generations=config.rl.max_staleness + 1,
                             prompt_len=inputs.prompt_len, slots=config.rl.decode_slots,
-                            chunk=options["prefill_chunk"], **shared)
+                            chunk=options["prefill_chunk"], **inputs.programs.paging, **shared)
   i32 = lambda: _small(inputs, (), jnp.int32)
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
   admit, _ = _measure(inputs, "inflight.admit", lambda: inflight.admit.lower(
@@ -320,7 +321,7 @@ def _checkpoint_tree(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
         generations=pipeline.generations(config), prompt_len=inputs.prompt_len,
         slots=config.rl.decode_slots, max_new_tokens=options["max_new_tokens"],
         pad_id=options["pad_id"], group=options["group"], mesh=options["mesh"],
-        chunk=options["prefill_chunk"])
+        chunk=options["prefill_chunk"], **inputs.programs.paging)
     records = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=inputs.programs.replicated),
         pipeline.empty_records(config))
