@@ -157,6 +157,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.ratio_guard = 10.0           # drop tokens with |log-ratio| above this (0 = off)
   c.rl.max_kl = 5.0                 # roll back an update whose KL(pi_old || pi_new) exceeds
                                     # this (0 = off; on costs one forward pass a step)
+  c.rl.rollback = "step"            # step: a non-finite update (or one past max_kl) is
+                                    # discarded whole, so the learn step holds a copy of the
+                                    # train state; minibatch: each optimizer step is applied only
+                                    # if its loss and gradients are finite, no copy (needs
+                                    # max_kl = 0)
   c.rl.gamma = 1.0                  # ppo: discount per token
   c.rl.lam = 1.0                    # ppo: GAE lambda; with an untrained critic, lambda < 1
                                     # scales token t's advantage by lambda^(L-1-t) (early tokens

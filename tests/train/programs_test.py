@@ -224,6 +224,9 @@ _JOINT = {"curriculum.filter": {"curriculum.oversample": 2.0},
                               "task.train_bins": (0, 1, 12, 13), "task.eval_bins": (0, 12)},
           "model.lora_merge_every": {"model.lora_rank": 4},
           "rl.decode_budget": {"rl.engine": "continuous"},
+          "rl.page_size": {"rl.engine": "continuous"},
+          "rl.kv_pages": {"rl.engine": "continuous", "rl.page_size": 2},
+          "rl.rollback": {"rl.max_kl": 0.0},
           "rl.max_staleness": {"rl.engine": "continuous", "rl.off_policy_correction": "none"}}
 
 
@@ -258,7 +261,8 @@ def _other_values(path, value):
             "model.dtype": ["bfloat16"], "model.param_dtype": ["bfloat16"],
             "model.remat": ["block"], "task.template": ["chat"],
             "tokenizer.model_type": ["bpe"], "checkpoint.on_collapse": ["stop"],
-            "rl.off_policy_correction": ["none"]}.get(path, [])
+            "rl.off_policy_correction": ["none"], "model.attention": ["tpu"],
+            "rl.rollback": ["minibatch"]}.get(path, [])
   if isinstance(value, tuple):
     return {"curriculum.band": [(0.2, 0.8)]}.get(path, [value[:-1]] if len(value) > 1 else [])
   return []

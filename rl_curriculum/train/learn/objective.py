@@ -226,10 +226,14 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
 
   `temperature` (f32[] or None) is `policy_objective`'s.
 
+  With `config.rollback` = "minibatch" an optimizer step whose loss or gradients are not finite
+  is not applied (the parameters and optimizer state stay as they were; "steps_discarded"
+  counts them).
+
   Returns:
     (trained, opt_state, metrics, logp_old): metrics f32[] are means over the minibatches that
-    stepped (including "loss" and "grad_norm"; 0 when none did), and "steps_taken", the number
-    of minibatches that stepped; logp_old f32[B, T] are the old log-probs the losses used (those
+    stepped (including "loss" and "grad_norm"; 0 when none did), "steps_taken", the number
+    of minibatches that stepped, and "steps_discarded"; logp_old f32[B, T] are the old log-probs the losses used (those
     of the view, or else the losses' own, on-policy or interpolated, from the first epoch).
   """
   num_rows = view.tokens.shape[0]
@@ -253,14 +257,18 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
     updates, new_opt_state = optimizer.update(grads, opt_state, trained)
     new_trained = optax.apply_updates(trained, updates)
     has_tokens = jnp.sum(mb.mask) > 0
+    steps = has_tokens
+    if config.rollback == "minibatch":  # a non-finite step is not applied (no copy kept)
+      steps = has_tokens & jnp.isfinite(loss) & stability.all_finite(grads)
     if adapters:  # PPO trains (adapters, value head): the adapters are the first
       policy = (lambda tree: tree[0]) if config.algorithm == "ppo" else (lambda tree: tree)
       health = stability.adapter_health(policy(grads), policy(trained), policy(new_trained))
       metrics = {**metrics, **{k: v.astype(jnp.float32) for k, v in health.items()}}
-    trained, opt_state = stability.select_tree(has_tokens, (new_trained, new_opt_state),
+    trained, opt_state = stability.select_tree(steps, (new_trained, new_opt_state),
                                                (trained, opt_state))
     metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads),
-               "steps_taken": has_tokens.astype(jnp.float32)}
+               "steps_taken": steps.astype(jnp.float32),
+               "steps_discarded": (has_tokens & ~steps).astype(jnp.float32)}
     return (trained, opt_state), (metrics, logp_old)
 
   (trained, opt_state), (per_mb, old_mb) = jax.lax.scan(step, (trained, opt_state), rows)
@@ -270,6 +278,7 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
       lambda x: jnp.sum(jnp.where(stepped > 0, x, 0.0)) / jnp.maximum(jnp.sum(stepped), 1.0),
       per_mb)
   metrics["steps_taken"] = jnp.sum(stepped)
+  metrics["steps_discarded"] = jnp.sum(per_mb["steps_discarded"])
   if adapters:  # frozen for the whole update: on every optimizer step that ran
     metrics["adapter_frozen"] = jnp.min(jnp.where(stepped > 0, per_mb["adapter_frozen"], 1.0))
   logp_old = view.logp_old

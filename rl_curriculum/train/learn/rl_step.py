@@ -27,7 +27,8 @@
                 curriculum state or whitening, or whose KL(pi_old || pi_new) exceeds `max_kl`,
                 is discarded: the parameters, optimizer state, curriculum state, reward
                 whitening and sampling temperature all return to their values before the step
-                (`skipped` counts it).
+                (`skipped` counts it). With `rollback` = "minibatch" each optimizer step is
+                kept only if finite instead, and no copy of the train state is held.
                 Before it, the adaptive controller (`temperature_target` > 0) moves the next
                 rollout's temperature from the entropy this batch measured
                 (`adapt_temperature`).
@@ -35,14 +36,12 @@
                 trained rows.
 
 Forward passes per step (the configuration's switches are static, so the choice is made at trace
-time); each
-runs a group's prompt once and its G completions on the prompt's shared keys and values
-(`transformer.shared_prefix_hidden`: P Tp + B T token-passes instead of B (Tp + T)):
+time); each runs a group's prompt once and its G completions on the prompt's shared keys and
+values (`transformer.shared_prefix_hidden`: P Tp + B T token-passes instead of B (Tp + T)):
   old policy   only when there is more than one optimizer step per batch (epochs x minibatches
-               > 1) or a critic (PPO); with one step the old policy is the policy being
-               differentiated, and logp_old = stop_gradient(logp) inside the loss (the same
-               values, one forward pass fewer); a KL in the reward (kl_reward_coef) needs it
-               too.
+               > 1), a critic (PPO) or a KL in the reward (kl_reward_coef); with one step the
+               old policy is the policy being differentiated, and logp_old = stop_gradient(logp)
+               inside the loss (the same values, one forward pass fewer).
   reference    only when kl_coef != 0 or kl_reward_coef != 0; without kl_coef there is no
                "kl" metric (not measured).
   policy       forward and backward, once per minibatch (per microbatch with gradient
@@ -56,11 +55,10 @@ or with the adaptive controller the train state's f32[] (`rollout_temperature`),
 rollout read from the same state.
 
 Memory: the output head runs `logits_chunk` positions at a time (`forward.head_logprobs`), and
-the passes without gradient (old policy, reference, new policy) run one microbatch of rows at a
-time (`view.row_blocks`), so neither the [rows, T, V] logits nor the activations of all rows
-exist at once. With a mesh, every minibatch, microbatch and row block keeps its rows over the batch
-axes, and the policy loss's head runs vocabulary-parallel (each device the logits and head gradient
-of its share of the vocabulary, for every row of a chunk).
+the passes without gradient (old policy, reference, new policy) one microbatch of rows at a
+time (`view.row_blocks`): no [rows, T, V] logits, no activations of all rows at once. With a
+mesh, every minibatch, microbatch and row block keeps its rows over the batch axes, and the
+policy loss's head runs vocabulary-parallel (each device its share of the vocabulary).
 
 Rows are prompt-major: row b = p * G + g holds completion g of prompt p. A batch may hold more
 groups (S) than the policy trains on (P; S > P with a post-rollout filter): the curriculum sees
@@ -81,10 +79,10 @@ from rl_curriculum.rl import stability
 from rl_curriculum.train.learn import forward
 from rl_curriculum.train.learn.objective import minibatch_updates
 from rl_curriculum.train.learn.rl_types import (Batch, GroupScores, LearnConfig, TrainView,
-                                          adaptive_temperature)
+                                                adaptive_temperature)
+from rl_curriculum.train.learn.view import (advantage_curriculum, constant_logprobs,
+                                            estimator_of, overlong_mask, train_view)
 from rl_curriculum.train.state import TrainState
-from rl_curriculum.train.learn.view import (advantage_curriculum, constant_logprobs, estimator_of,
-                                      overlong_mask, train_view)
 from rl_curriculum.types import Feedback
 
 __all__ = ["batch_overlong_penalty", "score_groups", "update_kl", "should_roll_back", "commit",
@@ -165,14 +163,19 @@ def update_kl(new_params: Any, view: TrainView, logp_old: jax.Array, *, graphdef
 
 
 def should_roll_back(new_trained: Any, new_cur_state: Any, scores: GroupScores, view: TrainView,
-                     logp_old: jax.Array, loss: jax.Array, *, graphdef, frozen: Any, group: int,
+                     logp_old: jax.Array, metrics: dict, *, graphdef, frozen: Any, group: int,
                      config: LearnConfig, mesh: Any = None,
                      temperature: Optional[jax.Array] = None) -> tuple[jax.Array, dict]:
-  """Phase 5's test: (bool[] discard this update, metrics). An update is discarded when its loss,
-  its parameters `new_trained`, the curriculum state or the reward whitening is not finite, or,
-  with `max_kl` set, when KL(pi_old || pi_new) exceeds it (`update_kl`, logged "update_kl")."""
-  skip = ~jnp.isfinite(loss) | ~stability.all_finite(new_trained)
-  skip = skip | ~stability.all_finite((new_cur_state, scores.whitening))
+  """Phase 5's test: (bool[] discard this update, metrics). An update is discarded when its loss
+  (`metrics`'), its parameters `new_trained`, the curriculum state or the reward whitening is not
+  finite, or, with `max_kl` set, when KL(pi_old || pi_new) exceeds it (`update_kl`, logged
+  "update_kl"). With `config.rollback` = "minibatch" each optimizer step was applied only if
+  finite (`objective.minibatch_updates`): the update is discarded when every one was not."""
+  skip = ~stability.all_finite((new_cur_state, scores.whitening))
+  if config.rollback == "minibatch":
+    return skip | ((metrics["steps_taken"] == 0) & (metrics["steps_discarded"] > 0)), {}
+  loss = metrics["loss"]
+  skip = skip | ~jnp.isfinite(loss) | ~stability.all_finite(new_trained)
   if config.max_kl is None:
     return skip, {}
   new_policy = new_trained[0] if config.algorithm == "ppo" else new_trained
@@ -185,12 +188,15 @@ def commit(train_state: TrainState, cur_state: Any, update: tuple, skip: jax.Arr
            config: LearnConfig) -> tuple[TrainState, Any]:
   """Phase 5's outcome: (train_state, cur_state) after the step. `update` = (trained, opt_state,
   cur_state, whitening, temperature) as the step computed them; where `skip` is True every one
-  returns to its value before the step (`stability.select_tree`). The step counter counts the
-  update either way, `skipped` counts a discarded one."""
+  (but, with rollback "minibatch", the guarded parameters and optimizer state: no copy of them
+  is held) returns to its value before the step (`stability.select_tree`). The step counter
+  counts the update either way, `skipped` counts a discarded one."""
   ppo = config.algorithm == "ppo"
   trained = (train_state.params, train_state.value) if ppo else train_state.params
   before = (trained, train_state.opt_state, cur_state, train_state.whitening,
             train_state.temperature)
+  if config.rollback == "minibatch":
+    before = update[:2] + before[2:]
   trained, opt_state, cur_state, whitening, temperature = stability.select_tree(skip, before,
                                                                                 update)
   params, value = trained if ppo else (trained, None)
@@ -229,12 +235,9 @@ def adapt_temperature(temperature: jax.Array, metrics: dict, config: LearnConfig
   its step). A step in which no minibatch stepped measured nothing: tau stays.
 
   Reference: the stability pack of Haque, Islam and Karray (2026), "Towards Robust Reinforcement
-  Learning for Small-Scale Language Model Agents", IEEE SMC 2026 (`rl.stability`).
-
-  Args:
-    temperature: f32[] the temperature this batch was sampled at.
-    metrics: the objective's metrics averaged over the minibatches (`minibatch_updates`).
-    config: the learn settings (`temperature_target`, `_rate`, `_min`, `_max`).
+  Learning for Small-Scale Language Model Agents", IEEE SMC 2026 (`rl.stability`). Args: the
+  batch's temperature f32[], the objective's metrics averaged over the minibatches
+  (`minibatch_updates`), the learn settings (`temperature_target`, `_rate`, `_min`, `_max`).
   """
   entropy = jnp.where(metrics["steps_taken"] > 0, metrics["entropy"], jnp.nan)
   state = stability.temperature_update(
@@ -410,7 +413,7 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
 
   # 5. Rollback of a non-finite or runaway update: nothing of this step is kept.
   skip, rollback_metrics = should_roll_back(new_trained, new_cur_state, scores, view, logp_old,
-                                            metrics["loss"], frozen=frozen, **passes)
+                                            metrics, frozen=frozen, **passes)
   new_temperature = train_state.temperature
   if tau is not None:  # the controller moves the next rollout's temperature
     new_temperature = adapt_temperature(tau, metrics, config)
@@ -420,12 +423,9 @@ def learn(train_state: TrainState, cur_state: Any, batch: Batch, key: jax.Array,
       (new_trained, new_opt_state, new_cur_state, scores.whitening, new_temperature), skip, config)
 
   # 6. Batch statistics.
-  metrics.update(staleness)
-  metrics.update(rollback_metrics)
-  metrics.update(batch_metrics(batch, scores, view))
-  metrics.update(capo_metrics)
-  metrics.update(overlong_metrics(batch, config))
-  metrics.update(kl_reward_metrics(view, config))
+  for more in (staleness, rollback_metrics, batch_metrics(batch, scores, view), capo_metrics,
+               overlong_metrics(batch, config), kl_reward_metrics(view, config)):
+    metrics.update(more)
   metrics.update({"update_skipped": skip.astype(jnp.float32),
                   "skipped_total": train_state.skipped})
   return train_state, cur_state, {**metrics, "curriculum": cur_metrics}

@@ -114,6 +114,8 @@ class LearnConfig:
                                         # the groups its update marks high_variance
   overlong: str = _static()             # none | exclude (truncated completions leave the loss) |
                                         # penalty
+  rollback: str = _static()             # step | minibatch: what a non-finite update discards
+                                        # (`rl_step.learn`)
   # Coefficients (traced).
   learning_rate: float = _traced()      # the optimizer's step size
   eps_low: float = _traced()            # PPO clip below 1

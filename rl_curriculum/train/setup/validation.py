@@ -173,6 +173,12 @@ def _validate_rl(rl: ml_collections.ConfigDict) -> None:
                 "vf_clip"):
     if getattr(rl, field) < 0:
       fail(f"rl.{field}", f"must be >= 0, got {getattr(rl, field)}")
+  if rl.rollback not in ("step", "minibatch"):
+    fail("rl.rollback", f"must be step or minibatch, got {rl.rollback!r}")
+  if rl.rollback == "minibatch" and rl.max_kl > 0:
+    fail("rl.rollback", "'minibatch' keeps each finite optimizer step as it goes, so nothing is "
+         "left to roll back to when the step's KL passes rl.max_kl: use rl.rollback='step' or "
+         "rl.max_kl=0")
   _validate_rl_methods(rl)
 
 

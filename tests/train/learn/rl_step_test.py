@@ -112,6 +112,29 @@ def test_non_finite_reward_rolls_back_params_curriculum_and_whitening(whiten):
   assert np.all(np.isfinite(np.asarray(newer_cur.q)))
 
 
+def test_minibatch_rollback_discards_only_the_optimizer_step_that_is_not_finite():
+  """rollback = "minibatch": a NaN reward makes one of the two minibatches' loss NaN; that
+  optimizer step is not applied and the other is (no copy of the train state is held for a
+  rollback), while the curriculum state the NaN reached is discarded as under "step"."""
+  params, state, cur_state, learn = _setup(rollback="minibatch", curriculum_feedback="reward")
+  rewards = test_util.LEARN_REWARDS.copy()
+  rewards[0, 0] = np.nan
+  before = jax.tree.map(np.asarray, (params, cur_state))
+  new_state, new_cur, metrics = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(2),
+                                      None, params)
+  assert float(metrics["steps_taken"]) == 1.0 and float(metrics["steps_discarded"]) == 1.0
+  assert np.isfinite(float(metrics["loss"]))
+  assert stability.all_finite((new_state.params, new_state.opt_state))
+  assert not _tree_equal(before[0], new_state.params)
+  assert float(metrics["update_skipped"]) == 1.0 and _tree_equal(before[1], new_cur)
+  # Under rollback = "step" the same batch is discarded whole, parameters included.
+  params, state, cur_state, learn = _setup(curriculum_feedback="reward")
+  rolled, _, metrics = learn(state, cur_state, _batch(rewards), jax.random.PRNGKey(2), None,
+                             params)
+  assert float(metrics["update_skipped"]) == 1.0 and _tree_equal(before[0], rolled.params)
+  assert float(metrics["steps_discarded"]) == 0.0
+
+
 @pytest.mark.slow
 def test_curriculum_sees_all_groups_policy_only_kept_ones():
   params, state, cur_state, learn = _setup(minibatches=1)
