@@ -54,9 +54,14 @@ def _block_runner(graphdef: nnx.GraphDef, config: ModelConfig) -> Callable:
   remat = lambda static: jax.checkpoint(run, policy=_CHECKPOINT_POLICIES[config.remat],
                                         prevent_cse=not config.scan_layers, static_argnums=static)
   dynamic, static = remat(()), remat((5,))
-  # A Python int cache index stays one (static) inside the recomputed block: the splash kernel
-  # needs its queries' first slot before tracing (`attention.many_query_backend`).
-  return lambda *args: (static if isinstance(args[5], int) else dynamic)(*args)
+
+  def pick(*args):
+    if isinstance(args[5], (prefix_cache.SlotIndex, paged_cache.PageIndex)):
+      return run(*args)  # a decode step: no backward pass to recompute for
+    # A Python int cache index stays one (static) inside the recomputed block: the splash
+    # kernel needs its queries' first slot before tracing (`attention.many_query_backend`).
+    return (static if isinstance(args[5], int) else dynamic)(*args)
+  return pick
 
 
 def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions: jax.Array,

@@ -15,20 +15,20 @@ backends are the pure-JAX reference and JAX's TPU kernel).
 The pool has the layout of JAX's ragged paged attention kernel, keys and values interleaved on
 one head axis: [L, Pg, page_size, 2 Hkv, d], keys at even heads. Pages are split into D equal
 blocks over the mesh's batch shards, as the decode slots are; a slot lists page ids local to its
-shard's block, so that under a mesh no read or write crosses devices (each op runs per shard,
-`jax.vmap` over [D, ...]).
+shard's block, so that under a mesh no read or write crosses devices: each device runs the step
+on its own block (`PageIndex.shard`, a `jax.shard_map`; also how the TPU kernel, which XLA cannot
+partition, runs under a mesh).
 
 Shapes: L layers, Pg pages (D blocks of Pg / D), B decode slots (D shards of B / D), M pages a
 slot can list, Hkv key/value heads, G query heads per key/value head, d = head_dim.
 """
 
-from typing import NamedTuple, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 
 from rl_curriculum.model import attention
-from rl_curriculum.model import kv_cache
 from rl_curriculum.model import paged_attention
 from rl_curriculum.model.config import ModelConfig
 
@@ -46,6 +46,9 @@ class PageIndex(NamedTuple):
   table: jax.Array                 # i32[D, B/D, M] each slot's pages in order (shard-local ids)
   length: jax.Array                # i32[D, B/D] tokens the slot holds with this step's (0: empty)
   layer: Union[int, jax.Array] = 0  # the layer whose pages are read and written
+  # None, or run(fn, args, in_axes, out_axes) applying fn to each device's shard
+  # (`mesh.per_shard`): how the TPU kernel, which XLA cannot partition, runs under a mesh.
+  shard: Optional[Callable] = None
 
 
 def init_pool(config: ModelConfig, pages: int, size: int) -> jax.Array:
@@ -75,27 +78,26 @@ def attend(pool: jax.Array, index: PageIndex, q: jax.Array, k: jax.Array, v: jax
     ([B, Hkv, G, d] in config.dtype, the pool with the new keys and values written). An empty
     slot (length 0) writes nothing and gets a finite, unused output.
   """
-  layers, pages = pool.shape[0], pool.shape[1]
-  shards = index.table.shape[0]
   kind = attention.backend(config.attention)
-  per_shard = lambda x: x.reshape((shards, -1) + x.shape[1:])
+  blocks = _KERNEL_BLOCKS if kind == "tpu" else {}
 
-  def one_shard(block, table, length, q, k, v):
-    # The shard's pages of every layer as one axis [L Pg/D]: layer l's page p is l Pg/D + p, so
-    # the kernel reads the layer's pages without a copy of the layer being made.
-    flat = block.reshape((layers * block.shape[1],) + block.shape[2:])
-    ids = table + index.layer * block.shape[1]
-    live = length > 0
-    flat = kv_cache.from_bits(
-        paged_attention.write(kv_cache.as_bits(flat), kv_cache.as_bits(k.astype(flat.dtype)),
-                              kv_cache.as_bits(v.astype(flat.dtype)), ids, length - 1, live),
-        flat.dtype)
-    blocks = _KERNEL_BLOCKS if kind == "tpu" else {}
-    out = paged_attention.decode_attention(q, flat, length, ids, backend=kind, dtype=config.dtype,
-                                           **blocks)
-    return out, flat.reshape(block.shape)
+  def one_shard(pool, table, length, q, k, v):
+    # One shard's pool [L, Pg', ...] and slots (a mesh's device holds one: `index.shard`), its
+    # pages of every layer seen as one axis [L Pg']: layer l's page p is l Pg' + p, so the kernel
+    # reads the layer's pages without a copy of the layer being made.
+    if table.shape[0] != 1:
+      raise ValueError(f"{table.shape[0]} shards of decode slots without a mesh to run them on "
+                       "(PageIndex.shard)")
+    layers, pages = pool.shape[:2]
+    flat = pool.reshape((layers * pages,) + pool.shape[2:])
+    ids = table[0] + index.layer * pages
+    length = length[0]
+    flat = paged_attention.write(flat, k, v, ids, length - 1, length > 0)
+    out = paged_attention.decode_attention(q, flat, length, ids, backend=kind,
+                                           dtype=config.dtype, **blocks)
+    return out, flat.reshape(pool.shape)
 
-  by_shard = pool.reshape((layers, shards, pages // shards) + pool.shape[2:])
-  out, by_shard = jax.vmap(one_shard, in_axes=(1, 0, 0, 0, 0, 0), out_axes=(0, 1))(
-      by_shard, index.table, index.length, per_shard(q), per_shard(k), per_shard(v))
-  return out.reshape((-1,) + out.shape[2:]), by_shard.reshape(pool.shape)
+  args = (pool, index.table, index.length, q, k, v)
+  if index.shard is None:
+    return one_shard(*args)
+  return index.shard(one_shard, args, (1, 0, 0, 0, 0, 0), (0, 1))

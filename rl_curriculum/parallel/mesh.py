@@ -27,7 +27,7 @@ axes so `jax.jit` partitions by GSPMD from the input shardings, with no sharding
 """
 
 import math
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -386,3 +386,33 @@ def describe(mesh: Mesh) -> str:
   sizes = " ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
   procs = len({d.process_index for d in np.asarray(mesh.devices).flat})
   return f"mesh {sizes} over {mesh.size} devices in {procs} process(es)"
+
+
+def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
+  """None without a mesh; else `run(fn, args, in_axes, out_axes)`: fn applied on each device to
+  its block of every argument, each split over the batch axes at its axis in `in_axes` (the
+  outputs at `out_axes`), by `jax.shard_map`. For kernels XLA cannot partition (Pallas TPU
+  calls): GSPMD would otherwise refuse them."""
+  if mesh is None:
+    return None
+  axes = _as_tuple(LOGICAL_AXIS_RULES["batch"])
+
+  def spec(ndim, axis):
+    dims = [None] * ndim
+    dims[axis] = axes
+    return PartitionSpec(*dims)
+
+  shards = batch_size_of(mesh)
+
+  def local(x, axis):  # one device's block of x
+    shape = list(x.shape)
+    shape[axis] //= shards
+    return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
+
+  def run(fn, args, in_axes, out_axes):
+    shapes = jax.eval_shape(fn, *(local(x, a) for x, a in zip(args, in_axes)))
+    out_specs = jax.tree.map(lambda s, a: spec(len(s.shape), a), shapes, out_axes)
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec(x.ndim, a) for x, a in
+                                                        zip(args, in_axes)),
+                         out_specs=out_specs, check_vma=False)(*args)
+  return run

@@ -26,7 +26,9 @@ every computation as often as it executes:
          at halved slots only decode what the full-width stage left: for a lower bound, every
          token is decoded at full width), one nested in such a loop once.
 Bookkeeping instructions (parameters, constants, tuples, bitcasts) move no bytes; a custom call
-(a buffer allocation here; a kernel's own cost is not read) counts nothing.
+(a buffer allocation here; a kernel's own cost is not read) counts nothing. A dynamic-update-slice
+or a scatter (alone, or at the root of a fusion whose operand it updates) works in place: it
+moves its update's bytes, not the buffer's.
 
 The bound is a roofline (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual
 performance model for multicore architectures", CACM 52(4)): a program takes at least its FLOPs
@@ -234,6 +236,8 @@ class _Counter:
           total += _nbytes(user.shape)
         elif user.opcode == "dynamic-update-slice" and i == 0:
           total += _nbytes(inner.get(user.operands[1], ""))
+        elif user.opcode == "scatter" and i == 0 and len(user.operands) == 3:
+          total += _nbytes(inner.get(user.operands[2], ""))
         elif user.opcode == "tuple":   # passed through to the fusion's output unread
           continue
         elif user.opcode == "bitcast":
@@ -250,9 +254,19 @@ class _Counter:
 
   def written_bytes(self, inst: _Instruction) -> float:
     """Bytes a fusion writes: its outputs, but for the elements of an output tuple that pass one
-    of its parameters through unchanged (buffers a fused collective carries along)."""
+    of its parameters through unchanged (buffers a fused collective carries along), and for an
+    output that updates one of its parameters in place (a dynamic-update-slice or a scatter at
+    its root: the update's bytes)."""
     called = _attr(inst.attrs, "calls")
-    if called not in self.computations or not inst.shape.startswith("("):
+    if called not in self.computations:
+      return _nbytes(inst.shape)
+    if not inst.shape.startswith("("):
+      params, body = self.computations[called]
+      root = body[-1] if body else None
+      update = {"dynamic-update-slice": 1, "scatter": 2}.get(root.opcode if root else "")
+      shaped = update == 1 or len(root.operands) == 3  # one operand scattered into
+      if update and shaped and root.operands[0] in params:
+        return _nbytes(self.shapes(called).get(root.operands[update], ""))
       return _nbytes(inst.shape)
     params, body = self.computations[called]
     root = body[-1] if body else None
@@ -318,6 +332,11 @@ class _Counter:
         continue
       if op in ("dot", "convolution"):
         total.flops += _dot_flops(inst, shapes)
+      if op in ("dynamic-update-slice", "scatter"):  # in place: the update, read and written
+        update = inst.operands[1 if op == "dynamic-update-slice" else -1]
+        total.bytes += 2 * _nbytes(shapes.get(update, "")) + sum(
+            _nbytes(shapes.get(o, "")) for o in inst.operands[1:-1])
+        continue
       total.bytes += sum(_nbytes(shapes.get(o, "")) for o in inst.operands) + _nbytes(inst.shape)
     self.memo[(name, in_unknown)] = total
     return total

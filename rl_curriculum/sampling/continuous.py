@@ -172,7 +172,7 @@ def stage_slots(slots: int, shards: int, shrink: int) -> Tuple[int, ...]:
 
 
 def _advance(s: EngineState, graphdef, params, temperature, version, *, stop, pad_id, group,
-             draw, layout) -> EngineState:
+             draw, layout, per_shard=None) -> EngineState:
   """One loop iteration: every occupied slot's newest token fed through the model, its next
   token drawn from the logits that come out and recorded (with `version`), the slots whose rows
   stopped refilled from the queue. A paged cache first gives the slots whose token starts a page
@@ -189,7 +189,7 @@ def _advance(s: EngineState, graphdef, params, temperature, version, *, stop, pa
   if paged:
     index = paged_cache.PageIndex(
         table=s.cache.table.reshape((shards, -1) + s.cache.table.shape[1:]),
-        length=jnp.where(live, lengths + fed + 1, 0).reshape(shards, -1))
+        length=jnp.where(live, lengths + fed + 1, 0).reshape(shards, -1), shard=per_shard)
     logits, pool = decoding.decode_pages(graphdef, params, slots_lib.pending_tokens(s, pad_id),
                                          lengths + fed, s.cache.pool, index, constrain=layout)
     cache = s.cache._replace(pool=pool)
@@ -246,7 +246,8 @@ def run(graphdef, params, state, temperature, version=None, budget=None, due=Non
   advance = functools.partial(
       _advance, graphdef=graphdef, params=params, temperature=temperature, version=version,
       stop=jnp.asarray(stop_ids, jnp.int32), pad_id=pad_id, group=group,
-      draw=dict(top_k=top_k, top_p=top_p, greedy=greedy), layout=layout)
+      draw=dict(top_k=top_k, top_p=top_p, greedy=greedy), layout=layout,
+      per_shard=mesh_lib.per_shard(mesh))
   first_iteration = state.iterations
 
   def going(s):

@@ -107,6 +107,27 @@ def test_batched_matmuls_count_their_flops_once(v5e):
   assert roofline.program_cost(compiled.as_text()).flops == 2 * 2 * b * h * t * t * d
 
 
+def test_in_place_updates_count_their_update_not_the_buffer(v5e):
+  """A loop of 64 steps writing two rows into a donated 64 MiB buffer by a scatter (a paged
+  cache's write) moves a few rows' bytes a step (the update, the rows it is gathered from, the
+  indices), not the buffer (counted whole, read and written, it was 128 x the buffer)."""
+  mesh = Mesh(np.array(v5e[:1]), ("d",))
+  pages, row = 4096, 8192
+  pool = _spec(mesh, (pages, row))
+  new = _spec(mesh, (64, row))
+
+  def write(pool, new):
+    def step(i, pool):
+      page = (i * 61) % pages
+      return pool.at[jnp.stack([page, page + 1])].set(new[jnp.stack([i, i])])
+    return jax.lax.fori_loop(0, 64, step, pool)
+
+  compiled = jax.jit(write, donate_argnums=0).lower(pool, new).compile()
+  counted = roofline.program_cost(compiled.as_text()).bytes
+  row_bytes = row * 2
+  assert 64 * 2 * row_bytes <= counted <= 64 * 16 * row_bytes, counted
+
+
 def test_an_out_of_memory_compile_is_a_row(v5e):
   mesh = Mesh(np.array(v5e[:1]), ("d",))
   big = jax.ShapeDtypeStruct((1024, 1024, 1024), jnp.float32,
