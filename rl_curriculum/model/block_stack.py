@@ -38,14 +38,15 @@ _CHECKPOINT_POLICIES = {
 }
 
 
-def _block_runner(graphdef: nnx.GraphDef, config: ModelConfig) -> Callable:
+def _block_runner(graphdef: nnx.GraphDef, config: ModelConfig,
+                  shard: Optional[Callable] = None) -> Callable:
   """The block as a pure function (state, x, positions, key_mask, layer_cache, cache_index) ->
   (x, new slots), wrapped in `jax.checkpoint` with the policy of `config.remat`."""
   inv_freq = rope_frequencies(config)
 
   def run(state, x, positions, key_mask, layer_cache, cache_index):
     block = nnx.merge(graphdef, state)
-    return block(x, positions, key_mask, inv_freq, layer_cache, cache_index)
+    return block(x, positions, key_mask, inv_freq, layer_cache, cache_index, shard=shard)
 
   if config.remat == "none":
     return run
@@ -66,7 +67,8 @@ def _block_runner(graphdef: nnx.GraphDef, config: ModelConfig) -> Callable:
 
 def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions: jax.Array,
                key_mask: jax.Array, cache: Optional[kv_cache.KVCache],
-               cache_index: Optional[jax.Array], rows: Callable[[jax.Array], jax.Array]):
+               cache_index: Optional[jax.Array], rows: Callable[[jax.Array], jax.Array],
+               shard: Optional[Callable] = None):
   """x[B, T, D] through the L blocks of the layout `config.scan_layers` gives.
 
   Args:
@@ -78,6 +80,8 @@ def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions:
       decode slot, each written at its own completion slot), or a pool of pages
       (`paged_cache.init_pool`, either layout) with a `paged_cache.PageIndex`.
     rows: applied to the residual stream before every block (the identity, or a constraint).
+    shard: None, or how a kernel XLA cannot partition runs on each device's rows
+      (`mesh.per_shard`): the splash attention of a many-query pass under a mesh.
 
   Returns:
     (x[B, T, D] after the last block, updated KVCache or None).
@@ -96,24 +100,24 @@ def run_layers(blocks: nnx.Module, config: ModelConfig, x: jax.Array, positions:
         f"model has scan_layers={config.scan_layers}; build it with "
         f"kv_cache.init_cache(model config).")
   run = _run_scanned if config.scan_layers else _run_unrolled
-  return run(blocks, config, x, positions, key_mask, cache, cache_index, rows)
+  return run(blocks, config, x, positions, key_mask, cache, cache_index, rows, shard)
 
 
-def _run_unrolled(blocks, config, x, positions, key_mask, cache, cache_index, rows):
+def _run_unrolled(blocks, config, x, positions, key_mask, cache, cache_index, rows, shard):
   """The L blocks of an `nnx.List` one after the other; the cache is a tuple per layer."""
   new_k, new_v = [], []
   for i, block in enumerate(blocks):
     graphdef, state = nnx.split(block)
     layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-    x, slots = _block_runner(graphdef, config)(state, rows(x), positions, key_mask, layer_cache,
-                                               cache_index)
+    x, slots = _block_runner(graphdef, config, shard)(state, rows(x), positions, key_mask,
+                                                      layer_cache, cache_index)
     if cache is not None:
       new_k.append(kv_cache.write_slots(cache.k[i], slots[0], cache_index))
       new_v.append(kv_cache.write_slots(cache.v[i], slots[1], cache_index))
   return x, (None if cache is None else kv_cache.KVCache(tuple(new_k), tuple(new_v)))
 
 
-def _run_scanned(block, config, x, positions, key_mask, cache, cache_index, rows):
+def _run_scanned(block, config, x, positions, key_mask, cache, cache_index, rows, shard):
   """The stacked block under `lax.scan` over its leading layer axis: one block in the program.
 
   With a cache [L, B, S, Hkv, head_dim], the scan reads layer l's slots as its l-th slice and
@@ -124,7 +128,7 @@ def _run_scanned(block, config, x, positions, key_mask, cache, cache_index, rows
   iteration's output, not a cache-sized accumulator.
   """
   graphdef, state = nnx.split(block)
-  run = _block_runner(graphdef, config)
+  run = _block_runner(graphdef, config, shard)
   if cache is None:
     def body(x, layer_state):
       return run(layer_state, rows(x), positions, key_mask, None, None)[0], None

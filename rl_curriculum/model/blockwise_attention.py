@@ -128,6 +128,10 @@ def _forward(q, keys, values, key_mask, q_offset, dtype, block):
   def step(carry, xs):
     run_max, run_sum, acc = carry
     k_block, v_block, m_block, start = xs
+    # The block's mask made to depend on the carry (always + 0): under `jax.checkpoint` JAX
+    # splits out what depends only on the integer inputs and keeps it for the backward pass,
+    # which here would be every block's [B, Hkv, G, T, block] mask at once (quadratic in T).
+    start = start + jnp.where(jnp.isfinite(run_sum.reshape(-1)[0]), 0, 0).astype(jnp.int32)
     scores, valid = _block_scores(qt, k_block, m_block, start, q_offset)
     scores = jnp.where(valid, scores, _FLOOR)
     new_max = jnp.maximum(run_max, scores.max(axis=-1))

@@ -26,16 +26,17 @@ pytree for optax and checkpointing):
 
 `params` may be one `nnx.State` or a tuple of states from a filtered split, e.g.
 `(lora_state, base_state)` from `nnx.split(model, lora.LoRAWeight, ...)`. Cache-based inference
-on the same (graphdef, params) is in `decoding.py`: `prefill` of a prompt batch into a KV cache,
-then `decode_step` (or `decode_slots` over a prefix-shared cache) one token at a time.
+is in `decoding.py`: `prefill` into a KV cache, then `decode_step` (`decode_slots` over a
+prefix-shared cache, `decode_pages` over a paged one) one token at a time. Many-query attention
+runs on the backend `config.attention` names (`attention.many_query_backend`).
 
 Two layouts of the block stack (`config.scan_layers`), the same function: `blocks` is an
 `nnx.List` of L blocks (unrolled), or ONE `Block` whose parameters carry a leading layer axis
-[L, ...], run under `jax.lax.scan` (scanned). `block_stack` runs either, with the
-rematerialisation of `config.remat`; `layer_stacking` names the parameters of both layouts and
-converts a state between them; the KV cache follows the model's layout (`kv_cache`).
+[L, ...], run under `jax.lax.scan` (scanned); `block_stack` runs either (`config.remat`),
+`layer_stacking` converts a state between them, the KV cache follows the layout (`kv_cache`).
 """
 
+import functools
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import jax
@@ -85,18 +86,15 @@ class Projection(nnx.Module):
   def __init__(self, in_shape: Tuple[int, ...], out_shape: Tuple[int, ...],
                in_axes: Tuple[str, ...], out_axes: Tuple[str, ...], *, use_bias: bool,
                config: ModelConfig, rngs: nnx.Rngs):
-    self.in_shape = tuple(in_shape)
-    self.out_shape = tuple(out_shape)
-    self.in_axes = tuple(in_axes)
-    self.out_axes = tuple(out_axes)
+    self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+    self.in_axes, self.out_axes = tuple(in_axes), tuple(out_axes)
     self.dtype = config.dtype
     init = nnx.initializers.normal(config.init_std)
     self.kernel = _param(init(rngs.params(), self.in_shape + self.out_shape, config.param_dtype),
                          self.in_axes + self.out_axes)
     self.bias = (_param(jnp.zeros(self.out_shape, config.param_dtype), self.out_axes)
                  if use_bias else nnx.data(None))
-    self.lora_a = nnx.data(None)
-    self.lora_b = nnx.data(None)
+    self.lora_a, self.lora_b = nnx.data(None), nnx.data(None)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return project_shared_input(x, (self,))[0]
@@ -160,7 +158,8 @@ class Attention(nnx.Module):
       self.q_norm = nnx.data(None)
       self.k_norm = nnx.data(None)
 
-  def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None):
+  def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None,
+               shard=None):
     """x[B, T, D] -> (y[B, T, D], the new (keys, values) [B, T, Hkv, head_dim] or None).
 
     With a `prefix_cache.SlotIndex` as cache_index (T = 1), `cache` is this layer's (prompt keys,
@@ -169,15 +168,14 @@ class Attention(nnx.Module):
     result is then the layer's whole completion keys and values with the new token written
     (unrolled), or the new keys and values [B, 1, ...] for the caller to write (scanned).
 
-    With a `paged_cache.PageIndex` as cache_index (T = 1), `cache` is the pool of every layer's
-    pages (`paged_cache.init_pool`), the index names this layer, and the second result is the
-    pool with each slot's new key and value written (`paged_cache.attend`; key_mask unused).
+    With a `paged_cache.PageIndex` as cache_index (T = 1), `cache` is every layer's pages and
+    the second result the pool with each slot's new key and value written (`paged_cache.attend`).
 
     With `cache`, this layer's (k, v) [B, S, Hkv, head_dim], the queries attend over its S slots
     with slots cache_index .. cache_index + T - 1 holding the new keys and values (in the cache
-    dtype, also returned). Writing them into the cache is the caller's (`Transformer.hidden`),
-    so `cache` may be a slice of a stacked cache. Without a cache the T tokens attend causally
-    among themselves and None is returned.
+    dtype, also returned; writing them is the caller's, so `cache` may be a slice of a stacked
+    cache). Without a cache the T tokens attend causally among themselves, None returned.
+    `shard` (`mesh.per_shard`) runs the splash kernel on each device's rows under a mesh.
     """
     c = self.config
     b, t, _ = x.shape
@@ -216,9 +214,12 @@ class Attention(nnx.Module):
       if key_mask.ndim != 2:
         raise ValueError(f"the {kind} attention takes a key mask bool[B, S], not a per-query "
                          "mask; use ModelConfig(attention='reference', attention_block=0).")
-      out = blockwise_attention.attend(q, keys, values, key_mask,
-                                       0 if cache is None else cache_index, dtype=c.dtype,
-                                       backend=kind, block=c.attention_block or 512)
+      attend = functools.partial(blockwise_attention.attend, q_offset=0 if cache is None
+                                 else cache_index, dtype=c.dtype, backend=kind,
+                                 block=c.attention_block or 512)
+      args = (q, keys, values, key_mask)
+      # A Pallas kernel under a mesh runs on each device's rows (`shard`: `mesh.per_shard`).
+      out = (shard(attend, args, (0,) * 4, 0) if kind == "splash" and shard else attend(*args))
       return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
     mask = attention.causal_slot_mask(key_mask, q_slots, keys.shape[1])
     if t == 1:
@@ -254,11 +255,12 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(config.d_model, "embed", **kw)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None):
+  def __call__(self, x, positions, key_mask, inv_freq, cache=None, cache_index=None,
+               shard=None):
     """x[B, T, D] -> (x[B, T, D], new (keys, values) [B, T, Hkv, head_dim] or None); the
     arguments as in `Attention`."""
     h, new_slots = self.attn(self.attn_norm(x), positions, key_mask, inv_freq, cache,
-                             cache_index)
+                             cache_index, shard)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), new_slots
 
@@ -299,11 +301,10 @@ class Transformer(nnx.Module):
       key_mask: bool[B, S] validity of each key slot (S = T without a cache, S = cache length
         with one), or bool[B, T, S] for an arbitrary mask; causality is always added.
       cache: None for a full forward pass, else the KVCache to write T new slots into.
-      cache_index: i32[] first cache slot written (the tokens occupy slots index .. index+T-1).
+      cache_index: i32[] (or int: static) first cache slot written (slots index .. index+T-1).
       constrain: None, or `constrain(x, axis)` applied to the residual stream [B, T, D] (rows on
-      axis 0) before every block, e.g. a sharding constraint that keeps the rows spread over a
-      mesh's batch axes (otherwise GSPMD may prefer to keep parameters sharded and compute every
-      row on every device).
+      axis 0) before every block, e.g. rows kept over a mesh's batch axes (otherwise GSPMD may
+      compute every row on every device); a `mesh.RowLayout` also runs kernels per device.
 
     Returns:
       ([B, T, D] in config.dtype, new KVCache or None).
@@ -317,16 +318,15 @@ class Transformer(nnx.Module):
       cache_index = jnp.asarray(cache_index, jnp.int32)
     rows = (lambda x: x) if constrain is None else (lambda x: constrain(x, 0))
     x, cache = block_stack.run_layers(self.blocks, c, x, positions, key_mask, cache, cache_index,
-                                      rows)
+                                      rows, getattr(constrain, "per_shard", None))
     return self.final_norm(x), cache
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """Output head: f32[..., V] = hidden[..., D] . W_head (the embedding transposed if tied)."""
     dtype = self.config.dtype
-    if self.head is None:
-      return jnp.einsum("...d,vd->...v", hidden.astype(dtype), self.embed[...].astype(dtype),
-                        preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", hidden.astype(dtype), self.head[...].astype(dtype),
+    weights, spec = ((self.embed, "...d,vd->...v") if self.head is None
+                     else (self.head, "...d,dv->...v"))
+    return jnp.einsum(spec, hidden.astype(dtype), weights[...].astype(dtype),
                       preferred_element_type=jnp.float32)
 
   def __call__(self, tokens, positions, key_mask, cache=None, cache_index=None):

@@ -416,3 +416,21 @@ def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
                                                         zip(args, in_axes)),
                          out_specs=out_specs, check_vma=False)(*args)
   return run
+
+
+class RowLayout:
+  """The `constrain(tree, axis=0)` argument of the model's functions for a run on `mesh`: rows
+  over its batch axes (`constrain_rows`); its `per_shard` runs a kernel XLA cannot partition
+  on each device's rows (`per_shard`)."""
+
+  def __init__(self, mesh: Mesh):
+    self.mesh = mesh
+    self.per_shard = per_shard(mesh)
+
+  def __call__(self, tree: Any, axis: int = 0) -> Any:
+    return constrain_rows(tree, self.mesh, axis)
+
+
+def row_layout(mesh: Optional[Mesh]) -> Optional[RowLayout]:
+  """`RowLayout(mesh)`, or None without a mesh."""
+  return None if mesh is None else RowLayout(mesh)

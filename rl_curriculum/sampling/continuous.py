@@ -83,8 +83,7 @@ def prefill_groups(graphdef, params, prompt_tokens: jax.Array, prompt_mask: jax.
   rows i32[R, Tp] (runs of `group` equal prompts), each prefilled once, in chunks
   (`prompt_prefill.prefill_prompts`)."""
   r = prompt_tokens.shape[0]
-  layout = None if mesh is None else (lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh,
-                                                                                   axis))
+  layout = mesh_lib.row_layout(mesh)
   first = lambda x: x.reshape((r // group, group) + x.shape[1:])[:, 0]
   firsts = mesh_lib.constrain_rows((first(prompt_tokens), first(prompt_mask.astype(bool))), mesh)
   return prompt_prefill.prefill_prompts(graphdef, params, *firsts, chunk=chunk, constrain=layout)
@@ -241,8 +240,7 @@ def run(graphdef, params, state, temperature, version=None, budget=None, due=Non
   config = transformer.merge_params(graphdef, params).config
   scanned = config.scan_layers
   params = mesh_lib.gathered_vocab_weights(params, mesh, config.dtype)  # once for every stage
-  layout = None if mesh is None else (lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh,
-                                                                                   axis))
+  layout = mesh_lib.row_layout(mesh)
   advance = functools.partial(
       _advance, graphdef=graphdef, params=params, temperature=temperature, version=version,
       stop=jnp.asarray(stop_ids, jnp.int32), pad_id=pad_id, group=group,

@@ -46,9 +46,7 @@ from rl_curriculum.types import Rollout
 
 def _row_layout(mesh):
   """`constrain(tree, axis)` keeping rows over `mesh`'s batch axes, or None without a mesh."""
-  if mesh is None:
-    return None
-  return lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh, axis)
+  return mesh_lib.row_layout(mesh)
 
 
 class SamplingState(NamedTuple):

@@ -110,10 +110,13 @@ def _temp_bytes(config, length):
   return compiled.memory_analysis().temp_size_in_bytes
 
 
-def test_blockwise_models_memory_grows_linearly_with_the_sequence():
+@pytest.mark.parametrize("remat", ["none", "block"])
+def test_blockwise_models_memory_grows_linearly_with_the_sequence(remat):
   """XLA:CPU's temporaries of the model's gradient at 1024 and 2048 positions: about twice for
-  the blockwise model, about four times for the dense one (its [T, T] scores)."""
-  dense = _config(d_model=64, num_heads=2, num_kv_heads=1, head_dim=32, num_layers=1)
+  the blockwise model, about four times for the dense one (its [T, T] scores). With each block
+  recomputed in the backward pass too (`jax.checkpoint` once kept every key block's mask)."""
+  dense = _config(d_model=64, num_heads=2, num_kv_heads=1, head_dim=32, num_layers=2,
+                  scan_layers=True, remat=remat)
   blockwise = dataclasses.replace(dense, attention_block=128)
   grow = lambda c: _temp_bytes(c, 2048) / _temp_bytes(c, 1024)
   assert grow(blockwise) < 2.5

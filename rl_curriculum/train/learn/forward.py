@@ -195,9 +195,7 @@ def trained_rows(train_groups: jax.Array, group: int) -> jax.Array:
 def row_constraint(mesh: Any) -> Optional[Callable]:
   """The `constrain(tree, axis=0)` argument of the helpers here for a run on `mesh`: rows over
   the mesh's batch axes (`mesh_lib.constrain_rows`); None without a mesh."""
-  if mesh is None:
-    return None
-  return lambda tree, axis=0: mesh_lib.constrain_rows(tree, mesh, axis)
+  return mesh_lib.row_layout(mesh)
 
 
 def block_group(rows: int, group: int, num_blocks: int) -> int:
