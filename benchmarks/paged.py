@@ -18,12 +18,12 @@ decode/prefill per-token ratio (slot-steps per decode second over prompt tokens 
 second), and that every engine's tokens equal the dense engine's (the same rows and keys).
 
 Then, unless --quick, the planner compiles the SEC paper setting's rollout programs
-(configs/sec_paper_countdown_qwen3b.py) for a v5e-8 slice by XLA:TPU: the dense engine at 512 and
-1024 slots, the paged engine (JAX's ragged paged attention kernel) at 1024 and 2048 slots on the
-pool of the dense engine's 512 slots; per plan the decode program's peak memory per chip, whether
-it fits 15.75 GiB, and the decode iteration's bytes accessed over the bytes it must read
-(weights and the live KV cache, every slot at full length: the planner's ratio). Writes
-benchmarks/results/paged_engine.json and .md (`--out_dir`).
+(configs/sec_paper_countdown_qwen3b.py) for a v5e-8 slice by XLA:TPU (`plans`): the most slots the
+dense engine holds in a chip's 15.75 GiB, and the paged engine (JAX's ragged paged attention
+kernel) at twice as many on a pool of the same tokens; per plan the programs' peak memory per
+chip and the decode iteration's bytes accessed over the bytes it must read (weights and the KV
+cache; the kernel's own reads are not counted: the planner reads no custom call's cost).
+Writes benchmarks/results/paged_engine.json and .md (`--out_dir`).
 """
 
 import time
@@ -67,13 +67,15 @@ def compare(policy, w, slots: int, page_size: int, repeats: int) -> dict:
   prompts, tp, n = len(w.tokens) // rollout.GROUP, w.tokens.shape[1], w.max_new_tokens
   key = jax.random.PRNGKey(0)
   pool = slots * -(-n // page_size)  # the dense engine's S x N completion slots, in pages
+  # Twice the slots on that pool, or on the fewest pages that many slots may have (tiny sizes).
+  pool_2x = max(pool, -(-n // page_size) + 2 * slots)
   engines = {
       "static": lambda a: rollout._static(  # pylint: disable=protected-access
           policy, w, rollout.static_rows_per_call(prompts, tp, n, slots), key, a),
       "dense": lambda a: _engine(policy, w, slots, key, a),
       "paged": lambda a: _engine(policy, w, slots, key, a, page_size=page_size, kv_pages=pool),
       "paged_2x": lambda a: _engine(policy, w, 2 * slots, key, a, page_size=page_size,
-                                    kv_pages=pool),
+                                    kv_pages=pool_2x),
   }
   out, tokens = {}, {}
   for name, engine in engines.items():
@@ -83,6 +85,7 @@ def compare(policy, w, slots: int, page_size: int, repeats: int) -> dict:
   for name in ("paged", "paged_2x"):
     out[name]["tokens_equal_dense"] = bool(np.array_equal(tokens[name], tokens["dense"]))
   out["slots"], out["page_size"], out["kv_pages"] = slots, page_size, pool
+  out["paged_2x"]["kv_pages"] = pool_2x
   out["rows"], out["prompt_len"], out["max_new_tokens"] = len(w.tokens), tp, n
   lengths = w.stop_after
   out["lengths"] = {"mean": float(lengths.mean()), "median": float(np.median(lengths)),
@@ -90,34 +93,43 @@ def compare(policy, w, slots: int, page_size: int, repeats: int) -> dict:
   return out
 
 
+def _plan_decode(paper, planner, targets, slots: int, paging: dict) -> dict:
+  """The paper setting's rollout programs on v5e-8 with `slots` decode slots, dense or paged."""
+  config = paper.get_config()
+  with config.unlocked():
+    config.rl.decode_slots = slots
+    config.rl.page_size = paging.get("page_size", 0)
+    config.rl.kv_pages = paging.get("kv_pages", 0)
+  plan = planner.plan(config, target=targets.parse("v5e-8"), programs=("sampler",))
+  decode = plan["programs"]["decode"]
+  return {"slots": slots, **paging, "decode_peak_gib": decode["peak_gib"],
+          "prefill_peak_gib": plan["programs"]["prefill"]["peak_gib"],
+          "fits": bool(plan["fits"]), "cache_gib": plan["cache_gib"],
+          "decode_bytes_ratio": plan["roofline"].get("decode_bytes_ratio"),
+          "hbm_gib": plan["hbm_gib"]}
+
+
 def plans(page_size: int) -> dict:
-  """The paper setting's rollout programs for v5e-8 (module docstring), by the planner."""
+  """The paper setting's rollout programs on a v5e-8 by XLA:TPU (configs/sec_paper_countdown_
+  qwen3b.py, its attention "auto": the TPU kernels): the dense engine at 512 and 1024 slots, the
+  most slots it holds in a chip's memory (linear in the slots between those two, rounded down to
+  64, then planned), and the paged engine at twice those slots on a pool of the dense engine's
+  completion memory at them (S ceil(N / page_size) pages)."""
   from configs import sec_paper_countdown_qwen3b as paper  # pylint: disable=import-outside-toplevel
   from rl_curriculum.plan import planner  # pylint: disable=import-outside-toplevel
   from rl_curriculum.plan import targets  # pylint: disable=import-outside-toplevel
-  base = paper.get_config()
-  slots = base.rl.decode_slots
-  n = base.rl.max_new_tokens
-  pool = slots * -(-n // page_size)  # the dense engine's completion memory at its slots
-  cases = {"dense": (slots, {}), "dense_2x": (2 * slots, {}),
-           "paged_2x": (2 * slots, dict(page_size=page_size, kv_pages=pool)),
-           "paged_4x": (4 * slots, dict(page_size=page_size, kv_pages=pool))}
-  out = {}
-  for name, (s, paging) in cases.items():
-    timing.log(f"  plan {name}: {s} slots {paging}")
-    config = paper.get_config()
-    with config.unlocked():
-      config.rl.decode_slots = s
-      config.rl.page_size = paging.get("page_size", 0)
-      config.rl.kv_pages = paging.get("kv_pages", 0)
-      config.model.attention = "tpu" if paging else "reference"
-    plan = planner.plan(config, target=targets.parse("v5e-8"), programs=("sampler",))
-    decode = plan["programs"]["sampler"]["decode"]
-    out[name] = {"slots": s, **paging, "decode_peak_gib": decode["peak_gib"],
-                 "fits": decode["peak_gib"] <= plan["hbm_gib"],
-                 "cache_gib": plan["cache_gib"],
-                 "decode_bytes_ratio": plan["roofline"].get("decode_bytes_ratio")}
-  out["hbm_gib"] = plan["hbm_gib"]
+  n = paper.get_config().rl.max_new_tokens
+  run = lambda name, slots, **paging: (timing.log(f"  plan {name}: {slots} slots {paging}"),
+                                       _plan_decode(paper, planner, targets, slots, paging))[1]
+  out = {"dense_512": run("dense", 512), "dense_1024": run("dense", 1024)}
+  low, high = out["dense_512"], out["dense_1024"]
+  per_slot = (high["decode_peak_gib"] - low["decode_peak_gib"]) / 512
+  most = 512 + int((low["hbm_gib"] - low["decode_peak_gib"]) / per_slot) // 64 * 64
+  out["dense_most"] = run("dense", most)
+  for slots, key in ((512, "paged_1024"), (most, "paged_twice_most")):
+    out[key] = run("paged", 2 * slots, page_size=page_size,
+                   kv_pages=slots * -(-n // page_size))
+  out["dense_most_slots"] = most
   return out
 
 
@@ -137,17 +149,21 @@ def markdown(results: dict) -> str:
                    f"{e['decode_over_prefill']:.2f} | {same} |")
   if results.get("v5e8"):
     p = results["v5e8"]
-    lines += ["", f"SEC paper setting on v5e-8 by XLA:TPU ({p['hbm_gib']:.2f} GiB a chip): the "
-              "rollout decode program.", "",
-              "| engine | slots | KV pages | decode peak GiB | fits | cache GiB | bytes / must read |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", f"SEC paper setting on v5e-8 by XLA:TPU ({p['dense_512']['hbm_gib']:.2f} GiB a "
+              "chip), the rollout programs (decode: a step's run; the paged engine with JAX's "
+              f"ragged paged attention kernel). The dense engine holds at most "
+              f"{p['dense_most_slots']} slots (linear in the slots from 512 to 1024, planned "
+              "there).", "",
+              "| engine | slots | KV pages | prefill peak GiB | decode peak GiB | fits | cache GiB "
+              "| decode bytes / must read |", "|---|---|---|---|---|---|---|---|"]
     for name, e in p.items():
-      if name == "hbm_gib":
+      if not isinstance(e, dict):
         continue
       ratio = e["decode_bytes_ratio"]
       lines.append(f"| {name} | {e['slots']} | {e.get('kv_pages', '')} | "
-                   f"{e['decode_peak_gib']:.2f} | {'yes' if e['fits'] else 'no'} | "
-                   f"{e['cache_gib']:.2f} | {'' if ratio is None else f'{ratio:.1f}x'} |")
+                   f"{e['prefill_peak_gib']:.2f} | {e['decode_peak_gib']:.2f} | "
+                   f"{'yes' if e['fits'] else 'no'} | {e['cache_gib']:.2f} | "
+                   f"{'' if ratio is None else f'{ratio:.1f}x'} |")
   return "\n".join(lines) + "\n"
 
 

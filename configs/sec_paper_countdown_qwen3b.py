@@ -46,6 +46,9 @@ def get_config():
   c.model.param_dtype = "float32"     # master parameters and Adam moments
   c.model.scan_layers = True          # one compiled block for the 36 layers
   c.model.remat = "block"             # keep only each block's input for the backward pass
+  c.model.attention = "auto"          # on a TPU its kernels (splash for the learn step, ragged
+                                      # paged attention for decode), elsewhere the reference
+  c.model.attention_block = 512       # reference: keys in blocks of 512 (memory linear in T)
   c.model.lora_rank = 0               # full fine-tuning, as in the paper
 
   c.sft.steps = 0                     # the pretrained model needs no warm start
@@ -64,10 +67,15 @@ def get_config():
   c.rl.logits_chunk = 128             # completion positions per chunk of the output head
   c.rl.engine = "continuous"          # decode slots refilled from a queue of rows; each prompt's
                                       # keys and values once per group
-  c.rl.decode_slots = 512             # a quarter of the 2048 rows: 64 slots per device on 8
+  c.rl.decode_slots = 1024            # half the 2048 rows: 128 slots per device on 8
+  c.rl.page_size = 16                 # a paged KV cache: pages taken as rows grow
+  c.rl.kv_pages = 32768               # the dense cache of 512 slots x 1024 tokens, shared by
+                                      # twice the slots (a row past its share restarts)
   c.rl.prefill_chunk = 128            # prompts prefilled 128 positions at a time
   c.rl.kl_coef = 0.0
   c.rl.max_kl = 0.0                   # 0 = no KL-based rollback
+  c.rl.rollback = "minibatch"         # a non-finite optimizer step is not applied; no copy of
+                                      # the train state (4.9 GiB a chip on v5e-8) is held
 
   c.curriculum.name = "sec"
   c.curriculum.options.alpha = 0.5

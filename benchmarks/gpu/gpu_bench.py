@@ -16,7 +16,8 @@ logits in chunks of 128 positions:
 Before that, both rollout engines (`benchmarks/rollout.py`'s long-tailed workload:
 completion lengths log-normal, p90 about 4.7x the median) on the same models in bfloat16, static
 against continuous at equal cache memory, `ROLLOUT` sizes: slot utilisation, tokens/s and the
-speed-up, as in benchmarks/results/rollout_engine.json.
+speed-up, as in benchmarks/results/rollout_engine.json; and the paged engine (reference
+attention) against the dense one and at twice the slots on the same pool (`benchmarks.paged`).
 
 Writes one JSON, after every part (a part that fails records its error and the next one runs).
 """
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import paged
 from benchmarks import rollout
 from rl_curriculum import curriculum as cur
 from rl_curriculum.model import pretrained
@@ -53,6 +55,7 @@ SMOKE = (8, 2, 8, 8)   # --smoke: the tiny model at these sizes, to check the sc
 # static engine's rows per call at equal cache memory come to 240, a divisor of the 960 rows.
 ROLLOUT = (120, 128, 1024, 256, 3)
 ROLLOUT_SMOKE = (4, 16, 32, 8, 2)
+PAGE_SIZE = 16  # tokens a KV page of the paged engine (`benchmarks.paged`)
 
 
 def _peak_flops(kind: str):
@@ -177,6 +180,8 @@ def rollout_engines(preset: str, sizes=ROLLOUT) -> dict:
                              context_length=tp + n)
   rows = rollout.long_tail(policy, prompts, tp, n)
   out = rollout.compare(policy, rows, slots, shrink, repeats=1)
+  # The paged engine, its attention by the reference (`auto` off a TPU), against the dense one.
+  out["paged"] = paged.compare(policy, rows, slots, PAGE_SIZE, repeats=1)
   out["model"], out["params"] = preset, config.num_params
   return out
 

@@ -28,15 +28,17 @@ def backend(name: str) -> str:
   return name
 
 
-def many_query_backend(name: str, block: int, q_offset) -> str:
+def many_query_backend(name: str, block: int, q_offset, rows_left: int = 0) -> str:
   """How T > 1 queries attend (`blockwise_attention.attend`) under ModelConfig.attention =
   `name` and attention_block = `block`: the reference holds the scores whole (`dense`) with
-  block 0 and walks key blocks (`blockwise`) otherwise; the TPU backend is the splash kernel
+  block 0 and walks key blocks (`blockwise`) otherwise. The TPU backend is the splash kernel
   when the first query's slot `q_offset` is a Python int (the learn step, a whole prompt's
-  prefill) and XLA's blockwise attention when it is traced (a chunked prefill's chunks), since
-  the kernel's mask is built before tracing."""
+  prefill) and the rows split evenly over a mesh's devices (`rows_left`: rows % devices), else
+  XLA's blockwise attention: a chunked prefill's chunks (a traced offset; the kernel's mask is
+  built before tracing) and the learn step's pass over a few groups' prompts (fewer rows than
+  devices; the kernel runs per device)."""
   if backend(name) == "tpu":
-    return "splash" if isinstance(q_offset, int) else "blockwise"
+    return "splash" if isinstance(q_offset, int) and not rows_left else "blockwise"
   return "blockwise" if block else "dense"
 
 

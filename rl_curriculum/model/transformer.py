@@ -209,7 +209,8 @@ class Attention(nnx.Module):
     group = c.num_heads // c.num_kv_heads
     q = q.reshape(b, t, c.num_kv_heads, group, c.head_dim)
     kind = attention.many_query_backend(c.attention, c.attention_block,
-                                        0 if cache is None else cache_index)
+                                        0 if cache is None else cache_index,
+                                        b % shard.shards if shard else 0)
     if t > 1 and kind != "dense":
       if key_mask.ndim != 2:
         raise ValueError(f"the {kind} attention takes a key mask bool[B, S], not a per-query "

@@ -391,7 +391,7 @@ def describe(mesh: Mesh) -> str:
 def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
   """None without a mesh; else `run(fn, args, in_axes, out_axes)`: fn applied on each device to
   its block of every argument, each split over the batch axes at its axis in `in_axes` (the
-  outputs at `out_axes`), by `jax.shard_map`. For kernels XLA cannot partition (Pallas TPU
+  outputs at `out_axes`), by `jax.shard_map` (`run.shards`: the batch shards). For kernels XLA cannot partition (Pallas TPU
   calls): GSPMD would otherwise refuse them."""
   if mesh is None:
     return None
@@ -415,6 +415,7 @@ def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
     return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec(x.ndim, a) for x, a in
                                                         zip(args, in_axes)),
                          out_specs=out_specs, check_vma=False)(*args)
+  run.shards = shards  # the arguments' split axes must divide by it
   return run
 
 

@@ -398,6 +398,8 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
   shape = model_shape(config, vocab_size)
   if num_layers:
     shape = dataclasses.replace(shape, num_layers=num_layers)
+  if shape.attention == "auto" and target.is_tpu:  # what the run would pick on that TPU
+    shape = dataclasses.replace(shape, attention="tpu")
   s, g = builders.sampled_prompts(config), budget.group_slots(config)
   rows, n_new = s * g, config.rl.max_new_tokens
   shards = mesh_lib.batch_size_of(mesh)
@@ -418,12 +420,14 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
                       "attention_width": shape.num_heads * shape.head_dim,
                       "dtype": shape.dtype, "param_dtype": shape.param_dtype,
                       "scan_layers": shape.scan_layers, "remat": shape.remat,
+                      "attention": shape.attention, "attention_block": shape.attention_block,
                       "lora_rank": config.model.lora_rank},
             "workload": {"prompts": s, "group": g, "rows": rows, "prompt_len": prompt_len,
                          "new_tokens": n_new, "trained_prompts": config.rl.prompts_per_step,
                          "epochs": config.rl.epochs, "minibatches": config.rl.minibatches,
                          "microbatches": config.rl.microbatches,
-                         "logits_chunk": config.rl.logits_chunk, "engine": config.rl.engine},
+                         "logits_chunk": config.rl.logits_chunk, "engine": config.rl.engine,
+                         "page_size": config.rl.page_size, "kv_pages": config.rl.kv_pages},
             "programs": {}}
   if "select" in programs:
     report["programs"]["select"] = _plan_select(inputs)

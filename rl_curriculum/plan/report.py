@@ -98,10 +98,12 @@ def describe(plan: dict) -> str:
   lines = [f"{where}, mesh {plan['mesh']}, budget {plan['hbm_gib']:.2f} GiB per device",
            f"model: {m['layers']} layers, d {m['d_model']}, vocab {m['vocab']}, "
            f"{m['params'] / 1e6:,.1f}M parameters, {m['dtype']} compute on {m['param_dtype']} "
-           f"parameters, scan_layers={m['scan_layers']}, remat={m['remat']}",
+           f"parameters, scan_layers={m['scan_layers']}, remat={m['remat']}, attention "
+           f"{m.get('attention', 'reference')} (block {m.get('attention_block', 0)})",
            f"step: {w['prompts']} prompts x {w['group']} = {w['rows']} rows, prompt "
            f"{w['prompt_len']} + {w['new_tokens']} new tokens, {w['minibatches']} minibatches x "
-           f"{w['microbatches']} microbatches, logits chunk {w['logits_chunk']}",
+           f"{w['microbatches']} microbatches, logits chunk {w['logits_chunk']}, KV pages of "
+           f"{w.get('page_size', 0)} tokens (0: dense)",
            f"train state: {plan['state_gib']:.2f} GiB per device; a checkpoint "
            f"{plan['checkpoint']['gib']:.2f} GiB, at most "
            f"{plan['checkpoint']['gib_per_host']:.2f} GiB written by one host"]

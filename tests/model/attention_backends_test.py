@@ -94,6 +94,7 @@ def test_the_backend_follows_the_config_and_the_query_offset():
   assert attention.many_query_backend("reference", 64, jnp.int32(3)) == "blockwise"
   assert attention.many_query_backend("tpu", 0, 12) == "splash"
   assert attention.many_query_backend("tpu", 0, jnp.int32(12)) == "blockwise"
+  assert attention.many_query_backend("tpu", 0, 12, rows_left=2) == "blockwise"
   assert attention.backend("auto") == ("tpu" if jax.default_backend() == "tpu" else "reference")
   with pytest.raises(ValueError, match="attention"):
     _config(attention="flash")
