@@ -71,6 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.attention_block = 0       # reference: keys per block of the prefill/learn attention
                                     # (0 = each layer's [T, T] scores whole; > 0 = blockwise,
                                     # memory linear in T)
+  c.model.kv_dtype = ""             # the KV cache's dtype: "" = model.dtype, or float32
   c.model.lora_rank = 0             # 0 = full fine-tuning; > 0 = LoRA adapters only
   c.model.lora_alpha = 16.0         # LoRA scale is lora_alpha / lora_rank
   c.model.lora_targets = ("q", "v")  # projections that get adapters when lora_rank > 0

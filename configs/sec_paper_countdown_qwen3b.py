@@ -12,14 +12,17 @@ step, 240 steps, the curriculum choosing among difficulty bins. Launch (docs/sca
 Memory and a bound on speed, from the TPU compiler on any host (docs/scaling.md):
   python -m experiments.plan --config configs/sec_paper_countdown_qwen3b.py --target v5e-8
 compiles every program of a step for a v5e-8 slice by XLA:TPU, without weights (the shape comes
-from `model.preset`, or from `model.source`'s config.json), and says whether they fit: on a v5e-8
-the learn step does not (17.5 GiB a chip against 15.75); on a v6e-8 or a v5p-8 every program
-fits. What brings them that far: bfloat16 compute on float32 master parameters and Adam moments, scanned layers (one compiled
-block), each block rematerialised in the backward pass, gradient accumulation over
-`rl.microbatches`, the continuous rollout engine (512 decode slots for 2048 rows, one copy of
-each prompt's keys and values), the output head in chunks of `rl.logits_chunk` positions (no [rows, T, vocab]
-logits), vocabulary-parallel in the policy loss (each device computes the logits and the head
-gradient of its share of the vocabulary), and the old-policy pass one microbatch of rows at a time.
+from `model.source`'s config.json, or from `model.preset`), and says whether they fit: on a v5e-8
+every program does (learn 12.64 GiB a chip against 15.75; decode 11.16), and on a v6e-8 or a
+v5p-8. What brings them that far: bfloat16 compute on float32 master parameters and Adam moments,
+scanned layers (one compiled block), each block rematerialised in the backward pass, gradient
+accumulation over `rl.microbatches`, optimizer steps guarded one by one (`rl.rollback`: no copy
+of the train state), blockwise attention (splash on a TPU), the continuous rollout engine on a
+paged KV cache (1024 decode slots for 2048 rows on the pages of a dense 512-slot cache, each
+prompt's pages shared by its group), the output head in chunks of `rl.logits_chunk` positions (no
+[rows, T, vocab] logits), vocabulary-parallel in the policy loss (each device computes the logits
+and the head gradient of its share of the vocabulary), and the old-policy pass one microbatch of
+rows at a time.
 
 Not measured: nothing in this file has been run at this size (the planner compiles it for TPU
 slices on a CPU host);

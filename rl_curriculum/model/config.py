@@ -72,6 +72,8 @@ class ModelConfig:
   # scores whole; k > 0 walks the keys in blocks of k slots with an online softmax, memory
   # linear in T (forward and backward).
   attention_block: int = 0
+  kv_dtype: str = ""                # the KV cache's dtype: "" = `dtype` (bfloat16 for a bfloat16
+                                    # model), or float32 on request
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
@@ -108,6 +110,9 @@ class ModelConfig:
     if not isinstance(self.attention_block, int) or self.attention_block < 0:
       raise ValueError("ModelConfig.attention_block must be an int >= 0 (0 = scores whole), got "
                        f"{self.attention_block!r}.")
+    if self.kv_dtype not in ("",) + _DTYPES:
+      raise ValueError(f"ModelConfig.kv_dtype must be '' (the compute dtype) or one of "
+                       f"{_DTYPES}, got {self.kv_dtype!r}.")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}.")
     if self.rope_scaling_factor is not None:
@@ -118,6 +123,11 @@ class ModelConfig:
         raise ValueError(
             "ModelConfig needs 0 < rope_low_freq_factor < rope_high_freq_factor, got "
             f"{self.rope_low_freq_factor} and {self.rope_high_freq_factor}.")
+
+  @property
+  def cache_dtype(self) -> str:
+    """The KV cache's dtype: `kv_dtype`, or the compute dtype when it is empty."""
+    return self.kv_dtype or self.dtype
 
   @property
   def num_params(self) -> int:

@@ -1,7 +1,8 @@
 """The decoder's KV cache: the keys and values of every layer, row and slot.
 
 A cache of S slots holds, for each of B rows, the keys (rotary embedding applied) and values of
-every layer in the activation dtype (`config.dtype`). `decoding.prefill` writes the
+every layer in the cache dtype (`config.cache_dtype`: the compute dtype unless `kv_dtype` asks for
+another). `decoding.prefill` writes the
 left-padded prompts into slots 0 .. Tp-1; each `decoding.decode_step` then writes one new
 token per row, all rows at the same slot. Queries attend to the slots `cache_key_mask` marks
 valid (the prompt's real tokens and every later slot) up to their own slot.
@@ -32,7 +33,7 @@ from rl_curriculum.model.config import ModelConfig
 class KVCache(NamedTuple):
   """Keys and values of every layer for S cache slots (prompt slots first, then generated).
 
-  In config.dtype; keys have the rotary embedding applied. See the module docstring for the two
+  In config.cache_dtype; keys have the rotary embedding applied. See the module docstring for the two
   layouts.
   """
   # Unrolled: tuples of L arrays [B, S, Hkv, d]; scanned: one array [L, B, S, Hkv, d] each.
@@ -46,9 +47,10 @@ def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
   shape = (batch, length, config.num_kv_heads, config.head_dim)
   if config.scan_layers:
     shape = (config.num_layers,) + shape
-    return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype))
-  zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_layers))
-  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype)
+    return KVCache(k=jnp.zeros(shape, config.cache_dtype),
+                   v=jnp.zeros(shape, config.cache_dtype))
+  zeros = tuple(jnp.zeros(shape, config.cache_dtype) for _ in range(config.num_layers))
+  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.cache_dtype)
                                   for _ in range(config.num_layers)))
 
 

@@ -52,10 +52,10 @@ class PageIndex(NamedTuple):
 
 
 def init_pool(config: ModelConfig, pages: int, size: int) -> jax.Array:
-  """An all-zero pool of `pages` pages of `size` tokens for every layer, in the model's activation
-  dtype: [L, pages, size, 2 Hkv, head_dim]."""
+  """An all-zero pool of `pages` pages of `size` tokens for every layer, in the model's cache
+  dtype (`config.cache_dtype`): [L, pages, size, 2 Hkv, head_dim]."""
   shape = (config.num_layers, pages, size, 2 * config.num_kv_heads, config.head_dim)
-  return jnp.zeros(shape, config.dtype)
+  return jnp.zeros(shape, config.cache_dtype)
 
 
 def page_size(pool: jax.Array) -> int:

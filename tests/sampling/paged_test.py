@@ -8,11 +8,14 @@ restart and draw the same tokens again; every page a row took is back on the fre
 stops.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_curriculum.model import kv_cache
 from rl_curriculum.model import transformer
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
@@ -188,3 +191,19 @@ def test_rows_in_flight_on_pages_equal_each_batch_alone(model):
                                            temperature=1.3, **DRAW))
   _assert_same(jax.device_get(inflight.harvest(state, jnp.int32(1))), alone.rollout)
   _assert_every_page_free(state.cache)
+
+
+def test_the_cache_is_in_the_compute_dtype_unless_a_float32_one_is_asked_for():
+  """A bfloat16 model's dense cache and pages are bfloat16; with kv_dtype float32 both are
+  float32, and the paged engine decodes from them."""
+  config = test_util.engine_model_config(False)
+  bf16 = dataclasses.replace(config, dtype="bfloat16", param_dtype="bfloat16")
+  assert pages.init(bf16, prompts=2, width=4, slots=2, max_new_tokens=4, page_size=2, pages=0,
+                    shards=1).pool.dtype == jnp.bfloat16
+  assert kv_cache.init_cache(bf16, 2, 4).k[0].dtype == jnp.bfloat16
+  wide = dataclasses.replace(bf16, kv_dtype="float32")
+  assert kv_cache.init_cache(wide, 2, 4).k[0].dtype == jnp.float32
+  model = transformer.init_model(wide, seed=0)
+  state = _final_state(model, 5, page_size=4)
+  assert state.cache.pool.dtype == jnp.float32
+  assert int(state.drawn) > R

@@ -105,7 +105,8 @@ def model_numerics(config: ml_collections.ConfigDict) -> dict:
   storage dtypes, layer scan, rematerialisation, attention kernels."""
   m = config.model
   return dict(dtype=m.dtype, param_dtype=m.param_dtype, scan_layers=bool(m.scan_layers),
-              remat=m.remat, attention=m.attention, attention_block=m.attention_block)
+              remat=m.remat, attention=m.attention, attention_block=m.attention_block,
+              kv_dtype=m.kv_dtype)
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:

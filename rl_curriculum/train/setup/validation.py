@@ -102,6 +102,9 @@ def _validate_model(model: ml_collections.ConfigDict, check_source: bool) -> Non
       or model.attention_block < 0):
     fail("model.attention_block", f"must be a whole number >= 0 (0 = scores whole), got "
          f"{model.attention_block!r}")
+  if model.kv_dtype not in ("", "float32", "bfloat16"):
+    fail("model.kv_dtype", f"must be '' (model.dtype), float32 or bfloat16, got "
+         f"{model.kv_dtype!r}")
   if not isinstance(model.scan_layers, bool):
     fail("model.scan_layers", f"must be True or False, got {model.scan_layers!r}")
   if model.lora_rank < 0:
