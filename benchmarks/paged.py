@@ -15,7 +15,10 @@ On CPU, for each slot count S, SmolLM2-135M-Instruct rolls out the same long-tai
 
 and reports tokens kept per second (prefill included), slot utilisation, slot-steps, the
 decode/prefill per-token ratio (slot-steps per decode second over prompt tokens per prefill
-second), and that every engine's tokens equal the dense engine's (the same rows and keys).
+second), and how the paged engine's rows agree with the dense engine's (the same rows and keys):
+the share of rows with equal tokens, and the largest log-prob gap before a row's first
+different token (float rounding: the two read the prompt and completion in different orders;
+where the gap meets a draw at the edge between two tokens, the rows part there).
 
 Then, unless --quick, the planner compiles the SEC paper setting's rollout programs
 (configs/sec_paper_countdown_qwen3b.py) for a v5e-8 slice by XLA:TPU (`plans`): the most slots the
@@ -26,39 +29,28 @@ cache; the kernel's own reads are not counted: the planner reads no custom call'
 Writes benchmarks/results/paged_engine.json and .md (`--out_dir`).
 """
 
-import time
-
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import rollout
 from benchmarks.speed import peak
 from benchmarks.speed import timing
-from rl_curriculum.sampling import continuous
 
 FLAGS = flags.FLAGS
 
 
-def _engine(policy, w, slots: int, key, active, **paging):
-  """The continuous engine over all rows (`rollout._continuous`'s tuple, plus the tokens)."""
-  stop = tuple(sorted({w.eos_id, *w.stop_ids}))
-  cut = None if w.stop_after is None else jnp.asarray(w.stop_after)
-  t0 = time.perf_counter()
-  state = jax.block_until_ready(continuous.start(
-      policy.graphdef, policy.params, jnp.asarray(w.tokens), jnp.asarray(w.mask), key,
-      jnp.float32(w.temperature), jnp.asarray(active), cut, max_new_tokens=w.max_new_tokens,
-      slots=slots, stop_ids=stop, group=rollout.GROUP, **paging))
-  t1 = time.perf_counter()
-  state = jax.block_until_ready(continuous.run(policy.graphdef, policy.params, state,
-                                               jnp.float32(w.temperature), stop_ids=stop,
-                                               group=rollout.GROUP))
-  t2 = time.perf_counter()
-  _engine.tokens = np.asarray(state.tokens)
-  return (float(state.mask.sum()), int(state.slot_steps), t1 - t0, t2 - t1,
-          len(w.tokens) // rollout.GROUP * w.tokens.shape[1], int(state.fed))
+def agreement(rows, dense) -> dict:
+  """How an engine's rows (tokens, log-probs, mask) agree with the dense engine's: the share of
+  rows with equal tokens, and the largest log-prob gap on the tokens before each row's first
+  different one (float rounding; where it meets a draw at the edge of two tokens, the rows part)."""
+  tokens, logprobs, mask = rows
+  same = (tokens == dense[0]).all(axis=1)
+  first = np.where(same, tokens.shape[1], np.argmax(tokens != dense[0], axis=1))
+  before = (np.arange(tokens.shape[1])[None, :] < first[:, None]) & (mask > 0) & (dense[2] > 0)
+  gap = np.abs(np.where(before, logprobs - dense[1], 0.0)).max()
+  return {"rows_equal_dense": float(same.mean()), "logprob_gap_before_parting": float(gap)}
 
 
 def compare(policy, w, slots: int, page_size: int, repeats: int) -> dict:
@@ -69,21 +61,22 @@ def compare(policy, w, slots: int, page_size: int, repeats: int) -> dict:
   pool = slots * -(-n // page_size)  # the dense engine's S x N completion slots, in pages
   # Twice the slots on that pool, or on the fewest pages that many slots may have (tiny sizes).
   pool_2x = max(pool, -(-n // page_size) + 2 * slots)
+  rows = {"dense": [], "paged": [], "paged_2x": []}  # each call's rows, the last one kept
+  engine = lambda s, name, **paging: lambda a: rollout._continuous(  # pylint: disable=protected-access
+      policy, w, s, 0, key, a, rows[name], **paging)
   engines = {
       "static": lambda a: rollout._static(  # pylint: disable=protected-access
           policy, w, rollout.static_rows_per_call(prompts, tp, n, slots), key, a),
-      "dense": lambda a: _engine(policy, w, slots, key, a),
-      "paged": lambda a: _engine(policy, w, slots, key, a, page_size=page_size, kv_pages=pool),
-      "paged_2x": lambda a: _engine(policy, w, 2 * slots, key, a, page_size=page_size,
-                                    kv_pages=pool_2x),
+      "dense": engine(slots, "dense"),
+      "paged": engine(slots, "paged", page_size=page_size, kv_pages=pool),
+      "paged_2x": engine(2 * slots, "paged_2x", page_size=page_size, kv_pages=pool_2x),
   }
-  out, tokens = {}, {}
-  for name, engine in engines.items():
+  out = {}
+  for name, run in engines.items():
     timing.log(f"  {name}")
-    out[name] = rollout.measure(engine, active, repeats)
-    tokens[name] = getattr(_engine, "tokens", None) if name != "static" else None
+    out[name] = rollout.measure(run, active, repeats)
   for name in ("paged", "paged_2x"):
-    out[name]["tokens_equal_dense"] = bool(np.array_equal(tokens[name], tokens["dense"]))
+    out[name].update(agreement(rows[name][-1], rows["dense"][-1]))
   out["slots"], out["page_size"], out["kv_pages"] = slots, page_size, pool
   out["paged_2x"]["kv_pages"] = pool_2x
   out["rows"], out["prompt_len"], out["max_new_tokens"] = len(w.tokens), tp, n
@@ -114,7 +107,8 @@ def plans(page_size: int) -> dict:
   qwen3b.py, its attention "auto": the TPU kernels): the dense engine at 512 and 1024 slots, the
   most slots it holds in a chip's memory (linear in the slots between those two, rounded down to
   64, then planned), and the paged engine at twice those slots on a pool of the dense engine's
-  completion memory at them (S ceil(N / page_size) pages)."""
+  completion memory at them (S ceil(N / page_size) pages), and on a pool of 0.4 N tokens a slot
+  (twice the mean completion of the long-tailed rows: median N / 10, sigma 1.2)."""
   from configs import sec_paper_countdown_qwen3b as paper  # pylint: disable=import-outside-toplevel
   from rl_curriculum.plan import planner  # pylint: disable=import-outside-toplevel
   from rl_curriculum.plan import targets  # pylint: disable=import-outside-toplevel
@@ -126,9 +120,13 @@ def plans(page_size: int) -> dict:
   per_slot = (high["decode_peak_gib"] - low["decode_peak_gib"]) / 512
   most = 512 + int((low["hbm_gib"] - low["decode_peak_gib"]) / per_slot) // 64 * 64
   out["dense_most"] = run("dense", most)
-  for slots, key in ((512, "paged_1024"), (most, "paged_twice_most")):
-    out[key] = run("paged", 2 * slots, page_size=page_size,
-                   kv_pages=slots * -(-n // page_size))
+  # Twice the slots on the dense engine's pool at 512 slots; twice its most on the pool of its
+  # most (N / 2 a slot), and on 0.4 N a slot (twice the mean length of the long-tailed rows).
+  for key, slots, pages_a_slot in (("paged_1024", 1024, -(-n // page_size) // 2),
+                                   ("paged_twice_most", 2 * most, -(-n // page_size) // 2),
+                                   ("paged_twice_most_0.4n", 2 * most,
+                                    -(-int(0.4 * n) // page_size))):
+    out[key] = run("paged", slots, page_size=page_size, kv_pages=slots * pages_a_slot)
   out["dense_most_slots"] = most
   return out
 
@@ -138,15 +136,17 @@ def markdown(results: dict) -> str:
            f"{results['environment'].get('cpu_model', 'this machine')}; {results['model']}, "
            f"pages of {results['page_size']} tokens. Written by `python -m benchmarks.paged`.", "",
            "| slots | engine | tokens/s | slot utilisation | slot-steps | decode/prefill | "
-           "tokens = dense |", "|---|---|---|---|---|---|---|"]
+           "rows = dense | log-prob gap |", "|---|---|---|---|---|---|---|---|"]
   for slots, r in results["cpu"].items():
     for engine in ("static", "dense", "paged", "paged_2x"):
       e = r[engine]
-      same = {True: "yes", False: "no"}.get(e.get("tokens_equal_dense"), "")
+      same = f"{e['rows_equal_dense']:.3f}" if "rows_equal_dense" in e else ""
+      gap = (f"{e['logprob_gap_before_parting']:.1e}" if "logprob_gap_before_parting" in e
+             else "")
       count = 2 * int(slots) if engine == "paged_2x" else int(slots)
       lines.append(f"| {count} | {engine} | {e['tokens_per_s']:.1f} | "
                    f"{e['slot_utilisation']:.3f} | {e['slot_steps']} | "
-                   f"{e['decode_over_prefill']:.2f} | {same} |")
+                   f"{e['decode_over_prefill']:.2f} | {same} | {gap} |")
   if results.get("v5e8"):
     p = results["v5e8"]
     lines += ["", f"SEC paper setting on v5e-8 by XLA:TPU ({p['dense_512']['hbm_gib']:.2f} GiB a "

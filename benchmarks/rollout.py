@@ -136,19 +136,24 @@ def _static(policy, w: Workload, rows_per_call: int, key, active):
   return kept, steps, pre_s, dec_s, prefilled, kept
 
 
-def _continuous(policy, w: Workload, slots: int, shrink: int, key, active):
+def _continuous(policy, w: Workload, slots: int, shrink: int, key, active, sink=None,
+                **paging):
+  """The continuous engine over all rows (`paging`: its KV pages, `continuous.start`); the rows'
+  (tokens, log-probs, mask) appended to `sink` when given."""
   stop = tuple(sorted({w.eos_id, *w.stop_ids}))
   cut = None if w.stop_after is None else jnp.asarray(w.stop_after)
   t0 = time.perf_counter()
   state = jax.block_until_ready(continuous.start(
       policy.graphdef, policy.params, jnp.asarray(w.tokens), jnp.asarray(w.mask), key,
       jnp.float32(w.temperature), jnp.asarray(active), cut, max_new_tokens=w.max_new_tokens,
-      slots=slots, stop_ids=stop, group=GROUP))
+      slots=slots, stop_ids=stop, group=GROUP, **paging))
   t1 = time.perf_counter()
   state = jax.block_until_ready(continuous.run(policy.graphdef, policy.params, state,
                                                jnp.float32(w.temperature), stop_ids=stop,
                                                group=GROUP, shrink=shrink))
   t2 = time.perf_counter()
+  if sink is not None:
+    sink.append((np.asarray(state.tokens), np.asarray(state.logprobs), np.asarray(state.mask)))
   return (float(state.mask.sum()), int(state.slot_steps), t1 - t0, t2 - t1,
           len(w.tokens) // GROUP * w.tokens.shape[1], int(state.fed))
 

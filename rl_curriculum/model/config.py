@@ -66,7 +66,8 @@ class ModelConfig:
   remat: str = "none"               # recompute each block in the backward pass: none | block | dots
   # Attention kernels (float rounding aside they change no value either): `reference` is pure
   # JAX (CPU, GPU, tests); `tpu` is JAX's TPU kernels (splash attention for many queries, ragged
-  # paged attention for a paged decode); `auto` is `tpu` on a TPU and `reference` elsewhere.
+  # paged attention for a paged decode; a dense cache decodes with XLA's attention, which has no
+  # kernel); `auto` is `tpu` on a TPU and `reference` elsewhere.
   attention: str = "reference"
   # Many-query attention of the reference (prefill, learn step): 0 holds each layer's [T, S]
   # scores whole; k > 0 walks the keys in blocks of k slots with an online softmax, memory

@@ -139,8 +139,7 @@ class Attention(nnx.Module):
   """Grouped-query causal self-attention with rotary embeddings and an optional KV cache."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    c = config
-    self.config = config
+    c = self.config = config
     embed = ("embed",)
     self.q = Projection((c.d_model,), (c.num_heads, c.head_dim), embed, ("heads", "head_dim"),
                         use_bias=c.qkv_bias, config=c, rngs=rngs)
@@ -218,9 +217,9 @@ class Attention(nnx.Module):
       attend = functools.partial(blockwise_attention.attend, q_offset=0 if cache is None
                                  else cache_index, dtype=c.dtype, backend=kind,
                                  block=c.attention_block or 512)
-      args = (q, keys, values, key_mask)
       # A Pallas kernel under a mesh runs on each device's rows (`shard`: `mesh.per_shard`).
-      out = (shard(attend, args, (0,) * 4, 0) if kind == "splash" and shard else attend(*args))
+      out = (shard(attend, (q, keys, values, key_mask), (0,) * 4, 0) if kind == "splash" and shard
+             else attend(q, keys, values, key_mask))
       return self.o(out.reshape(b, t, c.num_heads, c.head_dim)), new_cache
     mask = attention.causal_slot_mask(key_mask, q_slots, keys.shape[1])
     if t == 1:
@@ -354,9 +353,7 @@ def abstract_model(config: ModelConfig) -> Tuple[nnx.GraphDef, nnx.State]:
 
 def merge_params(graphdef: nnx.GraphDef, params: Params) -> Transformer:
   """The module back from its graphdef and one state or a tuple of states."""
-  if isinstance(params, (tuple, list)):
-    return nnx.merge(graphdef, *params)
-  return nnx.merge(graphdef, params)
+  return nnx.merge(graphdef, *(params if isinstance(params, (tuple, list)) else (params,)))
 
 
 def forward_hidden(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,

@@ -58,7 +58,9 @@ def _values_and_grads(config, fn_index):
   fns = _losses(config)
   fn, params = fns[fn_index], fns[2]
   run = lambda p: (fn(p)[0], jax.grad(lambda q: fn(q)[1])(p))
-  return jax.jit(run)(params)
+  # Finished before returning: under Pallas' interpreter nothing else may run while its host
+  # calls are pending.
+  return jax.block_until_ready(jax.jit(run)(params))
 
 
 def _assert_close(got, want):

@@ -146,10 +146,14 @@ def test_splash_interpreted_equals_blockwise_and_dense():
   seen = _seen(key_mask, q_offset, t)
   w = jnp.asarray(np.random.default_rng(4).normal(size=q.shape), F32)
   splash_fn = lambda *a: bw.splash_attention(*a, q_offset, dtype=F32)
-  with pltpu.force_tpu_interpret_mode():
+  def interpreted(q, keys, values):
     out, vjp = jax.vjp(lambda q, k, v: splash_fn(q, k, v, key_mask), q, keys, values)
-    grads = vjp(w * seen)
-    grads_all = vjp(w)
+    return out, vjp(w * seen), vjp(w)
+
+  # One compiled program, finished before anything else runs: the interpreter calls back into
+  # Python, and an eager op dispatched while those calls are pending can wait on them for ever.
+  with pltpu.force_tpu_interpret_mode():
+    out, grads, grads_all = jax.block_until_ready(jax.jit(interpreted)(q, keys, values))
   blockwise = lambda q, k, v: bw.blockwise_attention(q, k, v, key_mask, q_offset, dtype=F32,
                                                      block=128)
   dense = lambda q, k, v: _dense(q, keys=k, values=v, key_mask=key_mask, q_offset=q_offset)
