@@ -234,7 +234,8 @@ def _flat(state: nnx.State) -> dict:
 def load_pretrained(source: str, *, dtype: str = "float32",
                     lora: Union[None, lora_lib.LoRAConfig, str] = None,
                     shardings: placement.Shardings = None, seed: int = 0, scan_layers: bool = False,
-                    remat: str = "none", param_dtype: Optional[str] = None) -> Policy:
+                    remat: str = "none", param_dtype: Optional[str] = None,
+                    **kernels) -> Policy:
   """Loads a pretrained checkpoint as a Policy (see the module docstring for the sources).
 
   Args:
@@ -256,6 +257,8 @@ def load_pretrained(source: str, *, dtype: str = "float32",
       `lax.scan`) instead of L blocks; the files are the same (`ModelConfig.scan_layers`).
     remat: "none" | "block" | "dots", the config's rematerialisation of each block
       (`ModelConfig.remat`).
+    **kernels: `ModelConfig`'s attention, attention_block and kv_dtype (its defaults if not
+      given).
     param_dtype: storage dtype of the parameters (None: `dtype`); "float32" with dtype
       "bfloat16" keeps float32 master weights that every matmul reads in bfloat16.
 
@@ -287,8 +290,11 @@ def load_pretrained(source: str, *, dtype: str = "float32",
     tokenizer = tokenizer_from_gguf(gguf_file.metadata)
     tensors = gguf_file.tensors(family, config)
 
+  unknown = set(kernels) - {"attention", "attention_block", "kv_dtype"}
+  if unknown:
+    raise TypeError(f"load_pretrained() got unexpected keyword arguments {sorted(unknown)}")
   config = dataclasses.replace(config, scan_layers=bool(scan_layers), remat=remat,
-                               param_dtype=param_dtype or config.param_dtype)
+                               param_dtype=param_dtype or config.param_dtype, **kernels)
   graphdef, abstract = abstract_params(config)
   flat_vars = _flat(abstract)
   sharding_of = placement.sharding_by_path(shardings, flat_vars)
