@@ -85,7 +85,7 @@ def _pages_of(cache: PagedCache) -> tuple:
 
 
 def write_prompts(cache: PagedCache, keys: jax.Array, values: jax.Array, mask: jax.Array,
-                  generation, generations: int) -> PagedCache:
+                  generation) -> PagedCache:
   """The cache with generation `generation`'s prompts written into their prompt pages.
 
   keys, values: [L, P', Tp', Hkv, d] the P' prompts' prefilled keys and values (batch order,
