@@ -5,7 +5,7 @@ the pure functions that move rows in and out of slots, with no model in them:
 
   state = empty(cache, prompt_mask, keys, rows=R, slots=S, ...)   every row done, nothing queued
   state = enqueue(state, active, w, limit, first, stop)           generation w's rows queued
-  state = seat(state, keep)                                       free slots take queued rows
+  state = seat(state, keep, group)                                free slots take queued rows
   token = pending_tokens(state)                                   each slot's token to feed next
   state = record(state, token, logprob, version, stops)           a drawn token in its row
   state = restart(state, again, pad_id)                           rows back at their first token
@@ -20,7 +20,7 @@ Shapes: R rows (W generations of R/W), S slots, D shards, P prompts, Tp' prompt 
 tokens.
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,7 @@ class EngineState(NamedTuple):
   row: jax.Array            # i32[S] the row in each slot, R when the slot is empty
   step: jax.Array           # i32[S] tokens the slot's row has recorded (>= 1 once seated: the
                             # newest, at step - 1, is the one it feeds next)
-  cache: prefix_cache.PrefixCache
+  cache: Union[prefix_cache.PrefixCache, pages.PagedCache]  # dense, or paged (`pages`)
   prompt_mask: jax.Array    # bool[P, Tp'] real tokens of the prompts' slots
   queue: jax.Array          # i32[D, R/D] each shard's queued rows (local index), a first-in
                             # first-out ring: position q holds the q-th row ever queued, mod R/D
