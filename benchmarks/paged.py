@@ -6,7 +6,8 @@
 On CPU, for each slot count S, SmolLM2-135M-Instruct rolls out the same long-tailed rows
 (`benchmarks.rollout.long_tail`: completions cut at log-normal lengths, median N / 10) with
 
-  static        the static sampler at the dense engine's cache memory (`rollout.static_rows_per_call`)
+  static        the static sampler at the dense engine's cache memory
+                (`rollout.static_rows_per_call`)
   dense         the continuous engine, S slots of N completion slots each (`prefix_cache`)
   paged         the continuous engine on pages of `--page_size` tokens, S slots, a pool of the
                 dense engine's completion memory (S ceil(N / page_size) pages)
@@ -62,8 +63,9 @@ def compare(policy, w, slots: int, page_size: int, repeats: int) -> dict:
   # Twice the slots on that pool, or on the fewest pages that many slots may have (tiny sizes).
   pool_2x = max(pool, -(-n // page_size) + 2 * slots)
   rows = {"dense": [], "paged": [], "paged_2x": []}  # each call's rows, the last one kept
-  engine = lambda s, name, **paging: lambda a: rollout._continuous(  # pylint: disable=protected-access
-      policy, w, s, 0, key, a, rows[name], **paging)
+  continuous = rollout._continuous  # pylint: disable=protected-access
+  engine = lambda s, name, **paging: lambda a: continuous(policy, w, s, 0, key, a, rows[name],
+                                                          **paging)
   engines = {
       "static": lambda a: rollout._static(  # pylint: disable=protected-access
           policy, w, rollout.static_rows_per_call(prompts, tp, n, slots), key, a),

@@ -33,8 +33,8 @@ from rl_curriculum.model.config import ModelConfig
 class KVCache(NamedTuple):
   """Keys and values of every layer for S cache slots (prompt slots first, then generated).
 
-  In config.cache_dtype; keys have the rotary embedding applied. See the module docstring for the two
-  layouts.
+  In config.cache_dtype; keys have the rotary embedding applied. See the module docstring for
+  the two layouts.
   """
   # Unrolled: tuples of L arrays [B, S, Hkv, d]; scanned: one array [L, B, S, Hkv, d] each.
   k: Union[Tuple[jax.Array, ...], jax.Array]

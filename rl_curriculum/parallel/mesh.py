@@ -391,8 +391,8 @@ def describe(mesh: Mesh) -> str:
 def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
   """None without a mesh; else `run(fn, args, in_axes, out_axes)`: fn applied on each device to
   its block of every argument, each split over the batch axes at its axis in `in_axes` (the
-  outputs at `out_axes`), by `jax.shard_map` (`run.shards`: the batch shards). For kernels XLA cannot partition (Pallas TPU
-  calls): GSPMD would otherwise refuse them."""
+  outputs at `out_axes`), by `jax.shard_map` (`run.shards`: the batch shards). For kernels XLA
+  cannot partition (Pallas TPU calls): GSPMD would otherwise refuse them."""
   if mesh is None:
     return None
   axes = _as_tuple(LOGICAL_AXIS_RULES["batch"])

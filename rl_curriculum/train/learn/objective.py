@@ -233,8 +233,9 @@ def minibatch_updates(trained: Any, opt_state: Any, view: TrainView, key: jax.Ar
   Returns:
     (trained, opt_state, metrics, logp_old): metrics f32[] are means over the minibatches that
     stepped (including "loss" and "grad_norm"; 0 when none did), "steps_taken", the number
-    of minibatches that stepped, and "steps_discarded"; logp_old f32[B, T] are the old log-probs the losses used (those
-    of the view, or else the losses' own, on-policy or interpolated, from the first epoch).
+    of minibatches that stepped, and "steps_discarded"; logp_old f32[B, T] are the old
+    log-probs the losses used (those of the view, or else the losses' own, on-policy or
+    interpolated, from the first epoch).
   """
   num_rows = view.tokens.shape[0]
   p = num_rows // group
