@@ -123,8 +123,7 @@ def engine_cache(config, prompts, mask, *, slots, max_new_tokens, page_size=0, k
   cache = pages.init(config, prompts=mask.shape[0], width=mask.shape[1], slots=slots,
                      max_new_tokens=max_new_tokens, page_size=page_size, pages=kv_pages,
                      shards=shards)
-  stacked = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
-  return pages.write_prompts(cache, stacked(prompts.k), stacked(prompts.v), mask, 0)
+  return pages.write_prompts(cache, prompts, mask, 0)
 
 
 @functools.partial(jax.jit, static_argnums=(0,),

@@ -131,8 +131,7 @@ def admit(graphdef, params, state, prompt_tokens, prompt_mask, key, generation, 
   cache = state.cache
   put = lambda table, new, ax=0: slots_lib.put_block(table, new, generation, shards, ax)
   if isinstance(cache, pages.PagedCache):
-    stacked = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
-    cache = pages.write_prompts(cache, stacked(prompts.k), stacked(prompts.v), mask, generation)
+    cache = pages.write_prompts(cache, prompts, mask, generation)
   else:
     axis = kv_cache.cache_batch_axis(kv_cache.KVCache(k=cache.prompt_k, v=cache.prompt_v))
     layer = lambda tables, news: (put(tables, news, axis) if axis else

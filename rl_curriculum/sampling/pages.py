@@ -32,6 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.model import kv_cache
 from rl_curriculum.model import paged_cache
 
 __all__ = ["PagedCache", "layout", "init", "write_prompts", "held", "admissible", "seat",
@@ -84,14 +85,17 @@ def _pages_of(cache: PagedCache) -> tuple:
   return cache.pool.shape[2], shards, cache.pool.shape[1] // shards
 
 
-def write_prompts(cache: PagedCache, keys: jax.Array, values: jax.Array, mask: jax.Array,
+def write_prompts(cache: PagedCache, prompts: kv_cache.KVCache, mask: jax.Array,
                   generation) -> PagedCache:
   """The cache with generation `generation`'s prompts written into their prompt pages.
 
-  keys, values: [L, P', Tp', Hkv, d] the P' prompts' prefilled keys and values (batch order,
-  left-padded); mask bool[P', Tp'] their real tokens. Prompt i of shard d's P'/D is the shard's
-  local prompt generation * P'/D + i (the engine's layout, `slots.EngineState`).
+  prompts: the P' prompts' prefilled keys and values (batch order, left-padded), in either
+  layout of `kv_cache` (L arrays [P', Tp', Hkv, d], or one [L, P', Tp', Hkv, d] each); mask
+  bool[P', Tp'] their real tokens. Prompt i of shard d's P'/D is the shard's local prompt
+  generation * P'/D + i (the engine's layout, `slots.EngineState`).
   """
+  stacked = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
+  keys, values = stacked(prompts.k), stacked(prompts.v)
   size, shards, per_shard = _pages_of(cache)
   layers, prompts, width = keys.shape[:3]
   mp = -(-width // size)

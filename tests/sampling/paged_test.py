@@ -109,7 +109,8 @@ def _cache(lengths, slots=3, size=4, completion_pages=0):
   mask = np.arange(width)[None, :] >= width - np.asarray(lengths)[:, None]
   shape = (config.num_layers, len(lengths), width, config.num_kv_heads, config.head_dim)
   keys = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
-  return pages.write_prompts(cache, keys, -keys, jnp.asarray(mask), 0), keys
+  prompts = kv_cache.KVCache(k=keys, v=-keys)  # the scanned layout
+  return pages.write_prompts(cache, prompts, jnp.asarray(mask), 0), keys
 
 
 def test_prompt_pages_hold_each_prompts_real_tokens_from_the_first_slot():
