@@ -198,10 +198,16 @@ def _advance(s: EngineState, graphdef, params, temperature, version, *, stop, pa
   token, logprob = strategies.draw_tokens(logits, slots_lib.slot_keys(s),
                                           temperature=temperature, **draw)
   token = jnp.where(live, token, pad_id)
+  forced, observed = slots_lib.forced_tokens(s, pad_id)
+  token = jnp.where(forced, observed, token)
   limit = jnp.take(s.limit, jnp.minimum(s.row, rows - 1))
-  stops = jnp.any(token[:, None] == stop[None, :], axis=-1) | (s.step + 1 >= limit)
-  s = slots_lib.record(s._replace(cache=cache), token, logprob, version, stops)
-  if paged:
+  stops = ((jnp.any(token[:, None] == stop[None, :], axis=-1) & ~forced)
+           | (s.step + 1 >= limit))
+  s = slots_lib.record(s._replace(cache=cache), token, logprob, version, stops,
+                       None if s.forced is None else forced)
+  if s.tables is not None:  # a row's turn ended: it keeps its pages for the next turn
+    s = slots_lib.keep_tables(s, live & stops)
+  elif paged:
     s = s._replace(cache=pages.stop(s.cache, live & stops, lengths, lengths + fed + 1))
   s = s._replace(iterations=s.iterations + 1, slot_steps=s.slot_steps + s.row.shape[0])
   return slots_lib.seat(s, live & ~stops, group)

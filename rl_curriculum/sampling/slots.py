@@ -32,7 +32,7 @@ from rl_curriculum.sampling import pages
 __all__ = ["EngineState", "FirstTokens", "generation_parts", "slot_keys", "put_block",
            "take_block", "empty", "enqueue", "seat", "pending_tokens", "record", "fits",
            "compact", "on_slots", "constrain", "pending", "slot_prompts", "prompt_lengths",
-           "restart"]
+           "restart", "forced_tokens", "keep_tables"]
 
 
 class EngineState(NamedTuple):
@@ -67,6 +67,12 @@ class EngineState(NamedTuple):
                             # row's next token)
   keys: jax.Array           # [W] each generation's key (row r's t-th token: fold_in(fold_in(
                             # key, r), t), r its index in its generation's batch)
+  # Episodes (`turns`; None in a single-turn engine): rows queued again after a turn.
+  forced: Optional[jax.Array] = None  # i32[R] positions < forced[r] of row r hold tokens written
+                                      # before it was queued again (its observations): fed as
+                                      # they are, never drawn
+  resume: Optional[jax.Array] = None  # i32[R] the step a queued row is seated at (1: new row)
+  tables: Optional[jax.Array] = None  # i32[R, M] each row's page table while it waits
 
 
 class FirstTokens(NamedTuple):
@@ -171,6 +177,9 @@ def enqueue(state: EngineState, active: jax.Array, generation: jax.Array, limit:
     fresh = jnp.full((active.shape[0],) + table.shape[1:], fill, table.dtype)
     return block(table, fresh.at[:, 0].set(jnp.where(active, value, fill)))
 
+  if state.forced is not None:  # episodes: the generation's rows start with no observation
+    state = state._replace(forced=block(state.forced, jnp.zeros_like(limit)),
+                           resume=block(state.resume, jnp.ones_like(limit)))
   return state._replace(
       tokens=first_column(state.tokens, first.token, pad_id),
       logprobs=first_column(state.logprobs, first.logprob, 0),
@@ -207,14 +216,53 @@ def seat(state: EngineState, keep: jax.Array, group: int = 1) -> EngineState:
   paged = isinstance(state.cache, pages.PagedCache)
   room = pages.admissible(state.cache, keep & (state.row < rows)) if paged else None
   new_row, refilled, taken = _refill(~keep, state, rows, room)
+  shards = state.queue.shape[0]
+  first = refilled.astype(jnp.int32)
+  back = jnp.zeros_like(refilled)  # rows that come back after a turn, to their own pages
+  if state.resume is not None:
+    first = jnp.where(refilled, _read(state.resume, new_row, shards), 0)
+    back = refilled & (first > 1)
   state = state._replace(row=jnp.where(keep, state.row, new_row),
-                         step=jnp.where(keep, state.step, refilled.astype(jnp.int32)),
-                         taken=taken)
+                         step=jnp.where(keep, state.step, first), taken=taken)
   if not paged:
     return state
-  prompt = slot_prompts(state.row, state.queue.shape[0], rows, group)
-  return state._replace(cache=pages.seat(state.cache, refilled, prompt,
-                                         prompt_lengths(state, prompt)))
+  prompt = slot_prompts(state.row, shards, rows, group)
+  cache = pages.seat(state.cache, refilled & ~back, prompt, prompt_lengths(state, prompt))
+  if state.tables is not None:
+    cache = cache._replace(table=jnp.where(back[:, None], _read(state.tables, new_row, shards),
+                                           cache.table))
+  return state._replace(cache=cache)
+
+
+def _read(buffer: jax.Array, row: jax.Array, shards: int) -> jax.Array:
+  """buffer [R, ...] read at each slot's row i32[S] (zeros for an empty slot), shard by shard."""
+  local = _local(row, buffer.shape[0], shards)
+  out = jax.vmap(lambda b, r: b.at[r].get(mode="fill", fill_value=0))(_shards(buffer, shards),
+                                                                      local)
+  return out.reshape((-1,) + buffer.shape[1:])
+
+
+def forced_tokens(state: EngineState, pad_id: int) -> tuple[jax.Array, jax.Array]:
+  """(bool[S], i32[S]): whether each occupied slot's next position holds a token written before
+  (an observation: `EngineState.forced`), and that token (pad_id where not)."""
+  rows, shards, _ = _sizes(state)
+  if state.forced is None:
+    return jnp.zeros(state.row.shape, bool), jnp.full(state.row.shape, pad_id, jnp.int32)
+  here = (state.row < rows) & (state.step < _read(state.forced, state.row, shards))
+  token = jax.vmap(lambda b, r, t: b.at[r, t].get(mode="fill", fill_value=pad_id))(
+      _shards(state.tokens, shards), _local(state.row, rows, shards),
+      state.step.reshape(shards, -1)).reshape(-1)
+  return here, jnp.where(here, token, pad_id)
+
+
+def keep_tables(state: EngineState, leaving: jax.Array) -> EngineState:
+  """The state with the page tables of the slots `leaving` (bool[S]) kept by their rows
+  (`EngineState.tables`), so that the rows find their pages when they are seated again."""
+  rows, shards, _ = _sizes(state)
+  local = _local(jnp.where(leaving, state.row, rows), rows, shards)
+  tables = jax.vmap(lambda b, r, v: b.at[r].set(v, mode="drop"))(
+      _shards(state.tables, shards), local, _shards(state.cache.table, shards))
+  return state._replace(tables=tables.reshape(state.tables.shape))
 
 
 def prompt_lengths(state: EngineState, prompt: jax.Array) -> jax.Array:
@@ -256,20 +304,23 @@ def pending_tokens(state: EngineState, pad_id: int) -> jax.Array:
 
 
 def record(state: EngineState, token: jax.Array, logprob: jax.Array, version: jax.Array,
-           stops: jax.Array) -> EngineState:
+           stops: jax.Array, forced: Optional[jax.Array] = None) -> EngineState:
   """The state with each occupied slot's drawn token i32[S] (its log-prob f32[S], drawn by the
   weights of `version`) recorded at its row's next position, the rows whose token `stops`
-  (bool[S]) done, and the slot steps advanced."""
+  (bool[S]) done, and the slot steps advanced. Where `forced` (bool[S], None: nowhere) the
+  position already holds an observation token: it is left as it is (mask 0), not drawn."""
   rows, shards, _ = _sizes(state)
   live = state.row < rows
-  write = lambda buffer, value: _write(buffer, state.row, state.step, value, shards)
+  at = state.row if forced is None else jnp.where(forced, rows, state.row)
+  write = lambda buffer, value: _write(buffer, at, state.step, value, shards)
+  drawn = live if forced is None else live & ~forced
   return state._replace(
       tokens=write(state.tokens, token), logprobs=write(state.logprobs, logprob),
       mask=write(state.mask, jnp.ones_like(logprob)),
       versions=write(state.versions, jnp.broadcast_to(version, token.shape)),
       done=_write(state.done, jnp.where(stops, state.row, rows), None,
                   jnp.ones(token.shape, bool), shards),
-      step=state.step + 1, drawn=state.drawn + jnp.sum(live, dtype=jnp.int32),
+      step=state.step + 1, drawn=state.drawn + jnp.sum(drawn, dtype=jnp.int32),
       fed=state.fed + jnp.sum(live, dtype=jnp.int32))
 
 
@@ -348,7 +399,9 @@ def constrain(state: EngineState, mesh) -> EngineState:
   else:
     scanned = not isinstance(state.cache.k, (tuple, list))
     cache = mesh_lib.constrain_rows(state.cache, mesh, 1 if scanned else 0)
-  by_rows = mesh_lib.constrain_rows({f: getattr(state, f) for f in _BY_ROWS}, mesh)
+  fields = _BY_ROWS + tuple(f for f in ("forced", "resume", "tables")
+                            if getattr(state, f) is not None)
+  by_rows = mesh_lib.constrain_rows({f: getattr(state, f) for f in fields}, mesh)
   return state._replace(cache=cache, **by_rows)
 
 
