@@ -9,7 +9,8 @@
 
 See `base` for the protocol and templates, docs/tasks.md for the bins, sizes and example prompts.
 `gsm8k` and `math` import TFDS and read data from disk (see `math_datasets`); the procedural tasks
-need nothing but NumPy.
+need nothing but NumPy. `calculator`, `countdown_tool` and `guess` are multi-turn environments with
+tools (`rl_curriculum.environments`, docs/environments.md).
 """
 
 from typing import Mapping, Optional
@@ -32,6 +33,10 @@ TASKS = {
     "arc1d": Arc1dTask,
     "gsm8k": "rl_curriculum.tasks.math_datasets:Gsm8kTask",
     "math": "rl_curriculum.tasks.math_datasets:MathTask",
+    # Multi-turn environments with tools (rl_curriculum.environments).
+    "calculator": "rl_curriculum.environments.calculator:CalculatorEnv",
+    "countdown_tool": "rl_curriculum.environments.countdown_tool:CountdownToolEnv",
+    "guess": "rl_curriculum.environments.guessing:GuessingEnv",
 }
 
 

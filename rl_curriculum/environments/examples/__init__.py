@@ -1,0 +1,2 @@
+"""Small environments written as worked examples for docs/environments.md; each is tested in
+tests/environments/."""
