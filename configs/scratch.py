@@ -121,6 +121,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.kv_pages = 0                 # paged: completion pages in the pool (0 = enough for every
                                     # slot to run to max_new_tokens; fewer: rows that run out
                                     # restart, the furthest along never)
+  # Multi-turn episodes: read when the task is an environment (calculator, countdown_tool, guess;
+  # docs/environments.md), whose rows are episodes on the continuous engine with a paged cache.
+  c.rl.max_turns = 4                # H: turns of the policy an episode may take (the horizon
+                                    # curriculum's largest)
+  c.rl.turn_tokens = 0              # tokens one turn may draw (0 = rl.max_new_tokens); the whole
+                                    # episode, turns and observations, has rl.max_new_tokens
+  c.rl.observation_tokens = 32      # ids one observation may take, its chat framing included
   # Rollouts in flight across steps (docs/concepts.md#rollouts-overlapped-with-learning; each
   # needs the continuous engine): step t learns from a batch selected and queued at step t - k,
   # while the batches of the next k steps decode.
@@ -207,6 +214,13 @@ def get_config() -> ml_collections.ConfigDict:
   # What the curriculum's advantages are computed from: "correct" (raw correctness) or "reward"
   # (the shaped reward the policy trains on; with a format bonus it rewards formatting too).
   c.curriculum.feedback = "correct"
+  c.curriculum.horizon = "fixed"    # episodes' turn limit each step: fixed (rl.max_turns) |
+                                    # linear (horizon_start at step 1 up to rl.max_turns at the
+                                    # last, TTI) | bandit (Boltzmann over 1 .. rl.max_turns,
+                                    # valued by the spread of returns it gave; curriculum.horizon)
+  c.curriculum.horizon_start = 1    # linear: the first step's horizon
+  c.curriculum.horizon_temperature = 0.1  # bandit: Boltzmann temperature over horizon values
+  c.curriculum.horizon_alpha = 0.5  # bandit: TD(0) step size of a horizon's value
   c.curriculum.oversample = 1.0     # > 1 with a filter: roll out P * oversample prompts (whole)
   c.curriculum.filter = "none"      # none | all_equal | accuracy_band (post-rollout filter)
   c.curriculum.band = (0.0, 1.0)    # accuracy band [lo, hi] kept by the accuracy_band filter

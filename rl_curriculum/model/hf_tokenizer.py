@@ -184,6 +184,10 @@ class HFTokenizer:
       ids = [self._bos_id] + ids
     return ids
 
+  def token_text(self, token_id: int) -> str:
+    """One token's text as the vocabulary writes it, a special token's marker included."""
+    return self.tokenizer.id_to_token(int(token_id)) or ""
+
   def _special_text(self, token_id: Optional[int]) -> Optional[str]:
     return None if token_id is None else self.tokenizer.id_to_token(token_id)
 

@@ -36,6 +36,8 @@ from rl_curriculum.train.report import summary
 from rl_curriculum.train.report.metrics import MetricsWriter
 from rl_curriculum.train.rollout import budget, pipeline
 from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.rollout import episode_steps
+from rl_curriculum.curriculum import horizon
 from rl_curriculum.train.setup import features
 from rl_curriculum.train.setup import validation
 from rl_curriculum.train.setup.prepare import (Prepared, prepare, rl_root_key, rollout_mesh, run_mesh,
@@ -99,6 +101,8 @@ def fresh_state(config: ml_collections.ConfigDict, run: Prepared,
   programs = programs_lib.build(config, run.model, mesh, pool, token_ids(run), rollouts_on)
   state = programs_lib.init_run_state(config, programs, run.model, pool,
                                       jax.random.fold_in(rl_root_key(config), 0))
+  if episode_steps.active(run.task):
+    state = state._replace(horizon=horizon.init(config.rl.max_turns))
   if pipeline.persists(config):
     side = pipeline.rollout_side(config, rollouts_on, mesh)
     state = pipeline.attach(config, run, programs, side, rl_root_key(config), state)

@@ -66,6 +66,8 @@ class RunState(NamedTuple):
   health: Any         # `recovery.Health`: host-side skip streak, origin and rollbacks
   rollouts: Any = None  # rollouts in flight across steps (`pipeline.InFlight`: the engine's
                         # rows and each batch's records); None: each step samples its own
+  horizon: Any = None   # episodes: the horizon curriculum's state (`curriculum.horizon`), else
+                        # None
 
 
 def checkpoint_tree(config: ml_collections.ConfigDict, state: RunState) -> dict:
@@ -81,6 +83,8 @@ def checkpoint_tree(config: ml_collections.ConfigDict, state: RunState) -> dict:
     tree["base"] = state.base
   if state.rollouts is not None:
     tree["rollouts"] = state.rollouts
+  if state.horizon is not None:
+    tree["horizon"] = state.horizon
   return tree
 
 
@@ -89,4 +93,5 @@ def with_checkpoint(state: RunState, tree: dict) -> RunState:
   return state._replace(train=tree["train"], curriculum=tree["curriculum"],
                         prompts=tree.get("prompts", state.prompts),
                         base=tree.get("base", state.base),
-                        rollouts=tree.get("rollouts", state.rollouts))
+                        rollouts=tree.get("rollouts", state.rollouts),
+                        horizon=tree.get("horizon", state.horizon))

@@ -21,6 +21,7 @@ from rl_curriculum import tasks as tasks_lib
 from rl_curriculum.train.durable import checkpointing
 from rl_curriculum.train.report import evaluation, paired, figures
 from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.rollout import episode_steps, episodes
 from rl_curriculum.train.setup.prepare import Prepared
 
 __all__ = ["evaluate", "eval_metrics", "eval_line", "task_accuracy", "final_report", "finished",
@@ -32,13 +33,33 @@ def evaluate(config: ml_collections.ConfigDict, run: Prepared, params,
   """{bin name: greedy accuracy} over every held-out set; with `record` (a path, given on the
   main process) each problem's outcome is also written there (`write_outcomes`)."""
   tok = run.tokenizer
-  outcomes = evaluation.outcomes_by_bin(
-      run.model.graphdef, params, run.eval_sets, run.task, tok.decode,
-      batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
-      eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
+  if episode_steps.active(run.task):
+    outcomes, played = episodes.outcomes_by_bin(
+        run.model.graphdef, params, run.eval_sets, run.task, tok,
+        framing=episodes.observation_framing(tok, config.task.template),
+        limits=episode_steps.limits(config, config.rl.max_turns),
+        batch_size=config.eval.batch_size, slots=config.rl.decode_slots,
+        page_size=config.rl.page_size, stop_ids=(tok.eos_id, *run.stop_ids), pad_id=tok.pad_id)
+    if record is not None:
+      write_episode_stats(record, played)
+  else:
+    outcomes = evaluation.outcomes_by_bin(
+        run.model.graphdef, params, run.eval_sets, run.task, tok.decode,
+        batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
+        eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
   if record is not None:
     write_outcomes(record, outcomes)
   return evaluation.accuracy(outcomes)
+
+
+def write_episode_stats(record: str, played: Mapping[str, "episodes.Played"]) -> None:
+  """Next to an evaluation's outcomes (`record`, .npz), each held-out set's episode statistics
+  (`episodes.episode_stats`) as JSON (`<record without .npz>_episodes.json`)."""
+  stats = {name: episodes.episode_stats(p, np.ones(len(p.turns), bool))
+           for name, p in played.items()}
+  os.makedirs(os.path.dirname(record), exist_ok=True)
+  with open(record[:-len(".npz")] + "_episodes.json", "w") as f:
+    json.dump(stats, f, indent=1, sort_keys=True)
 
 
 def outcomes_path(workdir: str, step: int) -> str:

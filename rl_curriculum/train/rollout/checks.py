@@ -13,6 +13,7 @@ from typing import Sequence
 
 import ml_collections
 
+from rl_curriculum.curriculum import horizon as horizon_lib
 from rl_curriculum.sampling.continuous import ENGINES
 from rl_curriculum.sampling.inflight import ADMISSIONS
 from rl_curriculum.train.setup.errors import fail
@@ -77,6 +78,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not _whole(config.parallel.rollout_devices, 0):
     fail("parallel.rollout_devices", f"must be a whole number >= 0 (0 = the learner's devices "
          f"sample too), got {config.parallel.rollout_devices!r}")
+  _validate_episode_fields(config)
   if not in_flight(config):
     return
   if rl.engine != "continuous":
@@ -161,3 +163,48 @@ def split_devices(config: ml_collections.ConfigDict, devices: Sequence,
   learner = [d for mine in by_process.values() for d in mine[:len(mine) - per_process]]
   rollout = [d for mine in by_process.values() for d in mine[len(mine) - per_process:]]
   return learner, rollout
+
+
+def _validate_episode_fields(config: ml_collections.ConfigDict) -> None:
+  """The bounds of multi-turn episodes and the horizon curriculum (read only when the task is an
+  environment: `validate_episodes`)."""
+  rl, c = config.rl, config.curriculum
+  if not _whole(rl.max_turns, 1):
+    fail("rl.max_turns", f"must be a whole number >= 1 (turns of the policy an episode may "
+         f"take), got {rl.max_turns!r}")
+  if not _whole(rl.turn_tokens, 0) or rl.turn_tokens > rl.max_new_tokens:
+    fail("rl.turn_tokens", f"must be a whole number in [0, rl.max_new_tokens = "
+         f"{rl.max_new_tokens}] (0 = rl.max_new_tokens), got {rl.turn_tokens!r}")
+  if not _whole(rl.observation_tokens, 1):
+    fail("rl.observation_tokens", f"must be a whole number >= 1, got {rl.observation_tokens!r}")
+  if c.horizon not in horizon_lib.HORIZONS:
+    fail("curriculum.horizon", f"must be one of {horizon_lib.HORIZONS}, got {c.horizon!r}")
+  if not _whole(c.horizon_start, 1) or c.horizon_start > rl.max_turns:
+    fail("curriculum.horizon_start", f"must be a whole number in [1, rl.max_turns = "
+         f"{rl.max_turns}], got {c.horizon_start!r}")
+  if not c.horizon_temperature > 0:
+    fail("curriculum.horizon_temperature", f"must be > 0, got {c.horizon_temperature!r}")
+  if not 0 < c.horizon_alpha <= 1:
+    fail("curriculum.horizon_alpha", f"must lie in (0, 1], got {c.horizon_alpha!r}")
+
+
+def validate_episodes(config: ml_collections.ConfigDict) -> None:
+  """What a run on an environment needs: its episodes' rows come back to the continuous engine
+  after each turn, on a paged cache whose pool this run sizes, one step at a time."""
+  rl = config.rl
+  if rl.engine != "continuous" or not rl.page_size:
+    fail("rl.engine", "an environment's episodes run on the continuous engine over a paged KV "
+         "cache (a row keeps its pages between turns): set rl.engine='continuous' and "
+         "rl.page_size > 0")
+  if rl.kv_pages:
+    fail("rl.kv_pages", "episodes size their page pool themselves (every row's "
+         "rl.max_new_tokens positions): leave rl.kv_pages = 0")
+  if in_flight(config):
+    fail("rl.max_staleness", "episodes run one step at a time: set rl.max_staleness = "
+         "rl.decode_budget = parallel.rollout_devices = 0")
+  if rl.observation_tokens >= rl.max_new_tokens:
+    fail("rl.observation_tokens", f"an observation ({rl.observation_tokens} ids) must leave "
+         f"room for turns in an episode of rl.max_new_tokens = {rl.max_new_tokens} positions")
+  if config.parallel.num_processes > 1:
+    fail("parallel.num_processes", "episodes step their environments in one process: run a "
+         "task that is an environment with one process")

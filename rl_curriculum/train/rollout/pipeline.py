@@ -58,6 +58,7 @@ from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget, checks as rollout_checks
 from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.rollout import episode_steps
 from rl_curriculum.train.setup import builders
 from rl_curriculum.train.setup.prepare import step_keys
 from rl_curriculum.train.state import RunState
@@ -96,6 +97,7 @@ class InFlight(NamedTuple):
   """`RunState.rollouts` during a step (and between steps with k > 0)."""
   engine: Any      # continuous.EngineState on the rollout mesh, or a StaticBatch
   records: Records
+  episodes: Any = None  # a batch of episodes' statistics for the log (`episode_steps`), or None
 
 
 class Side(NamedTuple):
@@ -192,7 +194,10 @@ def attach(config: ml_collections.ConfigDict, run, programs: programs_lib.Progra
   """`state` with nothing in flight: an empty engine on the rollout mesh (the continuous engine's
   W generations for `run`'s prompt buffer, `key` standing for their keys until each is queued;
   or an empty static batch) and empty records."""
-  if config.rl.engine == "static":
+  if episode_steps.active(run.task):
+    engine = episode_steps.attach_engine(config, programs, side, programs_lib.policy(state), key,
+                                         side.layout.num_rows, run.pool.tokens.shape[1])
+  elif config.rl.engine == "static":
     engine = StaticBatch(prompt_tokens=None, prompt_mask=None, key=key, active=None, rows=None,
                          counters=np.zeros(4, np.int64))
   else:
@@ -233,6 +238,7 @@ def queue(loop, state: RunState, params: Any, batch_step: int, now: int) -> RunS
     engine = inflight.admit(
         loop.programs.graphdef, params, engine, tokens, mask, k_sample, jnp.int32(j),
         _temperature(config, state), jnp.int32(int(state.train.step)), active,
+        episode_steps.first_turn(config, side) if episode_steps.active(run.task) else None,
         max_new_tokens=config.rl.max_new_tokens, chunk=config.rl.prefill_chunk,
         **_draw_options(loop.programs, side))
   records = _host_records(state)
@@ -319,6 +325,8 @@ def finish(loop, state: RunState, params: Any, step: int,
   if _host_records(state).scored[generation]:
     return state, 0.0
   engine = state.rollouts.engine
+  if episode_steps.active(loop.run.task):
+    return _play(loop, state, params, step, version)
   if isinstance(engine, StaticBatch):
     engine = _sample_static(loop, engine, params, _temperature(config, state))
   elif config.rl.admission == "drop":
@@ -331,6 +339,19 @@ def finish(loop, state: RunState, params: Any, step: int,
                             shrink=config.rl.decode_shrink if w == 1 else 0,
                             **_draw_options(loop.programs, loop.side))
   return _score(loop, _with_engine(state, engine), generation)
+
+
+def _play(loop, state: RunState, params: Any, step: int, version: int) -> tuple[RunState, float]:
+  """`finish` for episodes: batch `step`'s rows play them (`episode_steps.play_batch`; k = 0),
+  their returns and successes its records' rewards and correctness."""
+  records = _host_records(state)
+  state, stats, rewards, correct = episode_steps.play_batch(
+      loop, state, params, step, version, records, _draw_options(loop.programs, loop.side),
+      _temperature(loop.config, state))
+  records.rewards[0], records.correct[0] = rewards, correct
+  records.complete[0], records.scored[0] = True, True
+  state = state._replace(rollouts=state.rollouts._replace(episodes=stats))
+  return _put_records(loop.config, loop.programs, state, records), stats["episode/seconds"]
 
 
 def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tuple[Batch, dict]:
@@ -354,6 +375,7 @@ def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tupl
   group_valid = np.asarray(batch.train_valid)
   stats = batches.batch_stats(config, loop.run.pool.num_arms, selection, scored.rewards, valid,
                                group_valid)
+  stats.update(state.rollouts.episodes or {})
   if rollout_checks.in_flight(config):
     groups = np.asarray(batch.train_groups)
     trained = valid.any(axis=1)[groups] & group_valid

@@ -1,0 +1,44 @@
+"""SmolLM2-135M-Instruct learns to use a calculator and to play a guessing game, by RLOO on
+multi-turn episodes with SEC over (environment, level) arms, on a CPU.
+
+  python -m experiments.train --config configs/episodes_smollm2.py --workdir workdirs/episodes
+
+Two environments (docs/environments.md): `calculator` (products a 135M model cannot do in its head,
+with a `calc` tool whose result comes back as the next message) and `guess` (a hidden number found
+from "too low" / "too high" replies). Each episode is a chat: the policy's turns and the
+environment's replies framed by the checkpoint's chat template, token in, token out, on the
+continuous engine over a paged cache; the replies' tokens never enter the loss. SEC chooses among
+four arms (calculator l0, l1; guess l0, l1); the horizon (turns an episode may take) rises from 2
+to 5 over the run (curriculum.horizon = linear). Held-out episodes per level, greedy, before and
+after RL, with paired 95% intervals; the third level of each environment is never trained on.
+workdir/heldout/step_<N>_episodes.json holds each level's tool-call rate, share of well-formed
+calls and turns.
+"""
+
+from configs import quickstart
+
+
+def get_config():
+  c = quickstart.get_config()
+  c.task.name = "calculator+guess"
+  c.task.template = "chat"
+  c.task.train_bins = (0, 1, 3, 4)      # calculator l0 l1, guess l0 l1
+  c.task.eval_bins = (0, 1, 2, 3, 4, 5)  # and l2 of each, never trained on
+  c.task.held_out_fraction = 0.2
+  c.task.train_per_bin = 200
+  c.task.eval_per_bin = 40
+  c.rl.steps = 30
+  c.rl.prompts_per_step = 8
+  c.rl.group_size = 4
+  c.rl.engine = "continuous"
+  c.rl.page_size = 16
+  c.rl.decode_slots = 32
+  c.rl.decode_shrink = 0
+  c.rl.max_new_tokens = 192             # an episode's positions: turns and replies
+  c.rl.turn_tokens = 32
+  c.rl.observation_tokens = 24
+  c.rl.max_turns = 5
+  c.curriculum.horizon = "linear"
+  c.curriculum.horizon_start = 2
+  c.eval.batch_size = 40
+  return c
