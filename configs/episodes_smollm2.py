@@ -22,6 +22,10 @@ def get_config():
   c = quickstart.get_config()
   c.task.name = "calculator+guess"
   c.task.template = "chat"
+  # One solved episode (a level-0 problem no pool draws) opens each prompt: SmolLM2-135M ignores
+  # a format it is only told about ("Guess: N", "<tool>calc(...)</tool>"), but follows one it
+  # has seen played.
+  c.task.options = {"calculator": {"shots": 1}, "guess": {"shots": 1}}
   c.task.train_bins = (0, 1, 3, 4)      # calculator l0 l1, guess l0 l1
   c.task.eval_bins = (0, 1, 2, 3, 4, 5)  # and l2 of each, never trained on
   c.task.held_out_fraction = 0.2

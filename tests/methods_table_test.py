@@ -236,6 +236,9 @@ FAMILIES = {
     "prompt_features": ("pcl_prompt_curriculum_with_a_value_model_pcl",),
     "training_mask": ("vcrl_s_training_mask",),
     "mixture": ("task_mixture_sec_over_task_bin_arms_2_d_sec", "mixture_weights"),
+    "environments": ("multi_turn_tool_episodes_sec_over_environment_level_arms",
+                     "horizon_schedule_tti", "dump_over_environment_level_arms"),
+    "horizon_bandit": ("horizon_bandit",),
 }
 _BY_ID = {_row_id(r): r for r in ROWS}
 

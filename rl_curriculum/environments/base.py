@@ -67,6 +67,7 @@ MAX_OBSERVATION_CHARS = 300
 TURN_KINDS = ("tool", "answer", "none", "malformed")
 ERROR_OBSERVATION = "Error: this turn could not be processed."
 _VALUE_CHARS = 60
+DEMO_SEED = -1  # the demonstrations' problems: pools draw seeds >= 0
 _NAME = re.compile(r"[a-z_]+")
 
 
@@ -152,6 +153,14 @@ class Environment(base.Task):
   call_example: str = ""
   turn_budget: int = 4
 
+  def __init__(self, template: str = "plain", format_bonus: float = base.DEFAULT_FORMAT_BONUS,
+               shots: int = 0):
+    """`shots` solved episodes (`demonstration`) open every chat prompt as earlier messages."""
+    super().__init__(template, format_bonus)
+    if not isinstance(shots, int) or shots < 0:
+      raise ValueError(f"shots must be an int >= 0, got {shots!r}")
+    self.shots = shots
+
   def reset(self, problem: base.Problem, seed: int = 0) -> dict:
     """The episode's starting state: a small JSON-serialisable dict. Deterministic in (problem,
     seed); the environments here keep no randomness per episode, so `seed` is unused."""
@@ -190,8 +199,31 @@ class Environment(base.Task):
     return self.turn_budget
 
   def prompt_messages(self, problem: base.Problem) -> list[dict]:
-    """One user message: the question, the tool with a worked call, and the answer format."""
-    return [{"role": "user", "content": problem.question}]
+    """One user message (the question, the tool with a worked call, and the answer format),
+    after `shots` demonstrations."""
+    return self.demonstration_messages() + [{"role": "user", "content": problem.question}]
+
+  def demonstration(self, problem: base.Problem) -> list[str]:
+    """The turns of a policy that solves `problem` (the subclass's `_solution`)."""
+    return self._solution(problem)
+
+  def demonstration_messages(self) -> list[dict]:
+    """The chat of `shots` solved episodes of level 0 problems that no pool draws (seeds
+    DEMO_SEED, DEMO_SEED - 1, ...): each question, the solving turns and the replies `step` gives
+    them. Small instruct models follow a format they have seen played far more often than one
+    they have only read about."""
+    messages = []
+    for shot in range(self.shots):
+      problem = self.generate(DEMO_SEED - shot, 0)
+      messages.append({"role": "user", "content": problem.question})
+      state = self.reset(problem, 0)
+      for text in self.demonstration(problem):
+        messages.append({"role": "assistant", "content": text})
+        state, step = self.step(problem, state, text)
+        if step.done:
+          break
+        messages.append({"role": "user", "content": step.observation})
+    return messages
 
   def extract(self, completion: str) -> Optional[str]:
     """The final answer of a one-turn completion (None for a tool call, or no answer)."""
@@ -224,6 +256,10 @@ class Environment(base.Task):
                   bool(correct))
     return Step(f"No tool call or answer found. {self.format_hint()}", 0.0, False, False, False,
                 False)
+
+  def _solution(self, problem: base.Problem) -> list[str]:
+    """The turns of a policy that solves `problem` (demonstrations)."""
+    raise NotImplementedError(f"{self.name} has no demonstration; use shots=0")
 
   def _call(self, problem: base.Problem, state: dict, name: str,
             argument: str) -> tuple[str, bool]:

@@ -66,6 +66,10 @@ class CalculatorEnv(env_base.Environment):
                         target=f"{env_base.ANSWER_MARKER} {value}", seed=seed,
                         meta={"expression": expression, "value": value})
 
+  def _solution(self, problem):
+    return [f"<tool>calc({problem.meta['expression']})</tool>",
+            f"Answer: {problem.meta['value']}"]
+
   def _check(self, problem, answer):
     return env_base.check_number(problem, answer)
 

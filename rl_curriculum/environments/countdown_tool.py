@@ -53,8 +53,8 @@ class CountdownToolEnv(env_base.Environment):
   turn_budget = 6
 
   def __init__(self, template: str = "plain", format_bonus: float = base.DEFAULT_FORMAT_BONUS,
-               use_all: bool = True):
-    super().__init__(template, format_bonus)
+               use_all: bool = True, shots: int = 0):
+    super().__init__(template, format_bonus, shots)
     self.use_all = bool(use_all)
     self._puzzles = countdown.CountdownTask(template, format_bonus, use_all=use_all)
     self._puzzles.name = self.name  # its own seed stream, and problems named after this task
@@ -80,6 +80,9 @@ class CountdownToolEnv(env_base.Environment):
                         question=question, answer=puzzle.answer,
                         target=f"{env_base.ANSWER_MARKER} {puzzle.answer}", seed=seed,
                         meta=dict(puzzle.meta))
+
+  def _solution(self, problem):
+    return [f"<tool>eval({problem.answer})</tool>", f"Answer: {problem.answer}"]
 
   def _check(self, problem, answer):
     return self._puzzles._check(problem, answer)  # pylint: disable=protected-access

@@ -89,6 +89,17 @@ class GuessingEnv(env_base.Environment):
       return None
     return read_move(completion)
 
+  def _solution(self, problem):
+    """Binary search: the middle of the range left, until the hidden number."""
+    low, high, hidden = problem.meta["low"], problem.meta["high"], problem.meta["hidden"]
+    moves = []
+    while True:
+      guess = (low + high) // 2
+      moves.append(f"Guess: {guess}")
+      if guess == hidden:
+        return moves
+      low, high = (guess + 1, high) if guess < hidden else (low, guess - 1)
+
   def _check(self, problem, answer):
     guess = _whole(answer)
     return guess == problem.meta["hidden"], guess is not None

@@ -15,8 +15,6 @@ steps, so a checkpoint between steps holds every episode's outcome, and a resume
 next step's episodes as the uninterrupted one would.
 """
 
-import time
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -32,6 +30,8 @@ from rl_curriculum.sampling import turns
 from rl_curriculum.train.rollout import episodes
 
 __all__ = ["active", "limits", "attach_engine", "first_turn", "step_horizon", "play_batch"]
+
+_HORIZON_STREAM = 0x484F52  # folded into a step's key for its horizon: a stream of its own
 
 
 def active(task) -> bool:
@@ -72,9 +72,9 @@ def first_turn(config: ml_collections.ConfigDict, side) -> jax.Array:
 def step_horizon(config: ml_collections.ConfigDict, state, root, step: int) -> int:
   """Step `step`'s horizon under config.curriculum.horizon (`curriculum.horizon.select`)."""
   c = config.curriculum
-  return horizon_lib.select(c.horizon, state.horizon, jax.random.fold_in(jax.random.fold_in(root, step), 0x484F52),
-                            step=step, steps=config.rl.steps, start=c.horizon_start,
-                            temperature=c.horizon_temperature)
+  key = jax.random.fold_in(jax.random.fold_in(root, step), _HORIZON_STREAM)
+  return horizon_lib.select(c.horizon, state.horizon, key, step=step, steps=config.rl.steps,
+                            start=c.horizon_start, temperature=c.horizon_temperature)
 
 
 def play_batch(loop, state, params, step: int, version: int, records, draw: dict,
@@ -82,27 +82,24 @@ def play_batch(loop, state, params, step: int, version: int, records, draw: dict
   """(state, episode statistics, rewards f32[S, G], correct bool[S, G]): batch `step`'s rows
   (queued, generation 0) play their episodes with `params` (of `version`); the horizon bandit
   updated with the step's spread of returns."""
-  del version  # every token of a synchronous step is drawn by the step's own weights
-  config, run, layout = loop.config, loop.run, loop.side.layout
-  t0 = time.time()
+  config, run = loop.config, loop.run
   h = step_horizon(config, state, loop.root, step)
   valid = records.valid[0]
   s, g = valid.shape
   ids = np.repeat(records.prompt_ids[0], g)
   problems = [run.pool.problems[i] if v else None for i, v in zip(ids, valid.reshape(-1))]
   decode = lambda engine: continuous.run(loop.programs.graphdef, params, engine, temperature,
-                                         **draw)
+                                         jnp.int32(version), **draw)
   engine, played = episodes.play(
       state.rollouts.engine, run=decode, problems=problems, task=run.task,
       seeds=[step * len(problems) + r for r in range(len(problems))], tokenizer=run.tokenizer,
       framing=episodes.observation_framing(run.tokenizer, config.task.template),
       limits=limits(config, h), mesh=loop.side.mesh)
-  del layout
   rewards, correct = played.rewards.reshape(s, g), played.correct.reshape(s, g)
-  stats = {**episodes.episode_stats(played, valid), "episode/horizon": float(h)}
+  stats = {**episodes.episode_stats(played, valid), "episode/horizon": float(h),
+           "episode/staleness_max": float(np.max(played.staleness(version), initial=0))}
   if config.curriculum.horizon == "bandit":
     state = state._replace(horizon=horizon_lib.update(
         state.horizon, h, horizon_lib.spread(rewards, valid), config.curriculum.horizon_alpha))
-  stats["episode/seconds"] = time.time() - t0
   state = state._replace(rollouts=state.rollouts._replace(engine=engine))
   return state, stats, rewards, correct

@@ -59,6 +59,13 @@ class Played(NamedTuple):
   malformed: np.ndarray    # i32[R] turns with neither a well-formed call nor an answer
   cut: np.ndarray          # bool[R] ended by a limit (turns or positions), not by the
                            # environment
+  oldest: np.ndarray       # i32[R] the oldest version of the weights that drew a token of the
+                           # episode (its first turn's, unless weights changed within a turn)
+
+  def staleness(self, version: int) -> np.ndarray:
+    """i32[R]: each played episode's staleness against weights of `version`, that of its oldest
+    token (an episode is as stale as the oldest turn that produced it); 0 where none."""
+    return np.where(self.turns > 0, version - self.oldest, 0)
 
 
 def observation_framing(tokenizer, template: str) -> tuple[str, str]:
@@ -112,7 +119,7 @@ def play(state, *, run: Callable[[Any], Any], problems: Sequence[Optional[Any]],
   out = Played(rewards=np.zeros(r, np.float32), correct=np.zeros(r, bool),
                turns=np.zeros(r, np.int32), tool_calls=np.zeros(r, np.int32),
                well_formed=np.zeros(r, np.int32), malformed=np.zeros(r, np.int32),
-               cut=np.zeros(r, bool))
+               cut=np.zeros(r, bool), oldest=np.zeros(r, np.int32))
   playing = np.array([p is not None for p in problems])
   begin = np.zeros(r, np.int64)  # where each row's current turn starts
   n = limits.max_new_tokens
@@ -145,7 +152,9 @@ def play(state, *, run: Callable[[Any], Any], problems: Sequence[Optional[Any]],
       limit[i] = min(end[i] + len(ids) + limits.turn_tokens, n)
       begin[i] = end[i] + len(ids)
     if not again.any():
-      return state, out
+      drawn = rows.mask > 0
+      oldest = np.where(drawn, rows.versions, np.iinfo(np.int32).max).min(axis=1)
+      return state, out._replace(oldest=np.where(drawn.any(axis=1), oldest, 0).astype(np.int32))
     state = turns.requeue(state, *(jnp.asarray(x) for x in (again, observations, lengths,
                                                             start, limit)), mesh=mesh)
 

@@ -344,14 +344,14 @@ def finish(loop, state: RunState, params: Any, step: int,
 def _play(loop, state: RunState, params: Any, step: int, version: int) -> tuple[RunState, float]:
   """`finish` for episodes: batch `step`'s rows play them (`episode_steps.play_batch`; k = 0),
   their returns and successes its records' rewards and correctness."""
-  records = _host_records(state)
+  t0, records = time.time(), _host_records(state)
   state, stats, rewards, correct = episode_steps.play_batch(
       loop, state, params, step, version, records, _draw_options(loop.programs, loop.side),
       _temperature(loop.config, state))
   records.rewards[0], records.correct[0] = rewards, correct
   records.complete[0], records.scored[0] = True, True
   state = state._replace(rollouts=state.rollouts._replace(episodes=stats))
-  return _put_records(loop.config, loop.programs, state, records), stats["episode/seconds"]
+  return _put_records(loop.config, loop.programs, state, records), time.time() - t0
 
 
 def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tuple[Batch, dict]:

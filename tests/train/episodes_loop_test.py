@@ -1,0 +1,108 @@
+"""End-to-end tests of training on environments at toy size (configs/toy_episodes.py): the three
+environments as one mixture with (environment, level) arms, multi-turn episodes on the continuous
+engine, the horizon curriculum, held-out episodes, and a run killed while its episodes are in
+flight, which resumes to the uninterrupted run's parameters and metrics bit for bit."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import toy_episodes
+from rl_curriculum.environments import base as env_base
+from rl_curriculum.train import loop
+from rl_curriculum.train.report.metrics import read_jsonl
+from rl_curriculum.train.setup import validation
+import test_util
+
+
+def _config(steps=4, **fields):
+  c = toy_episodes.get_config()
+  c.rl.steps = steps
+  return test_util.set_fields(c, **fields) if fields else c
+
+
+def _warm(config, workdir: str) -> str:
+  test_util.copy_warm_start(test_util.shared_warm_start(config), workdir)
+  return workdir
+
+
+@pytest.mark.slow
+def test_three_environments_train_end_to_end_with_a_rising_horizon(tmp_path):
+  workdir = _warm(_config(), str(tmp_path / "run"))
+  loop.train_and_evaluate(_config(), workdir)
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  steps = [r for r in rows if r["step"] > 0 and "episode/turns" in r]
+  assert [r["step"] for r in steps] == [1, 2, 3, 4]
+  # curriculum.horizon = linear from 1 to rl.max_turns = 3 over 4 steps.
+  assert [r["episode/horizon"] for r in steps] == [1.0, 2.0, 2.0, 3.0]
+  for r in steps:
+    assert 1 <= r["episode/turns"] <= r["episode/horizon"]
+    assert r["episode/staleness_max"] == 0.0  # one step's episodes, one version
+    assert 0 <= r["episode/tool_call_rate"] <= 1 and np.isfinite(r["loss"])
+    arms = [k for k in r if k.startswith("curriculum/arm_frac/")]
+    assert len(arms) == 5  # (environment, level) arms
+    assert sum(r[k] for k in arms) == pytest.approx(1.0)
+  with open(os.path.join(workdir, "heldout", "step_4_episodes.json")) as f:
+    held_out = json.load(f)
+  assert sorted(held_out) == ["calculator/l0", "guess/l0"]
+  assert set(held_out["guess/l0"]) >= {"episode/tool_call_rate", "episode/well_formed_calls",
+                                       "episode/success", "episode/turns"}
+
+
+class _Killed(BaseException):
+  """Stands for the process being killed (not an Exception: no guard of the run catches it)."""
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_episodes_in_flight_resumes_bit_exact(tmp_path, monkeypatch):
+  """Killed in step 3 while its episodes wait for their environments' first replies; started
+  again with the same command, the run resumes from step 2's checkpoint and
+  ends with the uninterrupted run's parameters, horizon bandit and metrics, bit for bit."""
+  config = lambda: _config(curriculum__horizon="bandit")
+  straight = _warm(config(), str(tmp_path / "straight"))
+  resumed = _warm(config(), str(tmp_path / "resumed"))
+  loop.train_and_evaluate(config(), straight)
+  step, run_step, now = env_base.Environment.step, loop.run_step, [0]
+
+  def counting(loop_, state, k, *args, **kwargs):
+    now[0] = k
+    return run_step(loop_, state, k, *args, **kwargs)
+
+  def dies_in_step_3(self, problem, state, text):
+    if now[0] == 3:  # every episode of the step has written a turn and waits for its reply
+      raise _Killed()
+    return step(self, problem, state, text)
+
+  monkeypatch.setattr(env_base.Environment, "step", dies_in_step_3)
+  monkeypatch.setattr(loop, "run_step", counting)
+  with pytest.raises(_Killed):
+    loop.train_and_evaluate(config(), resumed)
+  monkeypatch.undo()
+  assert test_util.saved_state(resumed)[0] == 2
+  loop.train_and_evaluate(config(), resumed)
+  a, b = test_util.saved_state(straight), test_util.saved_state(resumed)
+  assert a[0] == b[0] == 4 and "horizon" in a[1]
+  for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1]), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  rows_a = test_util.deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
+  rows_b = test_util.deterministic(read_jsonl(os.path.join(resumed, "metrics.jsonl")))
+  assert rows_a == rows_b
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(rl__engine="static", rl__page_size=0), "config.rl.engine: an environment's episodes"),
+    (dict(rl__page_size=0), "config.rl.engine: an environment's episodes"),
+    (dict(rl__kv_pages=64), "config.rl.kv_pages: episodes size their page pool"),
+    (dict(rl__max_staleness=1, rl__off_policy_correction="none"),
+     "config.rl.max_staleness: episodes run one step at a time"),
+    (dict(rl__observation_tokens=48), "config.rl.observation_tokens: an observation"),
+    (dict(rl__turn_tokens=49), "config.rl.turn_tokens: must be a whole number in"),
+    (dict(curriculum__horizon="tti"), "config.curriculum.horizon: must be one of"),
+    (dict(curriculum__horizon_start=4), "config.curriculum.horizon_start: must be"),
+])
+def test_bad_episode_configs_fail_before_anything_is_built(fields, message):
+  with pytest.raises(validation.ConfigError, match=message):
+    validation.checked_task(_config(**fields))
