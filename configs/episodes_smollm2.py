@@ -30,19 +30,20 @@ def get_config():
   c.task.eval_bins = (0, 1, 2, 3, 4, 5)  # and l2 of each, never trained on
   c.task.held_out_fraction = 0.2
   c.task.train_per_bin = 200
-  c.task.eval_per_bin = 40
-  c.rl.steps = 30
-  c.rl.prompts_per_step = 8
+  c.task.eval_per_bin = 32
+  c.rl.steps = 20
+  c.rl.prompts_per_step = 6
   c.rl.group_size = 4
   c.rl.engine = "continuous"
   c.rl.page_size = 16
   c.rl.decode_slots = 32
   c.rl.decode_shrink = 0
-  c.rl.max_new_tokens = 192             # an episode's positions: turns and replies
-  c.rl.turn_tokens = 32
-  c.rl.observation_tokens = 24
+  c.rl.max_new_tokens = 96              # an episode's positions: turns and replies
+  c.rl.turn_tokens = 16
+  c.rl.observation_tokens = 20
   c.rl.max_turns = 5
   c.curriculum.horizon = "linear"
   c.curriculum.horizon_start = 2
-  c.eval.batch_size = 40
+  c.eval.batch_size = 32
+  c.rl.microbatches = 2                 # the learn step's activations: prompts of ~300 tokens
   return c

@@ -6,7 +6,9 @@
 Prints greedy accuracy and pass@k (k of `--samples` sampled completions at the config's RL
 temperature) for every evaluation bin of the config, and writes them to WORKDIR/eval.json. A
 workdir without RL checkpoints evaluates the starting policy: the pretrained checkpoint, or the
-SFT warm start (trained and cached there on first use).
+SFT warm start (trained and cached there on first use). On environments (docs/environments.md)
+greedy accuracy is the share of held-out episodes solved, played as the training run plays them,
+and pass@k, a measure of single-turn completions, is not computed (nan).
 """
 
 import json
@@ -20,7 +22,8 @@ from ml_collections import config_flags
 
 from experiments import cli
 from rl_curriculum.train import loop
-from rl_curriculum.train.report import evaluation
+from rl_curriculum.train.report import evaluation, summary
+from rl_curriculum.train.rollout import episode_steps
 from rl_curriculum.train.setup import prepare
 
 FLAGS = flags.FLAGS
@@ -48,14 +51,18 @@ def main(argv):
   tok = run.tokenizer
   kwargs = dict(batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
-  greedy = evaluation.accuracy_by_bin(run.model.graphdef, params, run.eval_sets, run.task,
-                                      tok.decode, **kwargs)
   key = jax.random.PRNGKey(config.seed + 7)
-  passk = {name: evaluation.sampled_pass_at_k(
-      run.model.graphdef, params, pool, run.task, tok.decode, k=FLAGS.k,
-      samples=FLAGS.samples, temperature=config.rl.temperature, key=jax.random.fold_in(key, i),
-      **kwargs)
-           for i, (name, pool) in enumerate(run.eval_sets.items())}
+  if episode_steps.active(run.task):  # greedy episodes; pass@k is of single-turn completions
+    greedy = summary.evaluate(config, run, params)
+    passk = {name: float("nan") for name in run.eval_sets}
+  else:
+    greedy = evaluation.accuracy_by_bin(run.model.graphdef, params, run.eval_sets, run.task,
+                                        tok.decode, **kwargs)
+    passk = {name: evaluation.sampled_pass_at_k(
+        run.model.graphdef, params, pool, run.task, tok.decode, k=FLAGS.k,
+        samples=FLAGS.samples, temperature=config.rl.temperature,
+        key=jax.random.fold_in(key, i), **kwargs)
+             for i, (name, pool) in enumerate(run.eval_sets.items())}
   print(f"\ncheckpoint step {step} ({'RL' if step else 'starting policy'})")
   print(f"{'bin':<12} {'greedy':>7} {f'pass@{FLAGS.k}':>8}")
   for name in run.eval_sets:

@@ -211,18 +211,20 @@ def make_room(cache: PagedCache, live: jax.Array, prompt_length: jax.Array, fed:
   return _pop(cache, need & ~restart, position // size), restart
 
 
-def release(cache: PagedCache, leaving: jax.Array, low: jax.Array, high: jax.Array
-            ) -> PagedCache:
+def release(cache: PagedCache, leaving: jax.Array, low: jax.Array, high: jax.Array,
+            table=None) -> PagedCache:
   """The cache with the pages that the slots `leaving` (bool[S]) list at table entries low ..
-  high (i32[S], inclusive; none if high < low) back on their shard's free stack."""
+  high (i32[S], inclusive; none if high < low) back on their shard's free stack; `table`
+  (i32[n, M], shard by shard; None: the slots' own) lists them instead, for n rows then."""
   _, shards, _ = _pages_of(cache)
-  j = jnp.arange(cache.table.shape[1], dtype=jnp.int32)[None, :]
+  table = cache.table if table is None else table
+  j = jnp.arange(table.shape[1], dtype=jnp.int32)[None, :]
   back = leaving[:, None] & (j >= low[:, None]) & (j <= high[:, None])        # [S, M]
   back = back.reshape(shards, -1)
   rank = jnp.cumsum(back, axis=1, dtype=jnp.int32) - 1
   position = jnp.where(back, cache.count[:, None] + rank, cache.free.shape[1])
   free = jax.vmap(lambda f, p, v: f.at[p].set(v, mode="drop"))(
-      cache.free, position, cache.table.reshape(shards, -1))
+      cache.free, position, table.reshape(shards, -1))
   return cache._replace(free=free, count=cache.count + jnp.sum(back, axis=1, dtype=jnp.int32))
 
 

@@ -38,6 +38,7 @@ M pages a row lists.
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +47,7 @@ from rl_curriculum.sampling import pages
 from rl_curriculum.sampling import slots as slots_lib
 from rl_curriculum.sampling.slots import EngineState
 
-__all__ = ["episode_pages", "episodic", "requeue"]
+__all__ = ["episode_pages", "episodic", "Rows", "rows_of", "requeue", "release"]
 
 
 def episode_pages(rows: int, max_new_tokens: int, page_size: int) -> int:
@@ -68,16 +69,40 @@ def episodic(state: EngineState, *, mesh=None) -> EngineState:
       tables=jnp.zeros((rows, state.cache.table.shape[1]), jnp.int32)), mesh)
 
 
+class Rows(NamedTuple):
+  """One generation's rows in batch order (`rows_of`)."""
+  tokens: jax.Array    # i32[R, N]
+  mask: jax.Array      # f32[R, N] 1 on drawn tokens
+  versions: jax.Array  # i32[R, N]
+  done: jax.Array      # bool[R] not decoding: stopped, waiting for its environment, or never
+                       # queued
+  forced: jax.Array    # i32[R] positions before it hold written replies
+
+
+@jax.jit
+def rows_of(state: EngineState, generation) -> Rows:
+  """Generation `generation`'s rows (`Rows`), read without changing the state."""
+  shards, generations = state.queue.shape[0], state.keys.shape[0]
+  take = lambda x: slots_lib.take_block(x, generation, generations, shards)
+  return Rows(tokens=take(state.tokens), mask=take(state.mask), versions=take(state.versions),
+              done=take(state.done), forced=take(state.forced))
+
+
 @functools.partial(jax.jit, static_argnames=("mesh",), donate_argnames=("state",))
 def requeue(state: EngineState, again: jax.Array, observations: jax.Array, lengths: jax.Array,
-            start: jax.Array, limit: jax.Array, *, mesh=None) -> EngineState:
-  """The state with the rows `again` (bool[R]; their turns ended, W = 1 generation) given their
-  observation ids observations i32[R, O] (the first lengths[r] of row r) at positions start[r]
-  .. start[r] + lengths[r] - 1 (start[r]: the position after its turn's last token), allowed
-  positions up to limit[r] (exclusive, > start[r] + lengths[r]), and queued again after every
-  row already queued, in row order within each shard. The other rows are unchanged."""
+            start: jax.Array, limit: jax.Array, generation=0, *, mesh=None) -> EngineState:
+  """The state with generation `generation`'s rows `again` (bool[R], batch order; their turns
+  ended) given their observation ids observations i32[R, O] (the first lengths[r] of row r) at
+  positions start[r] .. start[r] + lengths[r] - 1 (start[r]: the position after its turn's last
+  token), allowed positions up to limit[r] (exclusive, > start[r] + lengths[r]), and queued
+  again after every row already queued, in the engine's row order within each shard. The other
+  rows are unchanged."""
   rows, n = state.tokens.shape
   d, per_shard = state.queue.shape
+  put = lambda x: slots_lib.put_block(jnp.zeros((rows,) + x.shape[1:], x.dtype), x,
+                                      generation, d)
+  again, observations, lengths, start, limit = (
+      put(jnp.asarray(x)) for x in (again, observations, lengths, start, limit))
   j = jnp.arange(observations.shape[1], dtype=jnp.int32)[None, :]
   position = jnp.where(again[:, None] & (j < lengths[:, None]), start[:, None] + j, n)
   row = jnp.arange(rows, dtype=jnp.int32)[:, None]
@@ -95,3 +120,26 @@ def requeue(state: EngineState, again: jax.Array, observations: jax.Array, lengt
       done=state.done & ~again, queue=queue, queued=queued,
       queue_end=jnp.broadcast_to(queued[:, None], state.queue_end.shape))
   return slots_lib.constrain(state, mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("group", "mesh"), donate_argnames=("state",))
+def release(state: EngineState, generation, *, group: int = 1, mesh=None) -> EngineState:
+  """The state with every page that generation `generation`'s rows kept (their episodes over,
+  none of them seated) back on the free stacks: before the generation takes a new batch, whose
+  rows take pages of their own."""
+  rows = state.tokens.shape[0]
+  d = state.queue.shape[0]
+  mine = slots_lib.put_block(jnp.zeros((rows,), bool), jnp.ones((rows // state.keys.shape[0],),
+                                                                 bool), generation, d)
+  drawn = state.mask > 0
+  n = state.mask.shape[1]
+  end = jnp.where(jnp.any(drawn, axis=1), n - jnp.argmax(drawn[:, ::-1], axis=1), 0)
+  ids = jnp.arange(rows, dtype=jnp.int32)
+  lengths = slots_lib.prompt_lengths(state, slots_lib.slot_prompts(ids, d, rows, group))
+  size = state.cache.pool.shape[2]
+  first = lengths // size
+  # A row that was ever seated fed its tokens up to its last one, which it drew and never fed.
+  held = pages.held(lengths, lengths + end - 1, size)
+  cache = pages.release(state.cache, mine & (end >= 2), first, first + held - 1,
+                        table=state.tables)
+  return slots_lib.constrain(state._replace(cache=cache), mesh)

@@ -3,8 +3,8 @@
 A row's turns and observations are one buffer; the engine must (1) leave each observation id
 where it was written, with mask 0, (2) draw every other token from the logits of the whole
 sequence before it, so the recorded log-probs equal a full forward pass over prompt, turns and
-observations (1e-4, a whole model's tolerance), and (3) draw the same tokens whatever the number of slots (the rows of a
-turn leave their slots for others while they wait).
+observations (1e-4, a whole model's tolerance), and (3) draw the same tokens whatever the number
+of slots (the rows of a turn leave their slots for others while they wait) or the page size.
 """
 
 import jax
@@ -117,3 +117,18 @@ def test_a_turn_frees_its_slot_for_queued_rows(model):
   _, _, state = _play(model, slots=2)
   # Two slots served six rows' turns: the engine fed far more slot-steps than two rows hold.
   assert int(state.fed) > 2 * N
+
+
+@pytest.mark.parametrize("page_size", [2, 4])
+def test_release_gives_back_every_page_the_episodes_kept(model, page_size):
+  """After the episodes, the rows hold pages for what they wrote; `release` (before a new batch
+  takes the generation) puts every one of them back on the free stack, each once."""
+  _, _, state = _play(model, slots=3, page_size=page_size)
+  cache = state.cache
+  total = cache.free.shape[1]
+  assert int(cache.count[0]) < total  # the rows kept their pages
+  cache = turns.release(state, jnp.int32(0), group=G).cache
+  assert int(cache.count[0]) == total
+  prompt_pages = cache.prompts.shape[1] * cache.prompts.shape[2]
+  np.testing.assert_array_equal(np.sort(np.asarray(cache.free[0])),
+                                prompt_pages + np.arange(total))

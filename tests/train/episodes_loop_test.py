@@ -56,12 +56,22 @@ class _Killed(BaseException):
   """Stands for the process being killed (not an Exception: no guard of the run catches it)."""
 
 
+# The synchronous schedule, and episodes in flight across steps (k = 1) with partial rollouts:
+# each step decodes 20 iterations, so episodes span steps and versions.
+_SCHEDULES = {"synchronous": {},
+              "in_flight": dict(rl__max_staleness=1, rl__decode_budget=20,
+                                rl__off_policy_correction="none")}
+
+
 @pytest.mark.slow
-def test_a_run_killed_with_episodes_in_flight_resumes_bit_exact(tmp_path, monkeypatch):
-  """Killed in step 3 while its episodes wait for their environments' first replies; started
-  again with the same command, the run resumes from step 2's checkpoint and
-  ends with the uninterrupted run's parameters, horizon bandit and metrics, bit for bit."""
-  config = lambda: _config(curriculum__horizon="bandit")
+@pytest.mark.parametrize("schedule", list(_SCHEDULES))
+def test_a_run_killed_with_episodes_in_flight_resumes_bit_exact(schedule, tmp_path, monkeypatch):
+  """Killed in step 3 while episodes wait for their environments' replies (in flight: those of
+  batches 3 and 4, some begun in earlier steps under older weights); started again with the
+  same command, the run resumes from step 2's checkpoint (which holds the engine's rows, with
+  their turns and replies, when they are in flight) and ends with the uninterrupted run's
+  parameters, horizon bandit and metrics, bit for bit."""
+  config = lambda: _config(curriculum__horizon="bandit", **_SCHEDULES[schedule])
   straight = _warm(config(), str(tmp_path / "straight"))
   resumed = _warm(config(), str(tmp_path / "resumed"))
   loop.train_and_evaluate(config(), straight)
@@ -85,6 +95,7 @@ def test_a_run_killed_with_episodes_in_flight_resumes_bit_exact(tmp_path, monkey
   loop.train_and_evaluate(config(), resumed)
   a, b = test_util.saved_state(straight), test_util.saved_state(resumed)
   assert a[0] == b[0] == 4 and "horizon" in a[1]
+  assert ("rollouts" in a[1]) == (schedule == "in_flight")
   for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1]), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   rows_a = test_util.deterministic(read_jsonl(os.path.join(straight, "metrics.jsonl")))
@@ -96,8 +107,9 @@ def test_a_run_killed_with_episodes_in_flight_resumes_bit_exact(tmp_path, monkey
     (dict(rl__engine="static", rl__page_size=0), "config.rl.engine: an environment's episodes"),
     (dict(rl__page_size=0), "config.rl.engine: an environment's episodes"),
     (dict(rl__kv_pages=64), "config.rl.kv_pages: episodes size their page pool"),
-    (dict(rl__max_staleness=1, rl__off_policy_correction="none"),
-     "config.rl.max_staleness: episodes run one step at a time"),
+    (dict(rl__max_staleness=1, rl__decode_budget=4, rl__admission="drop",
+          rl__off_policy_correction="none"), "config.rl.admission: episodes in flight wait"),
+    (dict(parallel__rollout_devices=1), "config.parallel.rollout_devices: episodes decode"),
     (dict(rl__observation_tokens=48), "config.rl.observation_tokens: an observation"),
     (dict(rl__turn_tokens=49), "config.rl.turn_tokens: must be a whole number in"),
     (dict(curriculum__horizon="tti"), "config.curriculum.horizon: must be one of"),

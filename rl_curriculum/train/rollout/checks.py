@@ -190,7 +190,8 @@ def _validate_episode_fields(config: ml_collections.ConfigDict) -> None:
 
 def validate_episodes(config: ml_collections.ConfigDict) -> None:
   """What a run on an environment needs: its episodes' rows come back to the continuous engine
-  after each turn, on a paged cache whose pool this run sizes, one step at a time."""
+  after each turn, on a paged cache whose pool this run sizes, on the learner's devices, in one
+  process."""
   rl = config.rl
   if rl.engine != "continuous" or not rl.page_size:
     fail("rl.engine", "an environment's episodes run on the continuous engine over a paged KV "
@@ -199,9 +200,12 @@ def validate_episodes(config: ml_collections.ConfigDict) -> None:
   if rl.kv_pages:
     fail("rl.kv_pages", "episodes size their page pool themselves (every row's "
          "rl.max_new_tokens positions): leave rl.kv_pages = 0")
-  if in_flight(config):
-    fail("rl.max_staleness", "episodes run one step at a time: set rl.max_staleness = "
-         "rl.decode_budget = parallel.rollout_devices = 0")
+  if config.parallel.rollout_devices:
+    fail("parallel.rollout_devices", "episodes decode on the learner's devices: set "
+         "parallel.rollout_devices = 0")
+  if rl.admission != "wait":
+    fail("rl.admission", "episodes in flight wait for their last turn: set rl.admission="
+         "'wait' (dropping a late group would drop episodes that are half played)")
   if rl.observation_tokens >= rl.max_new_tokens:
     fail("rl.observation_tokens", f"an observation ({rl.observation_tokens} ids) must leave "
          f"room for turns in an episode of rl.max_new_tokens = {rl.max_new_tokens} positions")

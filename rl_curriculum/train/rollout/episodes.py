@@ -1,19 +1,26 @@
 """Multi-turn episodes: the engine writes turns, the host steps each row's environment between.
 
   framing = observation_framing(tokenizer, template)     # the fixed text around an observation
-  state, played = play(state, run=..., rows=..., limits=Limits(...), ...)
+  state, played = play(state, run=..., problems=..., limits=Limits(...), ...)
   played.rewards, played.correct, played.turns           # per row: the episode's return, ...
+  state, played, again = step_turns(state, generation, ...)   # one round of answers
   outcomes = outcomes_by_bin(graphdef, params, sets, task, tokenizer, ...)   # greedy, held out
 
-An episode is a row of the continuous engine (`sampling.turns`). Each round, `run` decodes every
-queued row's turn until it draws a stop id (the chat template's end of a message) or its turn's
-token limit; then, on the host, each row that is still playing hands the text of its turn to its
-environment (`environments.base.Environment.step`), whose observation is tokenised once, framed as
-one more message of the chat template, and written after the turn (`turns.requeue`); the row
-plays on until the environment says done, the turn limit H (`Limits.max_turns`), or its positions
-run out (`Limits.max_new_tokens`, turns and observations together: the episode's token limit,
-apart from each turn's own, `Limits.turn_tokens`). Token in, token out: a row holds the ids the
-policy drew and the observations' ids as they were fed, never a conversation rendered again.
+An episode is a row of the continuous engine (`sampling.turns`). Each round, the engine decodes
+every queued row's turn until it draws a stop id (the chat template's end of a message) or its
+turn's token limit; then, on the host, each row whose turn ended hands the text of that turn to
+its environment (`environments.base.Environment.step`), whose observation is tokenised once,
+framed as one more message of the chat template, and written after the turn (`turns.requeue`);
+the row plays on until the environment says done, the turn limit H (`Limits.max_turns`), or its
+positions run out (`Limits.max_new_tokens`, turns and observations together: the episode's token
+limit, apart from each turn's own, `Limits.turn_tokens`). Token in, token out: a row holds the
+ids the policy drew and the observations' ids as they were fed, never a conversation rendered
+again.
+
+The host keeps nothing between rounds: environments are pure, so `replay` reads a row's episode
+from its buffer (its turns are the runs of drawn positions) and steps its environment again on
+each finished turn. A row's episode is therefore wherever its tokens are: in flight across steps,
+in a checkpoint, or after a restart.
 
 The episode's return is the sum of its environment's rewards; the group advantages are taken over
 the G episodes of a problem as over G completions, and every policy token of an episode gets its
@@ -35,8 +42,8 @@ from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import turns
 from rl_curriculum.parallel import distributed
 
-__all__ = ["Limits", "Played", "observation_framing", "encode_observation", "play",
-           "episode_stats", "outcomes_by_bin"]
+__all__ = ["Limits", "Played", "observation_framing", "encode_observation", "replay",
+           "step_turns", "play", "episode_stats", "outcomes_by_bin"]
 
 _MARK = "\u2063OBSERVATION\u2063"  # a placeholder no template writes on its own
 
@@ -98,65 +105,104 @@ def encode_observation(tokenizer, framing: tuple[str, str], text: str, cap: int)
   return before + tokenizer.encode(text)[:room] + after
 
 
-def _last_drawn(mask: np.ndarray) -> np.ndarray:
-  """i32[R]: one past each row's last drawn position (0 when none)."""
-  drawn = mask > 0
-  return np.where(drawn.any(axis=1), drawn.shape[1] - np.argmax(drawn[:, ::-1], axis=1), 0)
+def _empty(r: int) -> Played:
+  return Played(rewards=np.zeros(r, np.float32), correct=np.zeros(r, bool),
+                turns=np.zeros(r, np.int32), tool_calls=np.zeros(r, np.int32),
+                well_formed=np.zeros(r, np.int32), malformed=np.zeros(r, np.int32),
+                cut=np.zeros(r, bool), oldest=np.zeros(r, np.int32))
+
+
+class _Next(NamedTuple):
+  """What a row's episode needs next (`replay`)."""
+  finished: bool        # over: the environment said done, or a limit was reached
+  reply: Optional[list]  # ids to write after the last turn and queue the row again, or None
+  start: int            # where they go: one past the last turn's last position
+
+
+def replay(env, problem, seed: int, row: tuple, done: bool, *, tokenizer, framing,
+           limits: Limits, out: Played, i: int) -> _Next:
+  """Row i's episode so far, read from its buffer: its environment reset and stepped again on
+  the text of each of its finished turns (runs of drawn positions; the last run is a finished
+  turn only when the row is `done`), the statistics written into `out` at i, and what it needs
+  next. row = (tokens i32[N], mask f32[N], versions i32[N], forced int: positions before it hold
+  written replies). Environments are pure, so the buffer alone is the episode's state: nothing
+  of it needs keeping between calls, steps or a restart."""
+  tokens, mask, versions, forced = row
+  drawn = np.flatnonzero(mask > 0)
+  runs = np.split(drawn, np.flatnonzero(np.diff(drawn) > 1) + 1) if drawn.size else []
+  out.oldest[i] = versions[drawn].min() if drawn.size else 0
+  state = env.reset(problem, int(seed))
+  n = limits.max_new_tokens
+  for k, run in enumerate(runs[:len(runs) if done else len(runs) - 1]):
+    end = int(run[-1]) + 1
+    state, step = env.step(problem, state, tokenizer.decode(tokens[int(run[0]):end]))
+    out.turns[i] += 1
+    out.rewards[i] += np.float32(step.reward)
+    out.correct[i] |= bool(step.correct)
+    out.tool_calls[i] += bool(step.tool_call)
+    out.well_formed[i] += bool(step.tool_call and step.well_formed)
+    out.malformed[i] += not step.well_formed
+    if step.done:
+      return _Next(True, None, end)
+    ids = encode_observation(tokenizer, framing, step.observation, limits.observation_tokens)
+    if out.turns[i] >= limits.max_turns or end + len(ids) >= n:
+      out.cut[i] = True
+      return _Next(True, None, end)
+    if k == len(runs) - 1 and forced <= end:  # its reply is not written yet
+      return _Next(False, ids, end)
+  return _Next(False, None, 0)
+
+
+def step_turns(state, generation: int, *, problems: Sequence[Optional[Any]], task,
+               seeds: Sequence[int], tokenizer, framing: tuple[str, str], limits: Limits,
+               mesh=None, read_only: bool = False) -> tuple[Any, Played, bool]:
+  """(state, `Played` of the generation's rows so far, whether a row was queued again): every
+  row of generation `generation` (batch order; problems[r] its problem, None: not played)
+  whose turn has ended and whose episode goes on gets its environment's reply and is queued
+  again (`turns.requeue`; not with `read_only`); the statistics of a row are final once it is
+  done and not queued."""
+  r = len(problems)
+  rows = jax.tree.map(lambda x: np.asarray(distributed.to_host(x)),
+                      turns.rows_of(state, jnp.int32(generation)))
+  out = _empty(r)
+  again = np.zeros(r, bool)
+  observations = np.zeros((r, limits.observation_tokens), np.int32)
+  lengths, start, limit = (np.zeros(r, np.int32) for _ in range(3))
+  for i in range(r):
+    if problems[i] is None:
+      continue
+    env = environments.environment_for(task, problems[i])
+    row = (rows.tokens[i], rows.mask[i], rows.versions[i], int(rows.forced[i]))
+    wants = replay(env, problems[i], seeds[i], row, bool(rows.done[i]), tokenizer=tokenizer,
+                   framing=framing, limits=limits, out=out, i=i)
+    if wants.reply is not None:
+      ids = wants.reply
+      again[i], lengths[i], start[i] = True, len(ids), wants.start
+      observations[i, :len(ids)] = ids
+      limit[i] = min(wants.start + len(ids) + limits.turn_tokens, limits.max_new_tokens)
+  if again.any() and not read_only:
+    state = turns.requeue(state, *(jnp.asarray(x) for x in (again, observations, lengths, start,
+                                                            limit)),
+                          generation=jnp.int32(generation), mesh=mesh)
+  return state, out, bool(again.any())
 
 
 def play(state, *, run: Callable[[Any], Any], problems: Sequence[Optional[Any]], task,
          seeds: Sequence[int], tokenizer, framing: tuple[str, str], limits: Limits,
-         mesh=None) -> tuple[Any, Played]:
-  """(the engine state after every row's episode, `Played`): the rows queued in `state`
-  (`inflight.admit`, generation 0 of 1, each allowed `limits.turn_tokens` tokens) play their
-  episodes: `run(state)` decodes a round of turns, the environments of `task`
-  (`environments.environment_for`) step on the host, and the rows that go on are queued again.
-  problems[r] is row r's problem (None: not played), seeds[r] its episode's seed."""
-  r = len(problems)
-  env_of = [None if p is None else environments.environment_for(task, p) for p in problems]
-  env_state = [None if p is None else env.reset(p, int(seed))
-               for p, env, seed in zip(problems, env_of, seeds)]
-  out = Played(rewards=np.zeros(r, np.float32), correct=np.zeros(r, bool),
-               turns=np.zeros(r, np.int32), tool_calls=np.zeros(r, np.int32),
-               well_formed=np.zeros(r, np.int32), malformed=np.zeros(r, np.int32),
-               cut=np.zeros(r, bool), oldest=np.zeros(r, np.int32))
-  playing = np.array([p is not None for p in problems])
-  begin = np.zeros(r, np.int64)  # where each row's current turn starts
-  n = limits.max_new_tokens
+         mesh=None, generation: int = 0) -> tuple[Any, Played]:
+  """(the engine state after every row's episode, `Played`): the rows of generation
+  `generation` queued in `state` (`inflight.admit`, each allowed `limits.turn_tokens` tokens)
+  play their episodes: `run(state)` decodes a round of turns, the environments of `task`
+  (`environments.environment_for`) step on the host (`step_turns`), and the rows that go on are
+  queued again, until none is. problems[r] is row r's problem (None: not played), seeds[r] its
+  episode's seed."""
   while True:
     state = run(state)
-    rows = jax.tree.map(lambda x: np.asarray(distributed.to_host(x)),
-                        inflight.harvest(state, jnp.int32(0)))
-    end = _last_drawn(rows.mask)
-    again = np.zeros(r, bool)
-    observations = np.zeros((r, limits.observation_tokens), np.int32)
-    lengths, start, limit = (np.zeros(r, np.int32) for _ in range(3))
-    for i in np.flatnonzero(playing):
-      text = tokenizer.decode(rows.tokens[i, begin[i]:end[i]])
-      env_state[i], step = env_of[i].step(problems[i], env_state[i], text)
-      out.turns[i] += 1
-      out.rewards[i] += np.float32(step.reward)
-      out.correct[i] |= bool(step.correct)
-      out.tool_calls[i] += bool(step.tool_call)
-      out.well_formed[i] += bool(step.tool_call and step.well_formed)
-      out.malformed[i] += not step.well_formed
-      if step.done:
-        playing[i] = False
-        continue
-      ids = encode_observation(tokenizer, framing, step.observation, limits.observation_tokens)
-      if out.turns[i] >= limits.max_turns or end[i] + len(ids) >= n:
-        playing[i], out.cut[i] = False, True
-        continue
-      again[i], lengths[i], start[i] = True, len(ids), end[i]
-      observations[i, :len(ids)] = ids
-      limit[i] = min(end[i] + len(ids) + limits.turn_tokens, n)
-      begin[i] = end[i] + len(ids)
-    if not again.any():
-      drawn = rows.mask > 0
-      oldest = np.where(drawn, rows.versions, np.iinfo(np.int32).max).min(axis=1)
-      return state, out._replace(oldest=np.where(drawn.any(axis=1), oldest, 0).astype(np.int32))
-    state = turns.requeue(state, *(jnp.asarray(x) for x in (again, observations, lengths,
-                                                            start, limit)), mesh=mesh)
+    state, played, again = step_turns(state, generation, problems=problems, task=task,
+                                      seeds=seeds, tokenizer=tokenizer, framing=framing,
+                                      limits=limits, mesh=mesh)
+    if not again:
+      return state, played
 
 
 def episode_stats(played: Played, valid: np.ndarray) -> dict:

@@ -54,10 +54,13 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import inflight
+from rl_curriculum.sampling import turns
 from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget, checks as rollout_checks
 from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.rollout import static_batch
+from rl_curriculum.train.rollout.static_batch import StaticBatch
 from rl_curriculum.train.rollout import episode_steps
 from rl_curriculum.train.setup import builders
 from rl_curriculum.train.setup.prepare import step_keys
@@ -81,23 +84,13 @@ class Records(NamedTuple):
   rewards: jax.Array     # f32[W, S, G]
   correct: jax.Array     # bool[W, S, G]
   complete: jax.Array    # bool[W, S] every sampled row of the group stopped (False: dropped)
-
-
-class StaticBatch(NamedTuple):
-  """The static sampler's batch of a synchronous step: its prompts until `finish` samples it."""
-  prompt_tokens: jax.Array          # i32[R, Tp] over the rows' batch axes
-  prompt_mask: jax.Array            # bool[R, Tp]
-  key: jax.Array                    # the step's sampling key
-  active: Optional[jax.Array]       # bool[R] rows sampled (None: all)
-  rows: Optional[inflight.Harvest]  # the sampled rows (None until `finish`)
-  counters: np.ndarray              # i64[4] as `engine_counters`
+  horizon: jax.Array     # i32[W] turns its episodes may take (environments; 0 otherwise)
 
 
 class InFlight(NamedTuple):
   """`RunState.rollouts` during a step (and between steps with k > 0)."""
   engine: Any      # continuous.EngineState on the rollout mesh, or a StaticBatch
   records: Records
-  episodes: Any = None  # a batch of episodes' statistics for the log (`episode_steps`), or None
 
 
 class Side(NamedTuple):
@@ -138,7 +131,7 @@ def empty_records(config: ml_collections.ConfigDict) -> Records:
                  valid=np.zeros((w, s, g), bool), selected=np.zeros(w, np.int32),
                  batch_step=np.zeros(w, np.int32), scored=np.zeros(w, bool),
                  rewards=np.zeros((w, s, g), np.float32), correct=np.zeros((w, s, g), bool),
-                 complete=np.zeros((w, s), bool))
+                 complete=np.zeros((w, s), bool), horizon=np.zeros(w, np.int32))
 
 
 def _put_records(config: ml_collections.ConfigDict, programs: programs_lib.Programs,
@@ -196,7 +189,8 @@ def attach(config: ml_collections.ConfigDict, run, programs: programs_lib.Progra
   or an empty static batch) and empty records."""
   if episode_steps.active(run.task):
     engine = episode_steps.attach_engine(config, programs, side, programs_lib.policy(state), key,
-                                         side.layout.num_rows, run.pool.tokens.shape[1])
+                                         side.layout.num_rows, run.pool.tokens.shape[1],
+                                         generations(config))
   elif config.rl.engine == "static":
     engine = StaticBatch(prompt_tokens=None, prompt_mask=None, key=key, active=None, rows=None,
                          counters=np.zeros(4, np.int64))
@@ -231,6 +225,11 @@ def queue(loop, state: RunState, params: Any, batch_step: int, now: int) -> RunS
   j = batch_step % generations(config)
   tokens, mask = to_global(run.pool.tokens[mine]), to_global(run.pool.mask[mine])
   engine = state.rollouts.engine
+  episodic = episode_steps.active(run.task)
+  horizon = episode_steps.step_horizon(config, state, loop.root, batch_step) if episodic else 0
+  if episodic and persists(config):  # the pages of the batch this generation held go back
+    engine = turns.release(engine, jnp.int32(j), group=loop.programs.sampler["group"],
+                           mesh=side.mesh)
   if isinstance(engine, StaticBatch):
     engine = engine._replace(prompt_tokens=tokens, prompt_mask=mask, key=k_sample,
                              active=active, rows=None)
@@ -238,14 +237,14 @@ def queue(loop, state: RunState, params: Any, batch_step: int, now: int) -> RunS
     engine = inflight.admit(
         loop.programs.graphdef, params, engine, tokens, mask, k_sample, jnp.int32(j),
         _temperature(config, state), jnp.int32(int(state.train.step)), active,
-        episode_steps.first_turn(config, side) if episode_steps.active(run.task) else None,
+        episode_steps.first_turn(config, side) if episodic else None,
         max_new_tokens=config.rl.max_new_tokens, chunk=config.rl.prefill_chunk,
         **_draw_options(loop.programs, side))
   records = _host_records(state)
   for field, value in (("prompt_ids", prompt_ids), ("arms", np.asarray(selection.arms)),
                        ("valid", valid), ("selected", now), ("batch_step", batch_step),
                        ("scored", False), ("rewards", 0.0), ("correct", False),
-                       ("complete", False)):
+                       ("complete", False), ("horizon", horizon)):
     getattr(records, field)[j] = value
   return _put_records(config, loop.programs, _with_engine(state, engine), records)
 
@@ -299,21 +298,6 @@ def _score(loop, state: RunState, generation: int) -> tuple[RunState, float]:
   return _put_records(loop.config, loop.programs, state, records), time.time() - t0
 
 
-def _sample_static(loop, engine: StaticBatch, params: Any, temperature) -> StaticBatch:
-  """The static batch sampled whole (`programs.sample`), with the engine counters it adds."""
-  generation = programs_lib.sample(loop.programs, params, engine.prompt_tokens,
-                                   engine.prompt_mask, engine.key, temperature, engine.active)
-  rollout = generation.rollout
-  rows = inflight.Harvest(tokens=rollout.tokens, logprobs=rollout.logprobs, mask=rollout.mask,
-                          versions=None, done=jnp.ones(rollout.tokens.shape[0], bool))
-  rows = jax.block_until_ready(rows)
-  tokens = int(distributed.to_host(jnp.sum(rollout.mask)))
-  slot_steps = int(distributed.to_host(generation.slot_steps))
-  added = np.asarray([tokens, slot_steps, slot_steps // max(rollout.tokens.shape[0], 1), tokens],
-                     np.int64)
-  return engine._replace(rows=rows, counters=engine.counters + added)
-
-
 def finish(loop, state: RunState, params: Any, step: int,
            version: int) -> tuple[RunState, float]:
   """(`state` with batch `step` scored, the seconds its scoring took): with `wait`, decoded with
@@ -328,7 +312,7 @@ def finish(loop, state: RunState, params: Any, step: int,
   if episode_steps.active(loop.run.task):
     return _play(loop, state, params, step, version)
   if isinstance(engine, StaticBatch):
-    engine = _sample_static(loop, engine, params, _temperature(config, state))
+    engine = static_batch.sample(loop.programs, engine, params, _temperature(config, state))
   elif config.rl.admission == "drop":
     engine = inflight.evict(engine, jnp.int32(generation), group=loop.programs.sampler["group"])
   else:
@@ -342,15 +326,16 @@ def finish(loop, state: RunState, params: Any, step: int,
 
 
 def _play(loop, state: RunState, params: Any, step: int, version: int) -> tuple[RunState, float]:
-  """`finish` for episodes: batch `step`'s rows play them (`episode_steps.play_batch`; k = 0),
-  their returns and successes its records' rewards and correctness."""
+  """`finish` for episodes: batch `step`'s episodes played to their end
+  (`episode_steps.finish_batch`), their returns and successes its records' rewards and
+  correctness."""
   t0, records = time.time(), _host_records(state)
-  state, stats, rewards, correct = episode_steps.play_batch(
+  state, rewards, correct = episode_steps.finish_batch(
       loop, state, params, step, version, records, _draw_options(loop.programs, loop.side),
       _temperature(loop.config, state))
-  records.rewards[0], records.correct[0] = rewards, correct
-  records.complete[0], records.scored[0] = True, True
-  state = state._replace(rollouts=state.rollouts._replace(episodes=stats))
+  g = step % generations(loop.config)
+  records.rewards[g], records.correct[g] = rewards, correct
+  records.complete[g], records.scored[g] = True, True
   return _put_records(loop.config, loop.programs, state, records), time.time() - t0
 
 
@@ -375,7 +360,8 @@ def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tupl
   group_valid = np.asarray(batch.train_valid)
   stats = batches.batch_stats(config, loop.run.pool.num_arms, selection, scored.rewards, valid,
                                group_valid)
-  stats.update(state.rollouts.episodes or {})
+  if episode_steps.active(loop.run.task):
+    stats.update(episode_steps.batch_stats(loop, state, records, step, int(state.train.step)))
   if rollout_checks.in_flight(config):
     groups = np.asarray(batch.train_groups)
     trained = valid.any(axis=1)[groups] & group_valid
@@ -401,6 +387,12 @@ def decode(loop, state: RunState, params: Any, version: int) -> RunState:
     return state
   b = config.rl.decode_budget
   whole = b <= 0
+  if episode_steps.active(loop.run.task):
+    engine = episode_steps.decode(
+        loop, state.rollouts.engine, _host_records(state), params, version,
+        _temperature(config, state), _draw_options(loop.programs, loop.side),
+        budget=None if whole else b, fed=not whole)
+    return _with_engine(state, engine)
   engine = continuous.run(loop.programs.graphdef, params, state.rollouts.engine,
                           _temperature(config, state), jnp.int32(version),
                           None if whole else jnp.int32(b), None,
@@ -413,8 +405,8 @@ def decode(loop, state: RunState, params: Any, version: int) -> RunState:
 def score_stopped(loop, state: RunState) -> tuple[RunState, float]:
   """(`state` with every batch in flight whose rows have all stopped scored, the seconds it
   took): host work done while the learn step runs, rather than when its step comes."""
-  if not persists(loop.config):
-    return state, 0.0
+  if not persists(loop.config) or episode_steps.active(loop.run.task):
+    return state, 0.0  # episodes are scored when their step comes (`_play`)
   records, seconds = _host_records(state), 0.0
   for generation in range(generations(loop.config)):
     if (records.batch_step[generation] > 0 and not records.scored[generation]
