@@ -13,6 +13,14 @@ to 5 over the run (curriculum.horizon = linear). Held-out episodes per level, gr
 after RL, with paired 95% intervals; the third level of each environment is never trained on.
 workdir/heldout/step_<N>_episodes.json holds each level's tool-call rate, share of well-formed
 calls and turns.
+
+Measured with this file (2026-12-07, a 2-core CPU, both cores): 18 min 50 s in all. Held-out
+greedy success before -> after RL, change and its paired 95% interval, 32 problems a level:
+guess/l0 25.0 -> 46.9 (+21.9 [+2.7, +41.0]), guess/l1 6.2 -> 18.8 (+12.5 [-2.1, +27.1]),
+guess/l2 (never trained) 3.1 -> 0.0; calculator 0 -> 0 on every level, with a tool-call rate of
+0% before and after (the model answers with the instruction's example number; sampled, it called
+the tool in at most 2.4% of a step's turns, never to a correct answer, so calculator groups carried
+no signal and SEC moved its mass to guess/l0). docs/results.md has the rest.
 """
 
 from configs import quickstart

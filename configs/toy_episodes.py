@@ -18,16 +18,14 @@ from configs import toy
 
 def get_config():
   c = toy.get_config()
+  # The flags of docs/methods.md's environment rows, so that their test steps share this
+  # config's warm start.
   c.task.name = "calculator+countdown_tool+guess"
   c.task.train_bins = (0, 1, 3, 6, 7)   # calculator l0 l1, countdown_tool n3, guess l0 l1
   c.task.eval_bins = (0, 6)
-  c.task.train_per_bin = 16
-  c.task.sft_per_bin = 16
-  c.task.eval_per_bin = 4
   c.tokenizer.vocab_size = 128          # the prompts' instructions hold 69 distinct characters
   c.rl.engine = "continuous"
   c.rl.page_size = 4
-  c.rl.decode_slots = 8
   c.rl.max_new_tokens = 48
   c.rl.turn_tokens = 8
   c.rl.observation_tokens = 16

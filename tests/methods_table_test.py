@@ -286,7 +286,14 @@ def default_step(tmp_path_factory):
   return _one_step([], str(tmp_path_factory.mktemp("default") / "run"))
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "default"])
+# A step on episodes builds the environments' own warm start and plays held-out episodes: a
+# minute on two cores (the slow suite).
+_SLOW_FAMILIES = ("environments", "horizon_bandit")
+
+
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=pytest.mark.slow) if f in _SLOW_FAMILIES else f
+    for f in FAMILIES if f != "default"])
 def test_each_family_trains_one_rl_step_with_its_flags_as_written(family, default_step,
                                                                    tmp_path):
   """A family's merged flags train one RL step without a skipped update, and the step differs

@@ -30,6 +30,10 @@ batch whole in `finish`. With W generations holding batches t .. t + k:
     most b iterations, and with `wait` only while every slot has a row: a batch's long rows go
     on over the next steps beside the rows of the batches queued after it.
 
+On a task that is an environment each row plays an episode (`episode_steps`): `finish` and
+`decode` alternate the engine with the environments' replies, and a batch is scored by its
+episodes' returns when its step comes.
+
 With k > 0 everything in flight (the engine's rows, prompt keys and values, queue; each batch's
 selection and scores) is in `RunState.rollouts`, so checkpoints hold it and a resumed run goes on
 exactly; at k = 0 nothing outlives its step and `RunState.rollouts` is None between steps. A
