@@ -84,8 +84,14 @@ def _play(model, slots: int, page_size: int = 4, max_turns: int = 3):
                           jnp.asarray(start), jnp.asarray(limit))
 
 
-def test_observations_stay_where_written_with_mask_zero(model):
-  rows, written, _ = _play(model, slots=3)
+@pytest.fixture(scope="module")
+def played(model):
+  """Every row's episode on 3 slots and pages of 4, played once for the tests that read it."""
+  return _play(model, slots=3)
+
+
+def test_observations_stay_where_written_with_mask_zero(played):
+  rows, written, _ = played
   assert sum(len(w) for w in written.values()) >= R  # every row saw an observation
   for r, parts in written.items():
     for start, ids in parts:
@@ -94,8 +100,8 @@ def test_observations_stay_where_written_with_mask_zero(model):
       assert rows.mask[r, start - 1] == 1  # the turn's last token is the policy's
 
 
-def test_drawn_log_probs_equal_one_forward_pass_over_the_episode(model):
-  rows, _, _ = _play(model, slots=3)
+def test_drawn_log_probs_equal_one_forward_pass_over_the_episode(model, played):
+  rows, _, _ = played
   tokens, mask = _prompts()
   want = forward.completion_logprobs(*model, jnp.asarray(tokens), jnp.asarray(mask),
                                      jnp.asarray(rows.tokens), temperature=TEMPERATURE)
@@ -105,8 +111,8 @@ def test_drawn_log_probs_equal_one_forward_pass_over_the_episode(model):
 
 
 @pytest.mark.parametrize("slots,page_size", [(R, 4), (2, 2)])
-def test_tokens_do_not_depend_on_slots_or_pages(model, slots, page_size):
-  want, _, _ = _play(model, slots=3)
+def test_tokens_do_not_depend_on_slots_or_pages(model, played, slots, page_size):
+  want, _, _ = played
   got, _, _ = _play(model, slots=slots, page_size=page_size)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_array_equal(got.mask, want.mask)

@@ -12,6 +12,7 @@ leaves the loss, its metrics and every gradient exactly as they were.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rl_curriculum.rl import stability
 from rl_curriculum.train.learn import examples, objective, rl_step
@@ -31,7 +32,10 @@ def _episode_mask() -> np.ndarray:
   return mask
 
 
-def _setup():
+@pytest.fixture(scope="module")
+def setup():
+  """(the episode batch's view, loss(view) -> (loss, metrics, gradients)): one jitted program
+  for every test of this module."""
   graphdef, params = test_util.tiny_model()
   ref = jax.tree.map(lambda x: x * 1.1, params)  # another policy: the KL is not zero
   key = jax.random.PRNGKey(1)
@@ -43,16 +47,18 @@ def _setup():
   scores = rl_step.score_groups(batch, stability.whitening_init(), config)
   view = view_lib.train_view(batch, scores, params, graphdef=graphdef, ref_params=ref,
                              config=config, use_lora=False, value=None)
-  return graphdef, params, config, batch, view
 
-
-def _loss_and_grads(graphdef, params, config, view):
-  def loss(p):
-    out, metrics = objective.policy_objective(p, view, graphdef=graphdef, frozen=None, group=G,
+  def objective_of(p, v):
+    out, metrics = objective.policy_objective(p, v, graphdef=graphdef, frozen=None, group=G,
                                               config=config)
-    return out, {k: v for k, v in metrics.items() if k != "logp_old"}
-  (value, metrics), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-  return jax.device_get((value, metrics, grads))
+    return out, {k: x for k, x in metrics.items() if k != "logp_old"}
+
+  value_and_grad = jax.jit(jax.value_and_grad(objective_of, has_aux=True))
+
+  def loss(v):
+    (value, metrics), grads = value_and_grad(params, v)
+    return jax.device_get((value, metrics, grads))
+  return view, loss
 
 
 def _assert_same(got, want):
@@ -63,29 +69,29 @@ def _assert_same(got, want):
     np.testing.assert_array_equal(a, b)
 
 
-def test_the_terms_of_observation_positions_are_never_read():
-  graphdef, params, config, _, view = _setup()
-  want = _loss_and_grads(graphdef, params, config, view)
+def test_the_terms_of_observation_positions_are_never_read(setup):
+  view, loss = setup
+  want = loss(view)
   assert float(want[1]["kl"]) > 0 and float(want[1]["entropy"]) > 0
   observed = jnp.asarray(_episode_mask() == 0)
   other = lambda x: jnp.where(observed, x - 7.0, x)
   changed = view._replace(sampler_logprobs=other(view.sampler_logprobs),
                           logp_old=other(view.logp_old), logp_ref=other(view.logp_ref),
                           advantages=jnp.where(observed, 5.0, view.advantages))
-  _assert_same(_loss_and_grads(graphdef, params, config, changed), want)
+  _assert_same(loss(changed), want)
 
 
-def test_an_observation_that_nothing_trained_follows_leaves_loss_kl_entropy_and_gradients():
-  graphdef, params, config, batch, view = _setup()
-  want = _loss_and_grads(graphdef, params, config, view)
+def test_an_observation_that_nothing_trained_follows_leaves_loss_kl_entropy_and_gradients(setup):
+  view, loss = setup
+  want = loss(view)
   tokens = np.asarray(view.tokens).copy()
   tokens[:, T - 2:] = (tokens[:, T - 2:] + 1 - 4) % (V - 4) + 4  # other ids, still >= 4
   changed = view._replace(tokens=jnp.asarray(tokens))
-  _assert_same(_loss_and_grads(graphdef, params, config, changed), want)
+  _assert_same(loss(changed), want)
   # The middle observation's ids do matter: the policy's later turn reads them.
   tokens = np.asarray(view.tokens).copy()
   tokens[:, 2:4] = (tokens[:, 2:4] + 1 - 4) % (V - 4) + 4
-  moved = _loss_and_grads(graphdef, params, config, view._replace(tokens=jnp.asarray(tokens)))
+  moved = loss(view._replace(tokens=jnp.asarray(tokens)))
   assert float(moved[1]["kl"]) != float(want[1]["kl"])
   assert any(not np.array_equal(a, b)
              for a, b in zip(jax.tree.leaves(moved[2]), jax.tree.leaves(want[2])))
