@@ -113,9 +113,9 @@ def _empty(r: int) -> Played:
 
 
 class _Next(NamedTuple):
-  """What a row's episode needs next (`replay`)."""
-  finished: bool        # over: the environment said done, or a limit was reached
-  reply: Optional[list]  # ids to write after the last turn and queue the row again, or None
+  """What a row's episode needs next (`replay`): nothing (decoding, queued, or over), or a
+  reply written after its last turn and the row queued again."""
+  reply: Optional[list]  # ids to write after the last turn, or None
   start: int            # where they go: one past the last turn's last position
 
 
@@ -143,14 +143,14 @@ def replay(env, problem, seed: int, row: tuple, done: bool, *, tokenizer, framin
     out.well_formed[i] += bool(step.tool_call and step.well_formed)
     out.malformed[i] += not step.well_formed
     if step.done:
-      return _Next(True, None, end)
+      return _Next(None, end)
     ids = encode_observation(tokenizer, framing, step.observation, limits.observation_tokens)
     if out.turns[i] >= limits.max_turns or end + len(ids) >= n:
       out.cut[i] = True
-      return _Next(True, None, end)
+      return _Next(None, end)
     if k == len(runs) - 1 and forced <= end:  # its reply is not written yet
-      return _Next(False, ids, end)
-  return _Next(False, None, 0)
+      return _Next(ids, end)
+  return _Next(None, 0)
 
 
 def step_turns(state, generation: int, *, problems: Sequence[Optional[Any]], task,
