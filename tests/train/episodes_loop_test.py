@@ -52,6 +52,19 @@ def test_three_environments_train_end_to_end_with_a_rising_horizon(tmp_path):
                                        "episode/success", "episode/turns"}
 
 
+@pytest.mark.slow
+def test_turns_of_one_token_play_every_turn(tmp_path):
+  """With rl.turn_tokens = 1 every row's first turn ends with its first token, drawn when the
+  batch is queued, so no row is decoding when its step comes: the episodes must still be
+  answered and played to the horizon (3 turns of 1 token and a reply fit in 48 positions)."""
+  config = _config(steps=1, rl__turn_tokens=1)
+  workdir = _warm(config, str(tmp_path / "run"))
+  loop.train_and_evaluate(config, workdir)
+  step = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] == 1][0]
+  assert step["episode/horizon"] == 3.0
+  assert step["episode/turns"] == 3.0
+
+
 class _Killed(BaseException):
   """Stands for the process being killed (not an Exception: no guard of the run catches it)."""
 

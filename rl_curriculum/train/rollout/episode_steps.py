@@ -149,12 +149,13 @@ def finish_batch(loop, state, params, step: int, version: int, records, draw: di
   config = loop.config
   w = records.batch_step.shape[0]
   generation = step % w
-  engine = state.rollouts.engine
+  # Rows whose first token ended their turn were never queued: they are answered first.
+  engine, _ = step_all(loop, state.rollouts.engine, records)
   if bool(inflight.pending(engine, jnp.int32(generation))):
     engine = decode(loop, engine, records, params, version, temperature, draw,
                     due=None if w == 1 else generation)
-  engine, played, _ = episodes.step_turns(engine, generation,
-                                          **_episodes(loop, records, generation))
+  _, played, _ = episodes.step_turns(engine, generation, read_only=True,
+                                     **_episodes(loop, records, generation))
   valid = records.valid[generation]
   s, g = valid.shape
   rewards, correct = played.rewards.reshape(s, g), played.correct.reshape(s, g)
