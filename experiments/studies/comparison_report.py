@@ -29,8 +29,11 @@ def markdown(summary: dict, setting: str) -> str:
   lines = [f"# Curricula compared: {setting}", "",
            f"Budget {summary['budget_rollouts']} rollouts per run. Target: the tuned uniform "
            f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
-           "Intervals: 95% Student-t across seeds.", "",
-           "| method | lr | seeds reaching target | rollouts to target (x budget) | "
+           "Intervals: 95% Student-t across seeds. Rollouts to target: the mean over every seed, "
+           "a seed that never reached the target within the budget counted as the whole budget "
+           "(a lower bound of its time), \"never\" when no seed reached it.", "",
+           "| method | lr | seeds reaching target | rollouts to target, unreached = budget "
+           "(x budget) | "
            "final held-out % | gain over start, points | area under the curve % | final OOD % | "
            "groups with signal % | groups with mixed correctness % | wall s |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -43,7 +46,7 @@ def markdown(summary: dict, setting: str) -> str:
                  "compare the final accuracies and gains instead.")
   for name, m in summary["methods"].items():
     frac = m["rollouts_to_target_fraction"]
-    reach = ("never" if m["rollouts_to_target"] is None else
+    reach = ("never" if m["seeds_reaching_target"] == 0 else
              f"{_fmt(m['rollouts_to_target'], 1, 0)} ({frac:.2f}x)")
     lines.append(f"| {name} | {m['learning_rate']:g} | {m['seeds_reaching_target']}/"
                  f"{len(m['seeds'])} | {reach} | {_fmt(m['final_heldout'])} | "
@@ -89,9 +92,10 @@ def _pair_lines(summary: dict) -> list:
     return []
   lines = ["", "Paired differences, a - b: final held-out accuracy in points, paired per problem "
            "(every run answered the same held-out problems; the interval adds the spread across "
-           "seeds), and rollouts to the target (95% Welch interval across seeds, when every seed "
-           "of both reached it):", "",
-           "| a - b | final held-out, points [95%] | resolved | rollouts to target [95%] |",
+           "seeds), and rollouts to the target (95% Welch interval across seeds, a seed that "
+           "never reached the target counted as the whole budget):", "",
+           "| a - b | final held-out, points [95%] | resolved | "
+           "rollouts to target, unreached = budget [95%] |",
            "|---|---|---|---|"]
   for pair in rows:
     d, r = pair["final_heldout"], pair["rollouts_to_target"]

@@ -4,8 +4,8 @@ A run is one (method, learning rate, seed) of `experiments/studies/compare_curri
 `read_run` turns its folder (metrics.jsonl, compare.json) into curves and totals, `summarise` turns
 every run into the per-method summary that `experiments/studies/comparison_report.py` writes out:
 intervals across seeds (`mean_interval`), rollouts to the tuned uniform baseline's final accuracy
-(`first_reaching`), the mean of the accuracy curve (`curve_area`) and the SEC goal. Nothing here
-reads flags.
+(`first_reaching`, within the budget: `rollouts_to_target`), the mean of the accuracy curve
+(`curve_area`) and the SEC goal. Nothing here reads flags.
 """
 
 import json
@@ -60,6 +60,32 @@ def first_reaching(xs: Sequence[float], ys: Sequence[float], target: float) -> O
     if y >= target - 1e-9:
       return float(x)
   return None
+
+
+def rollouts_to_target(per_seed: Sequence[Optional[float]], budget: float) -> dict:
+  """Rollouts to the target of S seeds, some of which may never reach it (None).
+
+  A seed that never reached the target within the budget B is censored: its true time lies
+  beyond the run, so B is a lower bound of it. Every seed counts, with t_s = its rollouts to the
+  target, or B when censored:
+
+    restricted   mean_interval(t_s) over all S seeds: rollouts to the target within the budget,
+                 a seed not reaching it counted as the whole budget (a lower bound of the mean
+                 time when some seed is censored, the mean time itself when none is).
+    censored     how many seeds never reached it.
+    reached      (S - censored) / S, the Kaplan-Meier fraction reached by the end of the budget
+                 (every seed is followed to the same budget, so no censoring comes earlier).
+    median       the sample median of t_s when more than half the seeds reached the target (its
+                 middle values are then reach times, not censored ones); None otherwise.
+  """
+  if not per_seed:
+    raise ValueError("rollouts_to_target needs at least one seed")
+  times = [float(budget) if v is None else float(v) for v in per_seed]
+  censored = sum(v is None for v in per_seed)
+  reached = len(times) - censored
+  return {"restricted": mean_interval(times), "censored": censored,
+          "reached": reached / len(times),
+          "median": float(np.median(times)) if 2 * reached > len(times) else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,12 +180,14 @@ def welch_interval(x: Sequence[float], y: Sequence[float]) -> Optional[dict]:
   return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": [int(x.size), int(y.size)]}
 
 
-def pairs(tuned: dict, methods: dict) -> list:
+def pairs(tuned: dict, methods: dict, budget: float) -> list:
   """Every pair (a, b) of methods, a listed before b, at their tuned learning rates (`tuned`:
   {method: {seed: run}}): the difference a - b in final held-out accuracy, paired per problem
   over seeds (`paired.paired_difference`; None when a run folder kept no per-problem outcomes or
-  the runs were evaluated on different problems), and in rollouts to the target (Welch interval across seeds, when every seed of both reached
-  it)."""
+  the runs were evaluated on different problems), and in rollouts to the target within the
+  `budget`: `welch_interval` of every seed's rollouts to the target, a seed that never reached it
+  counted as the whole budget (`rollouts_to_target`), so the difference of restricted means;
+  None only with fewer than two seeds on a side."""
   out = []
   names = list(methods)
   for i, a in enumerate(names):
@@ -172,9 +200,9 @@ def pairs(tuned: dict, methods: dict) -> list:
         bins = runs_a[0]["final_outcome_bins"]
         diff = paired.paired_difference(np.stack([r["final_outcomes"] for r in runs_a]),
                                         np.stack([r["final_outcomes"] for r in runs_b]), bins)
-      reach = [[v for v in methods[m]["per_seed_rollouts_to_target"].values()] for m in (a, b)]
-      rollouts = (welch_interval(*reach)
-                  if all(v is not None for side in reach for v in side) else None)
+      reach = [[float(budget) if v is None else v
+                for v in methods[m]["per_seed_rollouts_to_target"].values()] for m in (a, b)]
+      rollouts = welch_interval(*reach)
       out.append({"a": a, "b": b, "final_heldout": diff, "rollouts_to_target": rollouts})
   return out
 
@@ -183,8 +211,10 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   """Per-method summary of {(method, lr, seed): run}; uniform and SEC at their best rate.
 
   The target is the tuned uniform baseline's final held-out accuracy (mean over seeds). For each
-  method and seed, rollouts to target = the first evaluation at or above it (None if never);
-  the method's figure is the mean over seeds that reached it, with how many did. The summary
+  method and seed, rollouts to target = the first evaluation at or above it (None if never,
+  "per_seed_rollouts_to_target"); the method's "rollouts_to_target" is the restricted mean over
+  all its seeds, a seed that never reached the target counted as the whole budget
+  (`rollouts_to_target`), with how many seeds reached it and how many are censored. The summary
   lists the methods named in `order` first, in that order, then the others in the order `runs`
   first names them; "pairs" compares every two of them (`pairs`).
   """
@@ -209,19 +239,23 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
     lr = best_lr[method][0]
     seeds = by_method_lr[(method, lr)]
     reach = {s: first_reaching(r["rollouts"], r["heldout"], target) for s, r in seeds.items()}
-    reached = [v for v in reach.values() if v is not None]
+    times = rollouts_to_target([reach[s] for s in sorted(reach)], budget)
+    restricted = times["restricted"]["mean"]
     bins = sorted(next(iter(seeds.values()))["final_bins"])
     rollouts = next(iter(seeds.values()))["rollouts"]
     curve = np.mean([r["heldout"] for r in seeds.values()], axis=0)
     methods[method] = {
         "learning_rate": lr,
         "seeds": sorted(seeds),
-        "rollouts_to_target": mean_interval(reached) if reached else None,
-        "rollouts_to_target_fraction": (float(np.mean(reached)) / budget) if reached else None,
-        "seeds_reaching_target": len(reached),
+        # Restricted mean over all seeds, a censored seed counted as the budget.
+        "rollouts_to_target": times["restricted"],
+        "rollouts_to_target_fraction": restricted / budget,
+        "rollouts_to_target_censored": times["censored"],
+        "rollouts_to_target_median": times["median"],
+        "reached_fraction": times["reached"],
+        "seeds_reaching_target": len(seeds) - times["censored"],
         "per_seed_rollouts_to_target": {str(s): v for s, v in sorted(reach.items())},
-        "steps_to_target": (float(np.mean(reached)) / seeds[min(seeds)]["rollouts_per_step"]
-                            if reached else None),
+        "steps_to_target": restricted / seeds[min(seeds)]["rollouts_per_step"],
         "final_heldout": mean_interval([r["final_heldout"] for r in seeds.values()]),
         "gain_heldout": (mean_interval([r["final_heldout"] - r["start_heldout"]
                                         for r in seeds.values()])
@@ -243,10 +277,10 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   goal = None
   if "sec" in methods:
     sec, uni = methods["sec"], methods["uniform"]
-    rollouts_met = bool(sec["rollouts_to_target"] is not None
-                        and sec["seeds_reaching_target"] == len(sec["seeds"])
+    # Uniform's censored seeds count as the budget, below their true time: its restricted mean
+    # is a lower bound of its mean time to the target, which SEC has to beat.
+    rollouts_met = bool(sec["seeds_reaching_target"] == len(sec["seeds"])
                         and sec["rollouts_to_target"]["mean"] <= 0.6 * budget
-                        and uni["rollouts_to_target"] is not None
                         # one seed gives a point, not an interval: nothing to compare
                         and min(sec["rollouts_to_target"]["n"], uni["rollouts_to_target"]["n"]) >= 2
                         and sec["rollouts_to_target"]["hi"] < uni["rollouts_to_target"]["lo"])
@@ -257,7 +291,8 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
         "met": rollouts_met,
         "rule": "every SEC seed reaches the tuned uniform final accuracy, in at most 0.6x the "
                 "budget on average, and SEC's 95% interval of rollouts-to-target lies below "
-                "uniform's, each from at least two seeds",
+                "uniform's (a uniform seed that never reaches it counted as the whole budget), "
+                "each from at least two seeds",
     }
     if sec.get("min_task_gain") is not None:  # several tasks: skill balance too
       best = max(methods, key=lambda m: (methods[m].get("min_task_gain")
@@ -270,7 +305,7 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   starts = [r["start_heldout"] for r in runs.values() if r.get("start_heldout") is not None]
   start = float(np.mean(starts)) if starts else None
   tuned = {m: by_method_lr[(m, methods[m]["learning_rate"])] for m in methods}
-  return {"target_heldout": target, "start_heldout": start, "pairs": pairs(tuned, methods),
+  return {"target_heldout": target, "start_heldout": start, "pairs": pairs(tuned, methods, budget),
           # A target the warm start already meets makes rollouts-to-target 0 for every method.
           "target_above_start": None if start is None else bool(target > start + 1e-9),
           "budget_rollouts": budget, "lr_sweep": sweep,

@@ -71,18 +71,26 @@ def test_summarise_tunes_the_baseline_and_measures_rollouts_to_its_accuracy(run_
   uni, sec, dump = (s["methods"][m] for m in ("uniform", "sec", "dump"))
   assert uni["learning_rate"] == 2e-5
   assert s["lr_sweep"]["uniform"] == {"2e-05": pytest.approx(0.6), "4e-05": pytest.approx(0.45)}
-  # Uniform: seed 1 never reaches 0.6 (max 0.5); seed 2 at step 3 = 30 rollouts.
+  # Uniform: seed 1 never reaches 0.6 (max 0.5), counted as the budget; seed 2 at step 3 = 30.
   assert uni["per_seed_rollouts_to_target"] == {"1": None, "2": 30.0}
-  assert uni["seeds_reaching_target"] == 1
+  assert uni["seeds_reaching_target"] == 1 and uni["rollouts_to_target_censored"] == 1
+  assert uni["rollouts_to_target"]["mean"] == pytest.approx(35.0)
+  assert uni["rollouts_to_target_median"] is None   # only half the seeds reached it
   assert sec["per_seed_rollouts_to_target"] == {"1": 10.0, "2": 10.0}
   assert sec["rollouts_to_target_fraction"] == pytest.approx(10 / 40)
   assert sec["steps_to_target"] == pytest.approx(1.0)
-  assert dump["rollouts_to_target"] is None and dump["seeds_reaching_target"] == 0
+  assert sec["rollouts_to_target_censored"] == 0 and sec["rollouts_to_target_median"] == 10.0
+  # No dump seed gets there: both count as the budget, and the report says "never".
+  assert dump["seeds_reaching_target"] == 0 and dump["rollouts_to_target_censored"] == 2
+  assert dump["rollouts_to_target"] == {"mean": 40.0, "lo": 40.0, "hi": 40.0, "n": 2}
+  assert dump["reached_fraction"] == 0.0
   assert sec["final_heldout"]["mean"] == pytest.approx(0.8)
   np.testing.assert_allclose(sec["curve"]["heldout_mean"], [0.0, 0.625, 0.7, 0.7, 0.8])
-  # SEC reached it in 0.25x the budget, but only one uniform seed did: its rollouts-to-target is
-  # one value, not an interval, so the goal cannot be met (the multi-task test below meets it).
-  assert uni["rollouts_to_target"]["n"] == 1 and sec["rollouts_to_target"]["n"] == 2
+  # SEC reached it in 0.25x the budget, but uniform's two seeds (30 and, censored, 40) leave an
+  # interval of 35 +- 12.706 * 5 = [-28.5, 98.5] that SEC's [10, 10] does not lie below, so the
+  # goal is not met (the multi-task test below meets it).
+  assert uni["rollouts_to_target"]["n"] == 2 and sec["rollouts_to_target"]["n"] == 2
+  assert uni["rollouts_to_target"]["lo"] == pytest.approx(35 - 12.706 * 5)
   assert not s["sec_goal"]["met"]
   assert s["start_heldout"] == 0.0 and s["target_above_start"]
   assert sec["gain_heldout"]["mean"] == pytest.approx(0.8)
@@ -97,7 +105,7 @@ def test_summarise_lists_the_methods_in_the_given_order_then_as_runs_name_them(r
 
 
 def test_pairs_compare_every_two_methods_per_problem_and_their_rollouts_to_target(run_record):
-  rng = np.random.default_rng(0)
+  rng = np.random.default_rng(1)
   bins = np.repeat([0, 1], 150)
   chance = {"uniform": 0.5, "sec": 0.65, "dump": 0.5}
   outcomes = {(m, s): (rng.random(300) < chance[m]).astype(float)
@@ -115,8 +123,11 @@ def test_pairs_compare_every_two_methods_per_problem_and_their_rollouts_to_targe
   sec_dump = s["pairs"][2]
   want = paired.paired_difference(np.stack([outcomes[("sec", k)] for k in (1, 2, 3)]),
                                   np.stack([outcomes[("dump", k)] for k in (1, 2, 3)]), bins)
-  assert sec_dump["final_heldout"] == want and want["lo"] > 0  # 15 points on 300 problems
-  assert s["pairs"][0]["rollouts_to_target"] is None  # uniform's seed 1 never reaches it
+  # 15 points on 300 problems, resolved at the t quantile of 3 + 3 seeds (3.18 here: with so few
+  # seeds the seed part's own noise sets the degrees of freedom).
+  assert sec_dump["final_heldout"] == want and want["lo"] > 0
+  # Uniform's seed 1 never reaches it: it counts as the budget, 20, and the pair has an interval.
+  assert s["pairs"][0]["rollouts_to_target"] == cs.welch_interval([20.0] * 3, [10.0, 20.0, 20.0])
   assert sec_dump["rollouts_to_target"] == cs.welch_interval([10.0, 20.0, 20.0], [20.0] * 3)
   assert sec_dump["rollouts_to_target"]["mean"] == pytest.approx(-10 / 3)
   text = cr.markdown(s, "synthetic")
@@ -132,6 +143,47 @@ def test_pairs_compare_every_two_methods_per_problem_and_their_rollouts_to_targe
   got = cs.summarise(other, 20, order=("uniform", "sec", "dump"))["pairs"]
   assert got[0]["final_heldout"] == s["pairs"][0]["final_heldout"]  # uniform - sec: unaffected
   assert got[1]["final_heldout"] is None and got[2]["final_heldout"] is None
+
+
+def test_rollouts_to_target_counts_a_seed_that_never_reached_it_as_the_budget():
+  got = cs.rollouts_to_target([10.0, None, 20.0], budget=40)
+  # Times 10, 40 (censored), 20: mean 70 / 3, sample variance (1600 + 2500 + 100) / 9 / 2.
+  assert got["restricted"]["mean"] == pytest.approx(70 / 3, abs=1e-12)
+  half = 4.303 * (2100 / 9 / 3) ** 0.5    # t_{0.975, 2} sd / sqrt(3)
+  assert got["restricted"]["hi"] - 70 / 3 == pytest.approx(half, abs=1e-12)
+  assert got["restricted"]["n"] == 3 and got["censored"] == 1
+  assert got["reached"] == pytest.approx(2 / 3) and got["median"] == 20.0  # 2 of 3 reached it
+  # Half or fewer reached it: the median would be a censored value, so there is none.
+  assert cs.rollouts_to_target([10.0, None], 40)["median"] is None
+  assert cs.rollouts_to_target([10.0, 30.0, None, 20.0], 40)["median"] == 25.0
+  assert cs.rollouts_to_target([None], 40) == {
+      "restricted": {"mean": 40.0, "lo": 40.0, "hi": 40.0, "n": 1}, "censored": 1, "reached": 0.0,
+      "median": None}
+  with pytest.raises(ValueError):
+    cs.rollouts_to_target([], 40)
+
+
+def test_a_pair_with_a_censored_seed_gets_a_welch_interval_of_the_censored_times(run_record):
+  # Budget 40 (4 steps of 10). Uniform ends at 0.5 and 0.7: the target is 0.6. Uniform seed 1
+  # never reaches it (40, censored), seed 2 at 40; SEC seeds at 10, 20 and never (40).
+  runs = {("uniform", 2e-5, 1): run_record([0.0, 0.2, 0.3, 0.4, 0.5]),
+          ("uniform", 2e-5, 2): run_record([0.0, 0.3, 0.4, 0.5, 0.7]),
+          ("sec", 2e-5, 1): run_record([0.0, 0.6, 0.7, 0.7, 0.7]),
+          ("sec", 2e-5, 2): run_record([0.0, 0.5, 0.6, 0.6, 0.7]),
+          ("sec", 2e-5, 3): run_record([0.0, 0.3, 0.4, 0.5, 0.55])}
+  s = cs.summarise(runs, 40, order=("sec", "uniform"))
+  sec = s["methods"]["sec"]
+  assert sec["per_seed_rollouts_to_target"] == {"1": 10.0, "2": 20.0, "3": None}
+  assert sec["rollouts_to_target"]["mean"] == pytest.approx(70 / 3, abs=1e-12)
+  assert sec["rollouts_to_target_censored"] == 1 and sec["seeds_reaching_target"] == 2
+  assert sec["rollouts_to_target_fraction"] == pytest.approx(70 / 3 / 40)
+  # sec - uniform: [10, 20, 40] against [40, 40]. Uniform has no spread, so the Welch variance is
+  # SEC's, 2100 / 27, at 2 degrees of freedom: -50 / 3 +- 4.303 * sqrt(2100 / 27).
+  got = s["pairs"][0]["rollouts_to_target"]
+  assert got["mean"] == pytest.approx(70 / 3 - 40, abs=1e-12) and got["n"] == [3, 2]
+  assert got["hi"] - got["mean"] == pytest.approx(4.303 * (2100 / 27) ** 0.5, abs=1e-12)
+  assert not s["sec_goal"]["met"]  # an SEC seed fell short
+  assert "| sec - uniform |" in cr.markdown(s, "synthetic")
 
 
 def test_welch_interval_matches_scipy():
