@@ -10,6 +10,7 @@ shared builder and per-arm statistics are in `arms`):
   easy_to_hard, hard_to_easy, linear_pacing, cyclical, mixed_replay   (module `schedules`)
   dump                                                          (module `dump`)
   alp_teacher, mastering_rate                                   (module `teachers`)
+  learnability                                                  (module `learnability`)
 Prompt level (statistics per prompt, kept in `prompt_stats`):
   vcrl, vade, greso, adarft, pcl, hard_focus                    (one module each)
 Post-rollout filters (`filters`) and rollout budgets (`allocation`) have their own small
@@ -18,6 +19,7 @@ interfaces. `gym` is a simulated learner on which any curriculum runs in seconds
 
 from rl_curriculum.curriculum.base import Curriculum, Feedback, PromptPool, Selection
 from rl_curriculum.curriculum.dump import dump
+from rl_curriculum.curriculum.learnability import learnability
 from rl_curriculum.curriculum.schedules import (cyclical, easy_to_hard, hard_to_easy,
                                                 linear_pacing, mixed_replay)
 from rl_curriculum.curriculum.sec import sec
@@ -33,4 +35,4 @@ from rl_curriculum.curriculum.vcrl import vcrl
 __all__ = ["Curriculum", "Feedback", "PromptPool", "Selection",
            "sec", "uniform", "easy_to_hard", "hard_to_easy",
            "linear_pacing", "cyclical", "mixed_replay", "dump", "alp_teacher", "mastering_rate",
-           "vcrl", "vade", "greso", "adarft", "pcl", "hard_focus"]
+           "learnability", "vcrl", "vade", "greso", "adarft", "pcl", "hard_focus"]

@@ -30,6 +30,7 @@ CURRICULA: dict[str, Callable[..., cur.Curriculum]] = {
     "dump": cur.dump,
     "alp_teacher": cur.alp_teacher,
     "mastering_rate": cur.mastering_rate,
+    "learnability": cur.learnability,
     "vcrl": cur.vcrl,
     "vade": cur.vade,
     "greso": cur.greso,
@@ -46,6 +47,7 @@ TRACED_OPTIONS: dict[str, tuple[str, ...]] = {
     "dump": ("temperature",),
     "alp_teacher": ("epsilon",),
     "mastering_rate": ("unlock_threshold", "mastery_threshold", "rate"),
+    "learnability": ("alpha", "epsilon"),
 }
 
 # Post-rollout filters (`curriculum.filter`): none, or a mode of `filters.dynamic_filter`.
