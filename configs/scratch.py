@@ -53,6 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Share of every training bin's problem space kept for evaluation (a fixed hash of the prompt):
   # RL and SFT never see those prompts, so the 100 one-digit sums train on 78 and hold out 22.
   c.task.held_out_fraction = 0.2
+  # Which held-out prompts the run evaluates on: "all" of them, or one of two hash-disjoint halves,
+  # "validation" (the sets a sweep chooses by) or "test" (reported, never chosen by).
+  c.task.held_out_split = "all"
   c.task.format_bonus = 0.1         # reward for a well-formed wrong answer
 
   c.model = ml_collections.ConfigDict()

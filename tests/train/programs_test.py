@@ -263,7 +263,8 @@ def _other_values(path, value):
             "tokenizer.model_type": ["bpe"], "checkpoint.on_collapse": ["stop"],
             "rl.off_policy_correction": ["none"], "model.attention": ["tpu"],
             "model.kv_dtype": ["float32"],
-            "rl.rollback": ["minibatch"], "curriculum.horizon": ["linear"]}.get(path, [])
+            "rl.rollback": ["minibatch"], "curriculum.horizon": ["linear"],
+            "task.held_out_split": ["validation"]}.get(path, [])
   if isinstance(value, tuple):
     return {"curriculum.band": [(0.2, 0.8)]}.get(path, [value[:-1]] if len(value) > 1 else [])
   return []

@@ -18,6 +18,12 @@ then has fewer held-out problems than asked (about the fraction times its size);
 the count. Bins the run does not train on (evaluation-only bins, or bins left out of train_bins)
 draw their held-out sets from the whole space: nothing trains on them.
 
+Validation and test. A second hash of the prompt (`held_out_part`) splits the held-out prompts
+of every bin in two fixed halves: `held_out_split="validation"` draws the held-out sets from one,
+"test" from the other (each with its own seeds). A sweep chooses its learning rate or temperature
+on validation sets and reports test sets that no choice has read (`held_out_sets` builds them
+alone, for a finished run); "all" (the default) keeps both halves, as before.
+
 The partition depends only on the prompt text and the fraction: it is the same in every process
 and on every machine, and nested (a prompt held out at fraction f is held out at every larger
 fraction). Everything here is host-side Python and deterministic in its arguments.
@@ -29,6 +35,7 @@ tokens, and one pool per held-out set, all padded to the longest prompt of the r
 workdir (`workdir_tokenizer`); a pretrained model brings its own.
 """
 
+import hashlib
 import os
 import zlib
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
@@ -40,15 +47,21 @@ from rl_curriculum.tasks.data import TaskPool, make_pool
 from rl_curriculum.tasks.mixture import MixtureTask
 from rl_curriculum.train.setup import sft
 
-__all__ = ["SEED_BASE", "BIN_STRIDE", "ARM_LAYOUTS", "Arms", "arms_of", "pool_sizes",
-           "HeldOutSize", "Splits", "held_out", "problems", "make_splits", "Pools", "make_pools",
+__all__ = ["SEED_BASE", "HELD_OUT_PARTS", "BIN_STRIDE", "ARM_LAYOUTS", "Arms", "arms_of", "pool_sizes",
+           "HeldOutSize", "Splits", "held_out", "held_out_part", "problems",
+           "held_out_sets", "eval_pools", "make_splits", "Pools", "make_pools",
            "prompt_text", "tokenizer_corpus", "workdir_tokenizer", "TOKENIZER_FILE"]
 
 # The file a run from scratch keeps its SentencePiece tokenizer in, in its workdir.
 TOKENIZER_FILE = "tokenizer.model"
 # Seed offsets that give the RL pool, the SFT set and the held-out sets their own seeds; a bin's
 # seeds start BIN_STRIDE * bin above its split's base.
-SEED_BASE = {"rl": 0, "sft": 10_000_000, "eval": 20_000_000}
+SEED_BASE = {"rl": 0, "sft": 10_000_000, "eval": 20_000_000, "validation": 30_000_000,
+             "test": 40_000_000}
+# What a run's held-out sets are drawn from (`held_out_part`): the whole held-out part, or one of
+# its two hash-disjoint halves, validation (for choices: learning rates, temperatures) and test
+# (reported only, never used for a choice).
+HELD_OUT_PARTS = ("all", "validation", "test")
 BIN_STRIDE = 100_000
 # Draws per bin are bounded by this times the number asked for: a bin smaller than the request
 # stops there with what it found.
@@ -161,6 +174,19 @@ def held_out(prompt: str, fraction: float) -> bool:
   return zlib.crc32(prompt.encode("utf-8")) < fraction * 2**32
 
 
+def held_out_part(prompt: str) -> str:
+  """"validation" or "test": which half of the held-out part `prompt` belongs to.
+
+  The first bit of the SHA-256 digest of the prompt's UTF-8 bytes: 0 "test", 1 "validation". A
+  hash unrelated to `held_out`'s CRC-32, so each half is a fixed half of every held-out
+  fraction's prompts (and of an evaluation-only bin's whole space), the same in every process;
+  the halves share no prompt, and neither shares one with training. (A second CRC-32, of the
+  prompt behind a prefix, would not do: CRC is affine in its input, so among prompts of one
+  length its top bit would follow `held_out`'s and put every held-out prompt in one half.)
+  """
+  return "test" if hashlib.sha256(prompt.encode("utf-8")).digest()[0] < 128 else "validation"
+
+
 def problems(task, bins: Sequence[int], per_bin: int, split: str, *,
              exclude: Optional[Callable[[str], bool]] = None) -> list[Problem]:
   """Up to `per_bin` problems per bin with distinct prompts, from the split's own seeds.
@@ -212,14 +238,17 @@ def _unique(bins: Sequence[int], field: str) -> tuple:
 
 def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
                 train_per_bin: Union[int, Mapping[int, int]], sft_per_bin: int,
-                eval_per_bin: int, held_out_fraction: float) -> Splits:
+                eval_per_bin: int, held_out_fraction: float,
+                held_out_split: str = "all") -> Splits:
   """RL pool, SFT set and held-out sets such that no held-out prompt is in the RL pool or SFT set.
 
   Training bins draw their RL (`train_per_bin` per bin, or {bin: count} as `pool_sizes` gives)
-  and SFT (`sft_per_bin`, 0 for none) problems among prompts with `held_out(prompt, held_out_fraction)` false. An evaluation bin
-  that is also a training bin draws its `eval_per_bin` held-out problems among prompts with it
-  true, so a small bin gets fewer (reported in `sizes`, never an error); any other evaluation
-  bin draws from its whole space. Seeds as in `problems` (splits "rl", "sft", "eval").
+  and SFT (`sft_per_bin`, 0 for none) problems among prompts with `held_out(prompt,
+  held_out_fraction)` false. The held-out sets are `held_out_sets(..., part=held_out_split)`:
+  a training bin's among prompts with it true, so a small bin gets fewer (reported in `sizes`,
+  never an error); any other evaluation bin's from its whole space; with part "validation" or
+  "test", only among that half's prompts (`held_out_part`). Seeds as in `problems` (splits
+  "rl", "sft", and "eval", "validation" or "test").
 
   Raises:
     ValueError: held_out_fraction outside (0, 1); train_per_bin or eval_per_bin below 1, or
@@ -249,9 +278,6 @@ def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
   def is_held_out(prompt):
     return held_out(prompt, fraction)
 
-  def is_trainable(prompt):
-    return not held_out(prompt, fraction)
-
   rl = [p for b in train_bins
         for p in problems(task, [b], rl_sizes[b], "rl", exclude=is_held_out)]
   sft = problems(task, train_bins, sft_per_bin, "sft", exclude=is_held_out)
@@ -259,17 +285,47 @@ def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
   if empty:
     raise ValueError(f"training bins {empty} of {task.name} have no prompt outside the held-out "
                      f"fraction {fraction} (no RL problem); lower held_out_fraction")
+  sets, sizes = held_out_sets(task, train_bins, eval_bins, eval_per_bin, fraction,
+                              part=held_out_split)
+  return Splits(rl=rl, sft=sft, held_out=sets, sizes=sizes)
+
+
+def held_out_sets(task, train_bins: Sequence[int], eval_bins: Sequence[int], per_bin: int,
+                  held_out_fraction: float, *, part: str = "all") -> tuple[dict, dict]:
+  """({eval bin: [Problem]}, {eval bin: HeldOutSize}): up to `per_bin` held-out problems per bin.
+
+  A bin in `train_bins` draws among prompts with `held_out(prompt, held_out_fraction)` true, any
+  other among its whole space (nothing trains on it). Part "all" keeps every such prompt and
+  draws the "eval" seeds; "validation" and "test" keep only the prompts of that half
+  (`held_out_part`) and draw their own seeds, so the two sets are disjoint from each other and
+  from training, and a run whose choices read the validation sets never saw a test problem.
+
+  Raises:
+    ValueError: an unknown part, or an evaluation bin without any held-out problem.
+  """
+  if part not in HELD_OUT_PARTS:
+    raise ValueError(f"unknown held-out part {part!r}; expected one of {HELD_OUT_PARTS}")
+  fraction = float(held_out_fraction)
+  train_bins = {int(b) for b in train_bins}
+
+  def exclude_for(trained):
+    def exclude(prompt):
+      outside = trained and not held_out(prompt, fraction)
+      return outside or (part != "all" and held_out_part(prompt) != part)
+    return exclude
+
   sets, sizes = {}, {}
   for b in eval_bins:
-    trained = b in train_bins
-    sets[b] = problems(task, [b], eval_per_bin, "eval",
-                       exclude=is_trainable if trained else None)
-    sizes[b] = HeldOutSize(count=len(sets[b]), requested=int(eval_per_bin), trained=trained)
+    trained = int(b) in train_bins
+    sets[b] = problems(task, [b], per_bin, "eval" if part == "all" else part,
+                       exclude=exclude_for(trained))
+    sizes[b] = HeldOutSize(count=len(sets[b]), requested=int(per_bin), trained=trained)
   empty = [b for b in eval_bins if not sets[b]]
   if empty:
     raise ValueError(f"evaluation bins {empty} of {task.name} have no held-out prompt at "
-                     f"fraction {fraction}; raise held_out_fraction or evaluate other bins")
-  return Splits(rl=rl, sft=sft, held_out=sets, sizes=sizes)
+                     f"fraction {fraction} (part {part!r}); raise held_out_fraction or "
+                     "evaluate other bins")
+  return sets, sizes
 
 
 def tokenizer_corpus(splits: Splits) -> list[str]:
@@ -332,7 +388,7 @@ def make_pools(splits: Splits, task, tok, train_bins: Sequence[int], *,
   level = task.local_bin if isinstance(task, MixtureTask) else (lambda b: b)
   rl = pool(splits.rl, bins=train_bins, bin_arms=bin_arms, prompt_fn=text,
             difficulty=[level(p.difficulty) for p in splits.rl])
-  eval_sets = {task.bin_names[b]: pool(ps, prompt_fn=text) for b, ps in splits.held_out.items()}
+  eval_sets = eval_pools(splits.held_out, task, tok, template=template, prompt_len=prompt_len)
   sft_pool = sft_targets = None
   if splits.sft:
     sft_pool = pool(splits.sft, bins=train_bins)
@@ -341,3 +397,15 @@ def make_pools(splits: Splits, task, tok, train_bins: Sequence[int], *,
                                     tok.pad_id, target_len)
   return Pools(rl=rl, eval_sets=eval_sets, sft=sft_pool, sft_targets=sft_targets,
                prompt_len=prompt_len)
+
+
+def eval_pools(held_out: Mapping[int, Sequence[Problem]], task, tok, *, template: str = "plain",
+               prompt_len: Optional[int] = None) -> dict:
+  """{bin name: TaskPool} of held-out sets ({bin: [Problem]}), prompts rendered by
+  `prompt_text(template, task, tok)` and left-padded to `prompt_len` (None: the longest)."""
+  text = prompt_text(template, task, tok)
+  if prompt_len is None:
+    prompt_len = max(len(tok.encode(text(p))) for ps in held_out.values() for p in ps)
+  return {task.bin_names[b]: make_pool(ps, tok.encode, tok.pad_id, max_prompt_len=prompt_len,
+                                       prompt_fn=text)
+          for b, ps in held_out.items()}

@@ -147,7 +147,8 @@ def _splits(config: ml_collections.ConfigDict, task) -> data.Splits:
                                                         tuple(config.task.weights)),
                           sft_per_bin=config.task.sft_per_bin if config.sft.steps else 0,
                           eval_per_bin=config.task.eval_per_bin,
-                          held_out_fraction=config.task.held_out_fraction)
+                          held_out_fraction=config.task.held_out_fraction,
+                          held_out_split=config.task.held_out_split)
 
 
 def rl_root_key(config: ml_collections.ConfigDict) -> jax.Array:

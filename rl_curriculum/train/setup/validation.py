@@ -296,6 +296,9 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
           f"{task.format_bonus}")
   if not 0.0 < task.held_out_fraction < 1.0:
     fail("task.held_out_fraction", f"must lie in (0, 1), got {task.held_out_fraction}")
+  if task.held_out_split not in data.HELD_OUT_PARTS:
+    fail("task.held_out_split", f"must be one of {data.HELD_OUT_PARTS}, got "
+          f"{task.held_out_split!r}")
   for field in ("train_per_bin", "eval_per_bin"):
     if getattr(task, field) < 1:
       fail(f"task.{field}", f"must be >= 1, got {getattr(task, field)}")

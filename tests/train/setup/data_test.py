@@ -145,7 +145,7 @@ def test_bad_fraction_raises(task, fraction):
 
 def test_bad_arguments_raise(task):
   with pytest.raises(ValueError, match="unknown split"):
-    data.problems(task, [0], 10, "test")
+    data.problems(task, [0], 10, "train")
   with pytest.raises(ValueError, match="evaluation-only"):
     data.make_splits(task, (0, 8), EVAL_BINS, held_out_fraction=FRACTION, **COUNTS)
   with pytest.raises(ValueError, match="repeats"):
@@ -302,3 +302,55 @@ def test_the_quickstart_reports_only_bins_with_its_full_held_out_count():
   assert c.task.eval_per_bin >= 200
   assert {b: s.count for b, s in got.sizes.items()} == {b: c.task.eval_per_bin
                                                          for b in c.task.eval_bins}
+
+
+@pytest.fixture(scope="module")
+def parts(task):
+  """The validation and test sets of the scratch bins, more per bin than `splits` holds."""
+  return {part: data.held_out_sets(task, TRAIN_BINS, EVAL_BINS, 64, FRACTION, part=part)[0]
+          for part in ("validation", "test")}
+
+
+def test_validation_and_test_sets_are_disjoint_from_training_and_each_other(task, splits,
+                                                                            parts):
+  train = _prompts(splits.rl) | _prompts(splits.sft)
+  for b in EVAL_BINS:
+    val, test = _prompts(parts["validation"][b]), _prompts(parts["test"][b])
+    assert val and test, b
+    assert not val & test, (b, sorted(val & test)[:5])
+    assert not (val | test) & train, b
+    assert all(data.held_out_part(p) == "validation" for p in val)
+    assert all(data.held_out_part(p) == "test" for p in test)
+    if b in TRAIN_BINS:
+      assert all(data.held_out(p, FRACTION) for p in val | test)
+  # add_1d_1d (bin 0): 100 prompts, 22 held out, which the two halves share out between them.
+  held = {p for p in ADD_1D_1D if data.held_out(p, FRACTION)}
+  assert (_prompts(parts["validation"][0]) | _prompts(parts["test"][0])) == held
+
+
+def test_the_halves_split_a_large_space_evenly_and_do_not_depend_on_the_fraction():
+  prompts = [f"{a}+{b}=" for a in range(100, 400) for b in range(100, 130)]  # 9,000 prompts
+  share = sum(data.held_out_part(p) == "test" for p in prompts) / len(prompts)
+  assert abs(share - 0.5) < 0.02, share
+  # Among the held-out prompts too, all of one length here: the halves' hash is not the
+  # partition's (a CRC-32 of the prompt behind a prefix would give them all one half).
+  held = [p for p in prompts if data.held_out(p, FRACTION)]
+  share = sum(data.held_out_part(p) == "test" for p in held) / len(held)
+  assert abs(share - 0.5) < 0.05, share
+  # A prompt's half is a property of the prompt alone, and the halves of different fractions nest.
+  narrow = {p for p in prompts if data.held_out(p, 0.1) and data.held_out_part(p) == "test"}
+  wide = {p for p in prompts if data.held_out(p, 0.3) and data.held_out_part(p) == "test"}
+  assert narrow and narrow < wide
+
+
+def test_splits_with_a_part_hold_that_half_and_all_keeps_the_old_sets(task, splits, parts):
+  val = data.make_splits(task, TRAIN_BINS, EVAL_BINS, held_out_fraction=FRACTION,
+                         held_out_split="validation", **COUNTS)
+  assert val.rl == splits.rl and val.sft == splits.sft
+  for b in EVAL_BINS:
+    assert val.held_out[b] == parts["validation"][b][:COUNTS["eval_per_bin"]]
+  sets, sizes = data.held_out_sets(task, TRAIN_BINS, EVAL_BINS, COUNTS["eval_per_bin"],
+                                   FRACTION, part="all")
+  assert sets == splits.held_out and sizes == splits.sizes
+  with pytest.raises(ValueError, match="unknown held-out part"):
+    data.held_out_sets(task, TRAIN_BINS, EVAL_BINS, 8, FRACTION, part="train")
