@@ -36,6 +36,22 @@ def test_reference_solution_is_valid(b):
     assert str(target) in p.prompt and " ".join(map(str, nums)) in p.prompt
 
 
+@pytest.mark.parametrize("b, n, lo, hi", [(3, 6, 1, 30), (4, 3, 31, 99)])
+def test_out_of_distribution_bins_are_valid_and_evaluation_only(b, n, lo, hi):
+  task = countdown.CountdownTask(ood_bins=True)
+  assert task.bin_names == ("n3", "n4", "n5", "n6", "n3_wide") and task.eval_only_bins == (3, 4)
+  assert task.train_bins == (0, 1, 2)
+  for seed in range(40):
+    p = task.generate(seed, b)
+    nums, target = p.meta["numbers"], p.meta["target"]
+    assert len(nums) == n and all(lo <= x <= hi for x in nums)
+    assert 1 <= target <= 999 and _value(p.answer) == target
+    assert task.score(p, " " + p.answer).correct
+  # The trained bins' problems are those of the task without the extra bins.
+  assert task.generate(7, 1) == countdown.CountdownTask().generate(7, 1)
+  assert countdown.CountdownTask().bin_names == countdown.BINS
+
+
 def _problem(use_all=True):
   return countdown.base.Problem(
       task="countdown", difficulty=0, prompt="", question="", answer="(3+5)*2", target="",
