@@ -25,6 +25,12 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
   every run starts at 10.2%; uniform ends at 12.3% [11.9, 12.8], SEC at 13.7% [13.0, 14.5],
   paired difference -1.4 [-2.9, +0.1] points; about 17 minutes a run on one core. (Ten methods on
   the older splits ended within 1.5 points of 14%: curricula_countdown_2026-11-30.md.)
+- countdown_prereg: countdown chosen and reported apart, the setting of the pre-registered
+  comparison (docs/preregistration/countdown.md): the runs evaluate on the validation half of
+  the held-out prompts (200 a bin, every 10 steps; learning rates are chosen on it), and each
+  run's last checkpoint answers the test half once, after every choice (700 a bin:
+  --test_per_bin=700, 2,100 problems of the trained bins). Two evaluation-only bins: n6 (one
+  source more than trained) and n3_wide (three sources from [31, 99]).
 - countdown_nobonus: countdown with task.format_bonus = 0, the reward correctness alone, to see
   how much of the curricula's signal on countdown was the bonus for a well-formed wrong answer.
   Its SFT warm start is countdown's (the bonus acts in RL only and is not in the fingerprint), so
@@ -58,7 +64,8 @@ from configs import quickstart
 from configs import scratch
 from configs import toy
 
-VARIANTS = ("scratch", "countdown", "countdown_nobonus", "multitask", "quickstart", "toy")
+VARIANTS = ("scratch", "countdown", "countdown_prereg", "countdown_nobonus", "multitask",
+            "quickstart", "toy")
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
@@ -91,13 +98,18 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   c.eval.every = 10                 # every 1,280 rollouts
   c.eval.batch_size = 256
   c.checkpoint.every = 50
-  if arg in ("countdown", "countdown_nobonus"):
+  if arg in ("countdown", "countdown_prereg", "countdown_nobonus"):
     c.task.name = "countdown"
     c.task.train_bins = (0, 1, 2)   # n3, n4, n5: three to five source numbers
     c.task.eval_bins = (0, 1, 2)    # the task has no out-of-distribution bin
     c.task.eval_per_bin = 128
     c.rl.max_new_tokens = 20        # the answer is an expression over the sources
     c.rl.steps = 100                # 12,800 rollouts a run
+    if arg == "countdown_prereg":
+      c.task.options = {"countdown": {"ood_bins": True}}
+      c.task.eval_bins = (0, 1, 2, 3, 4)  # n3, n4, n5 and the evaluation-only n6, n3_wide
+      c.task.held_out_split = "validation"
+      c.task.eval_per_bin = 200
     if arg == "countdown_nobonus":
       c.task.format_bonus = 0.0     # reward = correctness alone: no signal from formatting
   return c

@@ -197,16 +197,44 @@ def run_name(method: str, seed: int, learning_rate: float) -> str:
 # Driver.
 
 
+def parse_lr_grid(items: Sequence[str]) -> dict:
+  """{method: [learning rates]} of `--lr_grid` items "method:lr/lr/...", e.g.
+  ["uniform:1e-5/2e-5/4e-5", "sec:2e-5/4e-5/8e-5"].
+
+  Raises:
+    ValueError: an item without ":" or a rate, a rate that is not a positive number, or a method
+      named twice.
+  """
+  grid = {}
+  for item in items:
+    method, _, rates = item.partition(":")
+    try:
+      values = [float(x) for x in rates.split("/") if x]
+    except ValueError:
+      values = []
+    if not method or not values or min(values) <= 0:
+      raise ValueError(f"--lr_grid items look like method:lr/lr/..., got {item!r}")
+    if method in grid:
+      raise ValueError(f"--lr_grid names {method!r} twice")
+    grid[method] = values
+  return grid
+
+
 def plan(base_config, methods: Sequence[str], seeds: int, budget: int,
-         lr_sweep: Sequence[float]) -> list:
+         lr_sweep: Sequence[float], lr_grid: Optional[dict] = None) -> list:
   """[(method, learning_rate, seed, config)] of every run, seed by seed, so that a comparison cut
-  short still covers every method: per seed, the tuned methods at the setting's learning rate,
-  then at the sweep's other rates in the given order, then the other methods."""
+  short still covers every method. With `lr_grid` ({method: rates}), per seed every method at
+  each rate of its grid (a method without one at the setting's rate), in the given orders;
+  without it, per seed the tuned methods (TUNED) at the setting's learning rate, then at the
+  sweep's other rates in the given order, then the other methods at the setting's rate."""
   default_lr = float(base_config.rl.learning_rate)
-  other_rates = [float(lr) for lr in lr_sweep if not math.isclose(float(lr), default_lr)]
-  tuned = [m for m in methods if m in TUNED]
-  order = ([(m, default_lr) for m in tuned] + [(m, lr) for lr in other_rates for m in tuned]
-           + [(m, default_lr) for m in methods if m not in TUNED])
+  if lr_grid:
+    order = [(m, float(lr)) for m in methods for lr in lr_grid.get(m, [default_lr])]
+  else:
+    other_rates = [float(lr) for lr in lr_sweep if not math.isclose(float(lr), default_lr)]
+    tuned = [m for m in methods if m in TUNED]
+    order = ([(m, default_lr) for m in tuned] + [(m, lr) for lr in other_rates for m in tuned]
+             + [(m, default_lr) for m in methods if m not in TUNED])
   return [(method, lr, seed, run_config(base_config, method, seed, budget, lr))
           for seed in range(1, seeds + 1) for method, lr in order]
 
@@ -224,7 +252,7 @@ def parse_shard(text: str) -> tuple:
 
 def run_all(name: str, base_config, methods: Sequence[str], seeds: int, budget: int,
             lr_sweep: Sequence[float], workdir: str, log=print, shard: tuple = (0, 1),
-            clock: Callable[[], float] = time.time) -> bool:
+            clock: Callable[[], float] = time.time, lr_grid: Optional[dict] = None) -> bool:
   """Runs every planned run of this shard (runs i, i + n, ... of the plan) not finished yet, in
   WORKDIR/NAME; False when SIGTERM stopped it (run it again)."""
   from rl_curriculum.train import loop
@@ -232,7 +260,7 @@ def run_all(name: str, base_config, methods: Sequence[str], seeds: int, budget: 
   root = os.path.join(workdir, name)
   base = os.path.join(root, "base")
   prepare.prepare(base_config, base, log=log)  # the shared SFT warm start (cached)
-  todo = plan(base_config, methods, seeds, budget, lr_sweep)
+  todo = plan(base_config, methods, seeds, budget, lr_sweep, lr_grid)
   for i, (method, lr, seed, config) in enumerate(todo):
     if i % shard[1] != shard[0]:
       continue
@@ -259,6 +287,29 @@ def run_all(name: str, base_config, methods: Sequence[str], seeds: int, budget: 
     with open(os.path.join(folder, "compare.json"), "w") as f:
       json.dump(meta, f, indent=1)
   return True
+
+
+def finished_runs(root: str) -> list:
+  """[(folder, its compare.json)] of every finished run folder in `root`, by name."""
+  out = []
+  for run in sorted(os.listdir(root)):
+    meta = os.path.join(root, run, "compare.json")
+    if os.path.exists(meta):
+      with open(meta) as f:
+        out.append((os.path.join(root, run), json.load(f)))
+  return out
+
+
+def evaluate_test_split(name: str, config, workdir: str, budget: int, per_bin: int,
+                        log=print) -> int:
+  """Evaluates every finished run in WORKDIR/NAME on the test split (`test_evaluation`), each
+  at most once; returns how many runs hold test outcomes."""
+  from experiments.studies import test_evaluation  # pylint: disable=import-outside-toplevel
+  runs = finished_runs(os.path.join(workdir, name))
+  for folder, meta in runs:
+    run_cfg = run_config(config, meta["method"], meta["seed"], budget, meta["learning_rate"])
+    test_evaluation.evaluate_run(run_cfg, folder, per_bin, log=log)
+  return len(runs)
 
 
 def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
@@ -330,6 +381,13 @@ def define_flags() -> None:
   flags.DEFINE_list("lr_sweep", ["1e-5", "2e-5", "4e-5"],
                     "Learning rates tried for uniform and SEC (the others use the "
                     "setting's).")
+  flags.DEFINE_list("lr_grid", [], "Each method's own learning rates, method:lr/lr/..., e.g. "
+                    "uniform:1e-5/2e-5/4e-5,sec:2e-5/4e-5/8e-5 (replaces --lr_sweep; a method "
+                    "without a grid runs at the setting's rate).")
+  flags.DEFINE_integer("test_per_bin", 0, "After the runs, evaluate each finished run once on "
+                       "this many test problems per bin (the test half of the held-out prompts; "
+                       "the setting must evaluate on the validation half), then summarise "
+                       "(0: no test split).")
   flags.DEFINE_string("workdir", "workdirs/compare", "Folder of the run folders.")
   flags.DEFINE_string("out", "benchmarks/results", "Folder of the summary files.")
   flags.DEFINE_bool("analyse_only", False, "Only rebuild the summary.")
@@ -360,13 +418,19 @@ def main(argv):
   config = FLAGS.config
   budget = FLAGS.budget or default_budget(config)
   lrs = [float(x) for x in FLAGS.lr_sweep]
+  try:
+    grid = parse_lr_grid(FLAGS.lr_grid)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   if not FLAGS.analyse_only:
     if not run_all(name, config, methods, FLAGS.seeds, budget, lrs, FLAGS.workdir,
-                   shard=shard):
+                   shard=shard, lr_grid=grid):
       return
     if shard[1] > 1:
       print(f"shard {FLAGS.shard} done; once every shard is, run again with --analyse_only")
       return
+  if FLAGS.test_per_bin:
+    evaluate_test_split(name, config, FLAGS.workdir, budget, FLAGS.test_per_bin)
   summary = analyse(name, config, FLAGS.workdir, FLAGS.out, budget)
   print(comparison_report.markdown(summary, name))
 

@@ -37,6 +37,24 @@ def test_plan_gives_every_method_the_same_rollouts():
     validation.validate(c)
 
 
+def test_a_learning_rate_grid_gives_each_method_its_own_rates():
+  grid = cc.parse_lr_grid(["uniform:1e-5/2e-5", "learnability:4e-5"])
+  assert grid == {"uniform": [1e-5, 2e-5], "learnability": [4e-5]}
+  config = compare.get_config("countdown_prereg")
+  todo = cc.plan(config, ["uniform", "sec", "learnability"], 2, cc.default_budget(config), [],
+                 grid)
+  # Seed by seed, each method at each rate of its grid; sec has none: the setting's rate.
+  assert [(m, lr, s) for m, lr, s, _ in todo[:4]] == [
+      ("uniform", 1e-5, 1), ("uniform", 2e-5, 1), ("sec", config.rl.learning_rate, 1),
+      ("learnability", 4e-5, 1)]
+  assert len(todo) == 8 and todo[4][2] == 2
+  assert todo[3][3].curriculum.name == "learnability" and todo[3][3].rl.learning_rate == 4e-5
+  for bad in (["uniform"], ["uniform:"], ["uniform:fast"], ["uniform:-1e-5"],
+              ["uniform:1e-5", "uniform:2e-5"]):
+    with pytest.raises(ValueError, match="lr_grid"):
+      cc.parse_lr_grid(bad)
+
+
 def test_wall_time_of_a_run_stopped_by_sigterm_is_kept(tmp_path, monkeypatch):
   """A run preempted after 30 s and finished in 10 s more reports 40 s."""
   from rl_curriculum.train import loop
