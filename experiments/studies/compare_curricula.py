@@ -11,7 +11,15 @@ the RL randomness (`config.rl.seed`: rollouts, curriculum, minibatches). Each me
 number of rollouts: steps = budget / (P * G * oversample), so a post-rollout filter that samples
 twice the prompts gets half the updates. Uniform sampling and SEC are also run at every learning
 rate of `--lr_sweep`, and each is reported at its best one, so the baseline gets the same tuning
-as the method it is compared with. A method may carry rollout settings after "+": "uniform+k2"
+as the method it is compared with; `--lr_grid=uniform:1e-5/2e-5/4e-5,sec:2e-5/4e-5/8e-5` gives
+each method a grid of its own instead.
+
+Validation and test: a setting with `task.held_out_split = "validation"` (countdown_prereg)
+evaluates its runs on the validation half of the held-out prompts, and the best learning rates
+are chosen on it; `--test_per_bin=N` then evaluates every finished run's last checkpoint once on
+N test problems per bin, the other half (`test_evaluation`), and the summary reports the chosen
+cells and their pairs on that test split, with a two-way bootstrap beside each interval, and
+every pair of methods at each learning rate they share ("matched_pairs"). A method may carry rollout settings after "+": "uniform+k2"
 samples up to two policy versions ahead of learning (rl.max_staleness), "uniform+k1+b12+drop"
 decodes 12 iterations a step and drops the groups still decoding when their step comes
 (`split_method`).

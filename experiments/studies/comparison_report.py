@@ -1,7 +1,10 @@
 """The report of a curricula comparison: its markdown and its plot.
 
 Both take a summary of `experiments.studies.comparison_stats.summarise`, with the fields that
-`experiments.studies.compare_curricula.analyse` adds to it ("held_out_sizes", "bin_se").
+`experiments.studies.compare_curricula.analyse` adds to it ("held_out_sizes", "bin_se"). A summary
+that names its "split" titles the held-out numbers as validation numbers (the learning rates were
+chosen on them) and, once every chosen run was evaluated on the test split ("split" == "test"),
+adds the test-split numbers; a summary without "split" reads as it always did.
 """
 
 import math
@@ -21,29 +24,51 @@ def _fmt(ci: Optional[dict], scale: float = 100.0, digits: int = 1) -> str:
           f"[{ci['lo'] * scale:.{digits}f}, {ci['hi'] * scale:.{digits}f}]")
 
 
+def _points(d: Optional[dict]) -> str:
+  """A difference of accuracies as signed points, "mean [lo, hi]"; "-" for None."""
+  if not d:
+    return "-"
+  return f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
+def _resolved(d: Optional[dict]) -> str:
+  """Whether a difference a - b is resolved, its interval excluding 0: "a higher", "b higher",
+  "no"; "-" for None."""
+  if not d:
+    return "-"
+  return "a higher" if d["lo"] > 0 else "b higher" if d["hi"] < 0 else "no"
+
+
 def markdown(summary: dict, setting: str) -> str:
   """The comparison of `setting` as markdown: the per-method table (rollouts to target, final,
   gain, area under the curve, OOD, groups with signal, wall time), the learning-rate sweep, the
   per-bin table, the bins' standard errors (where the summary has "bin_se"), the paired
-  differences of every two methods, the skill balance on several tasks and the SEC goal."""
-  lines = [f"# Curricula compared: {setting}", "",
-           f"Budget {summary['budget_rollouts']} rollouts per run. Target: the tuned uniform "
+  differences of every two methods, the skill balance on several tasks and the SEC goal. Where
+  the summary names its "split", these are headed as the validation split; with "split" ==
+  "test" the test split follows (`_test_lines`), and the contrasts at matched learning rates
+  (`_matched_lines`) wherever the summary has any."""
+  intro = (f"Budget {summary['budget_rollouts']} rollouts per run. Target: the tuned uniform "
            f"baseline's final held-out accuracy, {summary['target_heldout'] * 100:.1f}%. "
            "Intervals: 95% Student-t across seeds. Rollouts to target: the mean over every seed, "
            "a seed that never reached the target within the budget counted as the whole budget "
-           "(a lower bound of its time), \"never\" when no seed reached it.", "",
-           "| method | lr | seeds reaching target | rollouts to target, unreached = budget "
-           "(x budget) | "
-           "final held-out % | gain over start, points | area under the curve % | final OOD % | "
-           "groups with signal % | groups with mixed correctness % | wall s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "(a lower bound of its time), \"never\" when no seed reached it.")
   if summary.get("start_heldout") is not None:
-    lines[2] += (f" Every run starts from the same warm start, at "
-                 f"{summary['start_heldout'] * 100:.1f}%.")
+    intro += (f" Every run starts from the same warm start, at "
+              f"{summary['start_heldout'] * 100:.1f}%.")
   if summary.get("target_above_start") is False:
-    lines[2] += (" The tuned uniform baseline ends no higher than it started, so every method "
-                 "meets the target at 0 rollouts and rollouts-to-target says nothing here; "
-                 "compare the final accuracies and gains instead.")
+    intro += (" The tuned uniform baseline ends no higher than it started, so every method "
+              "meets the target at 0 rollouts and rollouts-to-target says nothing here; "
+              "compare the final accuracies and gains instead.")
+  lines = [f"# Curricula compared: {setting}", ""]
+  if "split" in summary:
+    lines += ["## Validation split (learning rates chosen on it)", "",
+              _split_note(summary["split"]), ""]
+  lines += [intro, "",
+            "| method | lr | seeds reaching target | rollouts to target, unreached = budget "
+            "(x budget) | "
+            "final held-out % | gain over start, points | area under the curve % | final OOD % | "
+            "groups with signal % | groups with mixed correctness % | wall s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for name, m in summary["methods"].items():
     frac = m["rollouts_to_target_fraction"]
     reach = ("never" if m["seeds_reaching_target"] == 0 else
@@ -81,7 +106,77 @@ def markdown(summary: dict, setting: str) -> str:
   goal = summary.get("sec_goal")
   if goal:
     lines += ["", f"SEC goal ({goal['rule']}): **{'met' if goal['met'] else 'not met'}**."]
+  if summary.get("split") == "test":
+    lines += _test_lines(summary)
+  lines += _matched_lines(summary)
   return "\n".join(lines) + "\n"
+
+
+def _split_note(split: str) -> str:
+  """What the validation section's numbers are, given the summary's "split"."""
+  note = ("Held-out accuracy in this section is measured on each run's validation split, on "
+          "which every method's learning rate was chosen (its best mean final accuracy), so the "
+          "chosen rates' numbers here lean optimistic.")
+  if split == "test":
+    return note + " The test split, never used for a choice, follows below."
+  return note + (" Not every chosen run has been evaluated on the test split yet, so there are "
+                 "no test numbers.")
+
+
+def _test_lines(summary: dict) -> list:
+  """The markdown of the test split: per method its learning rate (chosen on validation), final
+  test accuracy and OOD test accuracy, the per-bin test accuracies, and every two methods'
+  paired test differences with the t and the bootstrap interval."""
+  methods = summary["methods"]
+  lines = ["", "## Test split (never used for a choice)", "",
+           "Each method's final checkpoint at the learning rate chosen on validation, evaluated "
+           "once on the test split (problems apart from the validation ones); mean [95% "
+           "Student-t interval] across seeds.", "",
+           "| method | lr (chosen on validation) | seeds | final test % | OOD test % |",
+           "|---|---|---|---|---|"]
+  for name, m in methods.items():
+    lines.append(f"| {name} | {m['learning_rate']:g} | {len(m['seeds'])} | "
+                 f"{_fmt(m['final_test'])} | "
+                 f"{_fmt(m['final_test_ood']) if m['final_test_ood'] else '-'} |")
+  bins = sorted(next(iter(methods.values()))["final_test_bins"])
+  lines += ["", "Final test accuracy per bin (%, mean [95% interval]):", "",
+            "| method | " + " | ".join(bins) + " |", "|---|" + "---|" * len(bins)]
+  for name, m in methods.items():
+    lines.append(f"| {name} | " + " | ".join(_fmt(m["final_test_bins"][b], digits=0)
+                                            for b in bins) + " |")
+  rows = summary.get("pairs") or []
+  if rows:
+    lines += ["", "Paired test differences, a - b, in points: final test accuracy paired per "
+              "problem (every run answered the same test problems) with its t interval and, as "
+              "a check, the seeds x problems bootstrap interval; resolved: the t interval "
+              "excludes 0.", "",
+              "| a - b | final test, points [95% t] | bootstrap [95%] | resolved | "
+              "OOD test, points [95% t] |",
+              "|---|---|---|---|---|"]
+    for pair in rows:
+      d = pair.get("final_test")
+      lines.append(f"| {pair['a']} - {pair['b']} | "
+                   f"{_points(d) if d else 'no per-problem outcomes to pair'} | "
+                   f"{_points(pair.get('final_test_bootstrap'))} | {_resolved(d)} | "
+                   f"{_points(pair.get('final_test_ood'))} |")
+  return lines
+
+
+def _matched_lines(summary: dict) -> list:
+  """The markdown of `comparison_stats.matched_pairs`: every two methods at each learning rate
+  both ran, on their common seeds, paired on validation and on test outcomes."""
+  rows = summary.get("matched_pairs") or []
+  if not rows:
+    return []
+  lines = ["", "## Matched learning rates", "",
+           "Every two methods at a learning rate both ran, on the seeds both ran, apart from any "
+           "choice of rate: paired differences a - b in points [95% interval].", "",
+           "| lr | a - b | seeds | validation, points [95%] | test, points [95%] |",
+           "|---|---|---|---|---|"]
+  for row in rows:
+    lines.append(f"| {row['learning_rate']:g} | {row['a']} - {row['b']} | {len(row['seeds'])} | "
+                 f"{_points(row['final_heldout'])} | {_points(row['final_test'])} |")
+  return lines
 
 
 def _pair_lines(summary: dict) -> list:
@@ -99,12 +194,9 @@ def _pair_lines(summary: dict) -> list:
            "|---|---|---|---|"]
   for pair in rows:
     d, r = pair["final_heldout"], pair["rollouts_to_target"]
-    held = (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
-            if d else "no per-problem outcomes to pair")
-    resolved = ("-" if not d else "a higher" if d["lo"] > 0 else "b higher" if d["hi"] < 0
-                else "no")
+    held = _points(d) if d else "no per-problem outcomes to pair"
     reach = f"{r['mean']:+.0f} [{r['lo']:+.0f}, {r['hi']:+.0f}]" if r else "-"
-    lines.append(f"| {pair['a']} - {pair['b']} | {held} | {resolved} | {reach} |")
+    lines.append(f"| {pair['a']} - {pair['b']} | {held} | {_resolved(d)} | {reach} |")
   return lines
 
 

@@ -6,6 +6,13 @@ every run into the per-method summary that `experiments/studies/comparison_repor
 intervals across seeds (`mean_interval`), rollouts to the tuned uniform baseline's final accuracy
 (`first_reaching`, within the budget: `rollouts_to_target`), the mean of the accuracy curve
 (`curve_area`) and the SEC goal. Nothing here reads flags.
+
+Two splits. A run's own held-out evaluations are its validation split: every curve, the target
+and each method's choice of learning rate come from them. Once every run has finished, each run's
+final checkpoint is evaluated once on the test split, its per-problem outcomes kept at
+`test_outcomes_path(folder, final step)` (`TEST_DIR`, in the format of
+`rl_curriculum.train.report.summary.write_outcomes`); the "final_test*" numbers come from there
+and are never used to choose anything. `matched_pairs` contrasts methods at equal learning rates.
 """
 
 import json
@@ -17,6 +24,13 @@ import numpy as np
 
 from rl_curriculum.train.report import paired
 from rl_curriculum.train.report import summary as run_summary
+
+__all__ = ["TEST_DIR", "test_outcomes_path", "mean_interval", "curve_area", "binomial_se",
+           "first_reaching", "rollouts_to_target", "read_run", "welch_interval", "pairs",
+           "matched_pairs", "method_order", "summarise"]
+
+# Under a run folder, the per-problem outcomes of its final checkpoint on the test split.
+TEST_DIR = "test"
 
 # ---------------------------------------------------------------------------------------------
 # Numbers: intervals, curve areas, crossings.
@@ -92,12 +106,64 @@ def rollouts_to_target(per_seed: Sequence[Optional[float]], budget: float) -> di
 # Reading runs.
 
 
+def test_outcomes_path(folder: str, step: int) -> str:
+  """Where the test-split evaluation of run `folder`'s checkpoint after RL step `step` (its final
+  step) keeps its per-problem outcomes: <folder>/test/step_<step>.npz."""
+  return os.path.join(folder, TEST_DIR, f"step_{step}.npz")
+
+
+def _bin_outcomes(outcomes: dict, names: Sequence[str]) -> tuple:
+  """(correct outcomes of the bins `names`, end to end in that order; each problem's index in
+  `names`) from {bin name: (correct, formatted)} of `run_summary.read_outcomes`."""
+  return (np.concatenate([outcomes[b][0] for b in names]),
+          np.concatenate([np.full(len(outcomes[b][0]), i) for i, b in enumerate(names)]))
+
+
+_TEST_KEYS = ("test_outcomes", "test_outcome_bins", "test_ood_outcomes", "test_ood_bins",
+              "final_test", "final_test_bins", "final_test_ood")
+
+
+def _test_fields(outcomes: Optional[dict], train_bin_names: Sequence[str],
+                 ood_names: Sequence[str]) -> dict:
+  """The test-split fields of `read_run` from a run's test outcomes ({bin name: (correct,
+  formatted)}; None: not evaluated on the test split yet, and every field is None).
+
+    test_outcomes, test_outcome_bins    correct outcomes of `train_bin_names` end to end and each
+                                        problem's bin index (as `_bin_outcomes`)
+    test_ood_outcomes, test_ood_bins    the same of `ood_names` (None without OOD bins)
+    final_test_bins                     {bin: accuracy} of every bin in `outcomes`
+    final_test, final_test_ood          mean over `train_bin_names` / `ood_names` of their bins'
+                                        accuracies (final_test_ood None without OOD bins)
+
+  Raises:
+    ValueError: a bin of `train_bin_names` or `ood_names` missing from `outcomes`.
+  """
+  if outcomes is None:
+    return dict.fromkeys(_TEST_KEYS)
+  missing = [b for b in [*train_bin_names, *ood_names] if b not in outcomes]
+  if missing:
+    raise ValueError(f"test outcomes lack the bins {missing} (they hold {sorted(outcomes)})")
+  bins = {b: float(np.mean(correct)) for b, (correct, _) in outcomes.items()}
+  train = _bin_outcomes(outcomes, train_bin_names)
+  ood = _bin_outcomes(outcomes, ood_names) if ood_names else (None, None)
+  return {"test_outcomes": train[0], "test_outcome_bins": train[1],
+          "test_ood_outcomes": ood[0], "test_ood_bins": ood[1],
+          "final_test": float(np.mean([bins[b] for b in train_bin_names])),
+          "final_test_bins": bins,
+          "final_test_ood": float(np.mean([bins[b] for b in ood_names])) if ood_names else None}
+
+
 def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str]) -> dict:
   """Curves and totals of one finished run folder (its metrics.jsonl and compare.json): held-out
-  accuracy is the mean over `train_bin_names`, out-of-distribution accuracy the mean over
-  `ood_names` (None when there are none). "final_outcomes" holds the final evaluation's outcome
-  of every held-out problem of `train_bin_names`, bins end to end (`final_outcome_bins`: each
-  one's bin index), for paired comparisons; None in a folder from before outcomes were kept."""
+  (validation) accuracy is the mean over `train_bin_names`, out-of-distribution accuracy the mean
+  over `ood_names` (None when there are none). "final_outcomes" holds the final evaluation's
+  outcome of every held-out problem of `train_bin_names`, bins end to end (`final_outcome_bins`:
+  each one's bin index), for paired comparisons; None in a folder from before outcomes were kept.
+
+  The test split: the fields of `_test_fields` ("test_outcomes", "test_outcome_bins",
+  "test_ood_outcomes", "test_ood_bins", "final_test", "final_test_bins", "final_test_ood") from
+  `test_outcomes_path(folder, final evaluated step)`; all None while that file does not exist.
+  """
   with open(os.path.join(folder, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   with open(os.path.join(folder, "compare.json")) as f:
@@ -119,12 +185,12 @@ def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[st
   outcomes = run_summary.read_outcomes(run_summary.outcomes_path(folder, steps[-1]))
   if outcomes is not None and not all(b in outcomes for b in train_bin_names):
     outcomes = None
+  final = _bin_outcomes(outcomes, train_bin_names) if outcomes is not None else (None, None)
+  test = run_summary.read_outcomes(test_outcomes_path(folder, steps[-1]))
   return {
-      "final_outcomes": (np.concatenate([outcomes[b][0] for b in train_bin_names])
-                         if outcomes is not None else None),
-      "final_outcome_bins": (np.concatenate([np.full(len(outcomes[b][0]), i) for i, b in
-                                             enumerate(train_bin_names)])
-                             if outcomes is not None else None),
+      "final_outcomes": final[0],
+      "final_outcome_bins": final[1],
+      **_test_fields(test, train_bin_names, ood_names),
       "steps": steps,
       "rollouts": rollouts,
       "heldout": heldout,
@@ -180,31 +246,120 @@ def welch_interval(x: Sequence[float], y: Sequence[float]) -> Optional[dict]:
   return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": [int(x.size), int(y.size)]}
 
 
+def _paired_rows(runs_a: Sequence[dict], runs_b: Sequence[dict], outcomes: str,
+                 bins: str) -> Optional[tuple]:
+  """(a f[Sa, n], b f[Sb, n], bins int[n]): the per-problem outcomes (field `outcomes`) of two
+  sides' runs stacked by seed, with their bin indices (field `bins`); None when a run has none or
+  the runs answered different problems (their bin indices differ)."""
+  both = [*runs_a, *runs_b]
+  if not both or any(r.get(outcomes) is None for r in both):
+    return None
+  first = both[0][bins]
+  if not all(np.array_equal(r[bins], first) for r in both):
+    return None
+  return (np.stack([r[outcomes] for r in runs_a]), np.stack([r[outcomes] for r in runs_b]),
+          first)
+
+
+def _paired(runs_a: Sequence[dict], runs_b: Sequence[dict], outcomes: str, bins: str,
+            bootstrap: bool = False) -> Optional[dict]:
+  """`paired.paired_difference` a - b of the outcomes `outcomes` (bin indices `bins`) of two
+  sides' runs, or with `bootstrap` `paired.bootstrap_difference` (2000 draws, seed 0); None as
+  `_paired_rows`."""
+  rows = _paired_rows(runs_a, runs_b, outcomes, bins)
+  if rows is None:
+    return None
+  if bootstrap:
+    return paired.bootstrap_difference(*rows, draws=2000, seed=0)
+  return paired.paired_difference(*rows)
+
+
 def pairs(tuned: dict, methods: dict, budget: float) -> list:
   """Every pair (a, b) of methods, a listed before b, at their tuned learning rates (`tuned`:
-  {method: {seed: run}}): the difference a - b in final held-out accuracy, paired per problem
-  over seeds (`paired.paired_difference`; None when a run folder kept no per-problem outcomes or
-  the runs were evaluated on different problems), and in rollouts to the target within the
-  `budget`: `welch_interval` of every seed's rollouts to the target, a seed that never reached it
-  counted as the whole budget (`rollouts_to_target`), so the difference of restricted means;
-  None only with fewer than two seeds on a side."""
+  {method: {seed: run}}): the difference a - b in final held-out (validation) accuracy, paired
+  per problem over seeds ("final_heldout", `paired.paired_difference`; None when a run folder
+  kept no per-problem outcomes or the runs were evaluated on different problems), and in
+  rollouts to the target within the `budget` ("rollouts_to_target"): `welch_interval` of every
+  seed's rollouts to the target, a seed that never reached it counted as the whole budget
+  (`rollouts_to_target`), so the difference of restricted means; None only with fewer than two
+  seeds on a side.
+
+  On the test split, paired in the same way on the runs' test outcomes (each None unless every
+  run of both has them, on the same problems): "final_test" (training bins,
+  `paired.paired_difference`), "final_test_bootstrap" (the same difference with
+  `paired.bootstrap_difference`'s interval, 2000 draws, seed 0) and "final_test_ood" (OOD bins).
+  """
   out = []
   names = list(methods)
   for i, a in enumerate(names):
     for b in names[i + 1:]:
       runs_a, runs_b = list(tuned[a].values()), list(tuned[b].values())
-      diff = None
-      both = runs_a + runs_b
-      if all(r.get("final_outcomes") is not None for r in both) and all(
-          np.array_equal(r["final_outcome_bins"], both[0]["final_outcome_bins"]) for r in both):
-        bins = runs_a[0]["final_outcome_bins"]
-        diff = paired.paired_difference(np.stack([r["final_outcomes"] for r in runs_a]),
-                                        np.stack([r["final_outcomes"] for r in runs_b]), bins)
       reach = [[float(budget) if v is None else v
                 for v in methods[m]["per_seed_rollouts_to_target"].values()] for m in (a, b)]
-      rollouts = welch_interval(*reach)
-      out.append({"a": a, "b": b, "final_heldout": diff, "rollouts_to_target": rollouts})
+      out.append({
+          "a": a, "b": b,
+          "final_heldout": _paired(runs_a, runs_b, "final_outcomes", "final_outcome_bins"),
+          "rollouts_to_target": welch_interval(*reach),
+          "final_test": _paired(runs_a, runs_b, "test_outcomes", "test_outcome_bins"),
+          "final_test_bootstrap": _paired(runs_a, runs_b, "test_outcomes", "test_outcome_bins",
+                                          bootstrap=True),
+          "final_test_ood": _paired(runs_a, runs_b, "test_ood_outcomes", "test_ood_bins"),
+      })
   return out
+
+
+def method_order(runs: dict, order: Sequence[str] = ()) -> list:
+  """The methods of {(method, lr, seed): run}: those named in `order` first, in that order, then
+  the others in the order `runs` first names them (the order of `summarise` and `pairs`)."""
+  named = list(dict.fromkeys(method for method, _, _ in runs))
+  rank = lambda m: order.index(m) if m in order else len(order)
+  return sorted(named, key=rank)
+
+
+def matched_pairs(runs: dict, order: Sequence[str] = ()) -> list:
+  """Contrasts of methods at equal learning rates, apart from any choice of rate.
+
+  For every learning rate at which two or more methods ran ({(method, lr, seed): run}), in
+  increasing order, every pair (a, b) of them, a before b in `method_order(runs, order)`, on the
+  seeds both ran at that rate (a pair with none in common is left out): {"learning_rate", "a",
+  "b", "seeds": those seeds, "final_heldout": `paired.paired_difference` a - b of their
+  validation outcomes, "final_test": the same of their test outcomes}; each difference None as
+  in `pairs` (outcomes missing or on different problems).
+  """
+  cells = {}
+  for (method, lr, seed), run in runs.items():
+    cells.setdefault(lr, {}).setdefault(method, {})[seed] = run
+  out = []
+  for lr in sorted(cells):
+    names = [m for m in method_order(runs, order) if m in cells[lr]]
+    for i, a in enumerate(names):
+      for b in names[i + 1:]:
+        seeds = sorted(set(cells[lr][a]) & set(cells[lr][b]))
+        if not seeds:
+          continue
+        runs_a = [cells[lr][a][s] for s in seeds]
+        runs_b = [cells[lr][b][s] for s in seeds]
+        out.append({
+            "learning_rate": lr, "a": a, "b": b, "seeds": seeds,
+            "final_heldout": _paired(runs_a, runs_b, "final_outcomes", "final_outcome_bins"),
+            "final_test": _paired(runs_a, runs_b, "test_outcomes", "test_outcome_bins")})
+  return out
+
+
+def _test_summary(seeds: Sequence[dict]) -> dict:
+  """Test-split numbers of one method's seeds at its chosen learning rate: "final_test" and
+  "final_test_ood" (mean_interval over seeds; final_test_ood None without OOD bins) and
+  "final_test_bins" ({bin: mean_interval}); all None unless every seed has test outcomes."""
+  if any(r.get("final_test") is None for r in seeds):
+    return {"final_test": None, "final_test_bins": None, "final_test_ood": None}
+  bins = sorted(seeds[0]["final_test_bins"])
+  return {
+      "final_test": mean_interval([r["final_test"] for r in seeds]),
+      "final_test_bins": {b: mean_interval([r["final_test_bins"][b] for r in seeds])
+                          for b in bins},
+      "final_test_ood": (mean_interval([r["final_test_ood"] for r in seeds])
+                         if all(r["final_test_ood"] is not None for r in seeds) else None),
+  }
 
 
 def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
@@ -216,7 +371,15 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   all its seeds, a seed that never reached the target counted as the whole budget
   (`rollouts_to_target`), with how many seeds reached it and how many are censored. The summary
   lists the methods named in `order` first, in that order, then the others in the order `runs`
-  first names them; "pairs" compares every two of them (`pairs`).
+  first names them; "pairs" compares every two of them (`pairs`), "matched_pairs" every two at
+  each learning rate they share (`matched_pairs`).
+
+  Each method's learning rate is the one of highest mean final held-out accuracy over its seeds,
+  i.e. chosen on the validation split (a tie goes to the lower rate). The test split is then read
+  at that rate only: per method "final_test", "final_test_bins" and "final_test_ood"
+  (`_test_summary`, None unless every seed has test outcomes), and "split" says which split the
+  summary can report as its final numbers: "test" when every run of every method's chosen rate
+  has test outcomes, "validation" otherwise.
   """
   by_method_lr = {}
   for (method, lr, seed), run in runs.items():
@@ -224,7 +387,8 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   best_lr = {}
   for (method, lr), seeds in by_method_lr.items():
     score = float(np.mean([r["final_heldout"] for r in seeds.values()]))
-    if method not in best_lr or score > best_lr[method][1]:
+    if (method not in best_lr or score > best_lr[method][1]
+        or (score == best_lr[method][1] and lr < best_lr[method][0])):
       best_lr[method] = (lr, score)
   if "uniform" not in best_lr:
     raise ValueError("the comparison needs the uniform baseline's runs")
@@ -234,8 +398,7 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   uniform = by_method_lr[("uniform", best_lr["uniform"][0])]
   target = float(np.mean([r["final_heldout"] for r in uniform.values()]))
   methods = {}
-  rank = lambda m: order.index(m) if m in order else len(order)
-  for method in sorted(best_lr, key=rank):
+  for method in method_order(runs, order):
     lr = best_lr[method][0]
     seeds = by_method_lr[(method, lr)]
     reach = {s: first_reaching(r["rollouts"], r["heldout"], target) for s, r in seeds.items()}
@@ -271,6 +434,7 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
         "auc": mean_interval([r["auc"] for r in seeds.values()]),
         "curve": {"rollouts": list(rollouts), "heldout_mean": curve.tolist()},
         **_task_summary(list(seeds.values())),
+        **_test_summary(list(seeds.values())),
         "arm_probs_mean": (np.mean([r["arm_probs"] for r in seeds.values()], axis=0).tolist()
                            if all(r["arm_probs"] for r in seeds.values()) else []),
     }
@@ -305,7 +469,10 @@ def summarise(runs: dict, budget: int, order: Sequence[str] = ()) -> dict:
   starts = [r["start_heldout"] for r in runs.values() if r.get("start_heldout") is not None]
   start = float(np.mean(starts)) if starts else None
   tuned = {m: by_method_lr[(m, methods[m]["learning_rate"])] for m in methods}
+  tested = all(r.get("final_test") is not None for s in tuned.values() for r in s.values())
   return {"target_heldout": target, "start_heldout": start, "pairs": pairs(tuned, methods, budget),
+          "matched_pairs": matched_pairs(runs, order),
+          "split": "test" if tested else "validation",
           # A target the warm start already meets makes rollouts-to-target 0 for every method.
           "target_above_start": None if start is None else bool(target > start + 1e-9),
           "budget_rollouts": budget, "lr_sweep": sweep,

@@ -10,6 +10,9 @@ import pytest
 
 from configs import compare
 from experiments.studies import compare_curricula as cc
+from experiments.studies import comparison_stats, test_evaluation
+from rl_curriculum.train.report import summary as run_summary
+from rl_curriculum.train.setup import data
 from rl_curriculum.train.setup import builders
 from rl_curriculum.train.setup import validation
 
@@ -95,7 +98,8 @@ def test_parse_shard():
 def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
   cmd = [sys.executable, "-m", "experiments.studies.compare_curricula",
          "--config=configs/compare.py:toy", "--methods=uniform,sec", "--seeds=2", "--lr_sweep=2e-5",
-         f"--workdir={tmp_path / 'work'}", f"--out={tmp_path / 'out'}"]
+         f"--workdir={tmp_path / 'work'}", f"--out={tmp_path / 'out'}",
+         "--config.task.held_out_split=validation"]  # the runs evaluate on validation sets
   # Two shards share the plan (runs 1, 3 and 2, 4), then the summary is built from both.
   for shard, ran, skipped in (("0/2", "[1/4]", "[2/4]"), ("1/2", "[4/4]", "[3/4]")):
     part = subprocess.run(cmd + [f"--shard={shard}"], capture_output=True, text=True,
@@ -134,6 +138,33 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
   assert "[1/4]" not in second.stdout  # every run was already finished: nothing re-ran
   assert [(runs / f"uniform_lr2e-05_s{s}" / "metrics.jsonl").read_text()
           for s in (1, 2)] == logs
+  assert summary["split"] == "validation" and summary["methods"]["sec"]["final_test"] is None
+  # Then the test split, once per run: the same problems for every run, none of them in the
+  # runs' validation sets; the summary then reports it beside the validation choice.
+  tested = subprocess.run(cmd + ["--analyse_only", "--test_per_bin=8"], capture_output=True,
+                          text=True, timeout=900, cwd=ROOT)
+  assert tested.returncode == 0, tested.stderr[-3000:]
+  with open(tmp_path / "out" / "curricula_toy.json") as f:
+    summary = json.load(f)
+  assert summary["split"] == "test"
+  [pair] = summary["pairs"]
+  assert pair["final_test"]["n_problems"] == 8 * 2 and pair["final_test"]["seeds"] == [2, 2]
+  assert "Test split (never used for a choice)" in (tmp_path / "out" / "curricula_toy.md").read_text()
+  final = {s: json.load(open(runs / f"uniform_lr2e-05_s{s}" / "compare.json"))["steps"]
+           for s in (1, 2)}
+  tests = [run_summary.read_outcomes(comparison_stats.test_outcomes_path(
+      str(runs / f"{m}_lr2e-05_s{s}"), final[s])) for m in ("uniform", "sec") for s in (1, 2)]
+  assert all(t is not None and list(t) == list(tests[0]) for t in tests)
+  config = compare.get_config("toy")
+  config.task.held_out_split = "validation"
+  task = builders.build_task(config)
+  test_prompts = {p.prompt for ps in test_evaluation.test_sets(config, task, 8).values()
+                  for p in ps}
+  validation, _ = data.held_out_sets(task, config.task.train_bins, config.task.eval_bins,
+                                     config.task.eval_per_bin, config.task.held_out_fraction,
+                                     part="validation")
+  assert len(test_prompts) == 8 * len(config.task.eval_bins)
+  assert not test_prompts & {p.prompt for ps in validation.values() for p in ps}
 
 
 def test_every_curriculum_and_filter_is_a_method_by_name():

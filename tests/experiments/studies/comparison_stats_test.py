@@ -1,6 +1,9 @@
 """experiments/studies/comparison_stats.py: intervals, curve areas, crossings and the per-method
 summary of synthetic runs (with what the report says of it)."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -8,6 +11,7 @@ from scipy import stats
 from experiments.studies import comparison_report as cr
 from experiments.studies import comparison_stats as cs
 from rl_curriculum.train.report import paired
+from rl_curriculum.train.report import summary as run_summary
 
 
 @pytest.mark.parametrize("values", [[0.2, 0.4], [1.0, 2.0, 4.0, 8.0], list(np.linspace(0, 1, 12)),
@@ -256,3 +260,167 @@ def test_summary_of_several_tasks_reports_skill_balance_and_its_goal(run_record)
   runs[("dump", 2e-5, 2)] = runs[("dump", 2e-5, 1)]
   goal = cs.summarise(runs, budget)["sec_goal"]
   assert goal["best_min_task_gain"] == "dump" and not goal["met"]
+
+
+def _write_run(folder) -> None:
+  """A minimal finished run folder: evaluations at steps 0 and 2 on bins a, b (training) and o
+  (OOD), RL steps 1 and 2, and the final evaluation's per-problem outcomes (validation)."""
+  os.makedirs(folder)
+  rows = [{"step": 0, "eval/acc/a": 0.1, "eval/acc/b": 0.2, "eval/acc/o": 0.0},
+          {"step": 1, "nonzero_adv_frac": 0.5, "mixed_correct_frac": 0.25},
+          {"step": 2, "nonzero_adv_frac": 0.7, "mixed_correct_frac": 0.35,
+           "eval/acc/a": 0.5, "eval/acc/b": 0.5, "eval/acc/o": 0.5}]
+  with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  with open(os.path.join(folder, "compare.json"), "w") as f:
+    json.dump({"rollouts_per_step": 10, "wall_s": 5.0}, f)
+  flags = lambda *x: np.array(x, bool)
+  run_summary.write_outcomes(run_summary.outcomes_path(folder, 2),
+                             {"a": (flags(1, 0), flags(1, 1)), "b": (flags(0, 1), flags(1, 1)),
+                              "o": (flags(1, 0), flags(1, 0))})
+
+
+def test_read_run_reads_the_test_outcomes_of_the_final_step(tmp_path):
+  folder = str(tmp_path / "run")
+  _write_run(folder)
+  assert cs.test_outcomes_path(folder, 2) == os.path.join(folder, "test", "step_2.npz")
+  before = cs.read_run(folder, ["a", "b"], ["o"])
+  # Not evaluated on the test split yet: every test field is None, the rest is read as before.
+  for key in ("test_outcomes", "test_outcome_bins", "test_ood_outcomes", "test_ood_bins",
+              "final_test", "final_test_bins", "final_test_ood"):
+    assert before[key] is None, key
+  assert before["final_heldout"] == 0.5 and before["steps"] == [0, 2]
+  np.testing.assert_array_equal(before["final_outcomes"], [1, 0, 0, 1])
+  flags = lambda *x: np.array(x, bool)
+  # Bins in another order than train_bin_names, and one ("small") that is in neither list.
+  run_summary.write_outcomes(cs.test_outcomes_path(folder, 2), {
+      "b": (flags(1, 0), flags(1, 1)), "o": (flags(1, 0, 0, 0), flags(1, 1, 1, 1)),
+      "small": (flags(1, 1), flags(1, 1)), "a": (flags(1, 1, 1, 0), flags(1, 1, 1, 1))})
+  got = cs.read_run(folder, ["a", "b"], ["o"])
+  np.testing.assert_array_equal(got["test_outcomes"], [1, 1, 1, 0, 1, 0])      # a, then b
+  np.testing.assert_array_equal(got["test_outcome_bins"], [0, 0, 0, 0, 1, 1])
+  np.testing.assert_array_equal(got["test_ood_outcomes"], [1, 0, 0, 0])
+  np.testing.assert_array_equal(got["test_ood_bins"], [0, 0, 0, 0])
+  assert got["final_test_bins"] == {"a": 0.75, "b": 0.5, "o": 0.25, "small": 1.0}
+  assert got["final_test"] == pytest.approx((0.75 + 0.5) / 2) and got["final_test_ood"] == 0.25
+  assert got["final_heldout"] == 0.5   # validation numbers unchanged
+  np.testing.assert_array_equal(got["final_outcomes"], before["final_outcomes"])
+  no_ood = cs.read_run(folder, ["a", "b"], [])
+  assert no_ood["test_ood_outcomes"] is None and no_ood["final_test_ood"] is None
+  assert no_ood["final_test"] == got["final_test"]
+  # A test file without a bin the comparison names is an error, not a run to skip.
+  run_summary.write_outcomes(cs.test_outcomes_path(folder, 2), {
+      "a": (flags(1, 1, 1, 0), flags(1, 1, 1, 1)), "o": (flags(1, 0, 0, 0), flags(1, 1, 1, 1))})
+  with pytest.raises(ValueError, match=r"lack the bins \['b'\]"):
+    cs.read_run(folder, ["a", "b"], ["o"])
+
+
+# Test-split outcomes of two bins of 4 problems and an OOD bin of 2, with hand-checkable means:
+# uniform's seeds score (a, b) = (0.5, 0.25) and (0.75, 0.5), 0.375 and 0.625 (mean 0.5); SEC's
+# (1, 0.5) and (0.75, 0.75), both 0.75. OOD: uniform 0 and 0.5, SEC 0.5 and 1.
+_TEST = {("uniform", 1): ({"a": [1, 1, 0, 0], "b": [1, 0, 0, 0]}, {"o": [0, 0]}),
+         ("uniform", 2): ({"a": [1, 1, 1, 0], "b": [1, 1, 0, 0]}, {"o": [1, 0]}),
+         ("sec", 1): ({"a": [1, 1, 1, 1], "b": [1, 1, 0, 0]}, {"o": [1, 0]}),
+         ("sec", 2): ({"a": [1, 1, 1, 0], "b": [1, 1, 1, 0]}, {"o": [1, 1]})}
+
+
+def _tested_runs(run_record) -> dict:
+  """Uniform at two learning rates (2e-5 the better on validation, 4e-5 perfect on test) and
+  SEC at 2e-5, two seeds each, all evaluated on the test split."""
+  runs = {("uniform", 2e-5, s): run_record([0.0, 0.4 + 0.1 * s], test=_TEST[("uniform", s)][0],
+                                           test_ood=_TEST[("uniform", s)][1]) for s in (1, 2)}
+  runs.update({("sec", 2e-5, s): run_record([0.0, 0.6], test=_TEST[("sec", s)][0],
+                                            test_ood=_TEST[("sec", s)][1]) for s in (1, 2)})
+  runs.update({("uniform", 4e-5, s): run_record([0.0, 0.3], test={"a": [1] * 4, "b": [1] * 4},
+                                                test_ood={"o": [1, 1]}) for s in (1, 2)})
+  return runs
+
+
+def test_summarise_reads_the_test_split_at_the_rate_chosen_on_validation(run_record):
+  runs = _tested_runs(run_record)
+  s = cs.summarise(runs, 10, order=("uniform", "sec"))
+  uni, sec = s["methods"]["uniform"], s["methods"]["sec"]
+  assert s["split"] == "test"
+  # 4e-5 is perfect on test, but 2e-5 is better on validation (0.55 against 0.3): 2e-5 it is.
+  assert uni["learning_rate"] == 2e-5
+  assert uni["final_test"]["mean"] == pytest.approx(0.5) and uni["final_test"]["n"] == 2
+  assert sec["final_test"] == {"mean": 0.75, "lo": 0.75, "hi": 0.75, "n": 2}
+  assert sec["final_test_bins"]["a"]["mean"] == pytest.approx(0.875)
+  assert sec["final_test_bins"]["b"]["mean"] == pytest.approx(0.625)
+  assert sorted(sec["final_test_bins"]) == ["a", "b", "o"]
+  assert uni["final_test_ood"]["mean"] == pytest.approx(0.25)
+  assert sec["final_test_ood"]["mean"] == pytest.approx(0.75)
+  (pair,) = s["pairs"]
+  assert (pair["a"], pair["b"]) == ("uniform", "sec")
+  stack = lambda m, key: np.stack([runs[(m, 2e-5, k)][key] for k in (1, 2)])
+  bins = runs[("sec", 2e-5, 1)]["test_outcome_bins"]
+  assert pair["final_test"] == paired.paired_difference(
+      stack("uniform", "test_outcomes"), stack("sec", "test_outcomes"), bins)
+  assert pair["final_test"]["mean"] == pytest.approx(-0.25)
+  boot = pair["final_test_bootstrap"]
+  assert boot == paired.bootstrap_difference(stack("uniform", "test_outcomes"),
+                                             stack("sec", "test_outcomes"), bins,
+                                             draws=2000, seed=0)
+  assert boot["mean"] == pytest.approx(-0.25) and boot["draws"] == 2000
+  assert pair["final_test_ood"]["mean"] == pytest.approx(-0.5)
+  assert pair["final_heldout"] is None   # these records kept no validation outcomes
+  # The unchosen rate's runs need no test outcomes ...
+  runs[("uniform", 4e-5, 1)] = run_record([0.0, 0.3])
+  assert cs.summarise(runs, 10)["split"] == "test"
+  # ... but every seed of a chosen rate does: otherwise the summary stays on validation.
+  runs[("uniform", 2e-5, 2)] = run_record([0.0, 0.6])
+  s = cs.summarise(runs, 10, order=("uniform", "sec"))
+  assert s["split"] == "validation"
+  uni = s["methods"]["uniform"]
+  assert uni["final_test"] is None and uni["final_test_bins"] is None
+  assert uni["final_test_ood"] is None
+  assert s["methods"]["sec"]["final_test"]["mean"] == pytest.approx(0.75)
+  pair = s["pairs"][0]
+  assert pair["final_test"] is None and pair["final_test_bootstrap"] is None
+  assert pair["final_test_ood"] is None
+
+
+def test_a_tie_on_validation_goes_to_the_lower_learning_rate(run_record):
+  runs = {("uniform", 4e-5, 1): run_record([0.0, 0.5]),
+          ("uniform", 2e-5, 1): run_record([0.0, 0.5]),
+          ("sec", 4e-5, 1): run_record([0.0, 0.6]), ("sec", 1e-5, 1): run_record([0.0, 0.6])}
+  s = cs.summarise(runs, 10)
+  assert s["methods"]["uniform"]["learning_rate"] == 2e-5
+  assert s["methods"]["sec"]["learning_rate"] == 1e-5
+
+
+def test_matched_pairs_compare_methods_at_a_shared_rate_on_their_common_seeds(run_record):
+  rng = np.random.default_rng(2)
+  bins = np.repeat([0, 1], 20)
+  draw = lambda: (rng.random(40) < 0.5).astype(float)
+  val = {k: draw() for k in [("uniform", 1), ("uniform", 2), ("uniform", 3), ("sec", 1),
+                             ("sec", 2)]}
+  test = {k: draw() for k in val}
+  record = lambda m, s, curve: run_record(curve, outcomes=(val[(m, s)], bins),
+                                          test={"a": test[(m, s)][:20], "b": test[(m, s)][20:]})
+  runs = {("uniform", 2e-5, s): record("uniform", s, [0.0, 0.5]) for s in (1, 2, 3)}
+  runs.update({("sec", 2e-5, s): record("sec", s, [0.0, 0.6]) for s in (1, 2)})
+  # At 4e-5 uniform ran seed 2 and SEC seed 1 only: no common seed, no pair; at 8e-5 uniform
+  # alone: nothing to compare.
+  runs[("uniform", 4e-5, 2)] = record("uniform", 2, [0.0, 0.4])
+  runs[("sec", 4e-5, 1)] = record("sec", 1, [0.0, 0.4])
+  runs[("uniform", 8e-5, 1)] = record("uniform", 1, [0.0, 0.3])
+  got = cs.matched_pairs(runs, ("sec", "uniform"))
+  assert [(p["learning_rate"], p["a"], p["b"], p["seeds"]) for p in got] == [
+      (2e-5, "sec", "uniform", [1, 2])]
+  stack = lambda d, m: np.stack([d[(m, s)] for s in (1, 2)])
+  want = paired.paired_difference(stack(val, "sec"), stack(val, "uniform"), bins)
+  assert got[0]["final_heldout"] == want
+  # Uniform's seed 3, which SEC did not run, is left out.
+  with_3 = paired.paired_difference(stack(val, "sec"),
+                                    np.stack([val[("uniform", s)] for s in (1, 2, 3)]), bins)
+  assert with_3 != want
+  assert got[0]["final_test"] == paired.paired_difference(stack(test, "sec"),
+                                                          stack(test, "uniform"), bins)
+  # Without an order the methods come as the runs first name them; summarise keeps the same.
+  assert [(p["a"], p["b"]) for p in cs.matched_pairs(runs)] == [("uniform", "sec")]
+  assert cs.summarise(runs, 10, ("sec", "uniform"))["matched_pairs"] == got
+  # Runs without test outcomes: the validation contrast alone.
+  bare = {k: {**r, "test_outcomes": None} for k, r in runs.items()}
+  (only,) = cs.matched_pairs(bare, ("sec", "uniform"))
+  assert only["final_test"] is None and only["final_heldout"] == want
