@@ -65,6 +65,7 @@ CURRICULA = {
     "dump": lambda pool, p: curriculum.dump(pool, batch_size=p),
     "alp_teacher": lambda pool, p: curriculum.alp_teacher(pool, batch_size=p),
     "mastering_rate": lambda pool, p: curriculum.mastering_rate(pool, batch_size=p),
+    "learnability": lambda pool, p: curriculum.learnability(pool, batch_size=p),
 }
 
 

@@ -41,6 +41,7 @@ CONSTRUCTORS = {
     "dump": lambda pool, p: C.dump(pool, batch_size=p, window=8),
     "alp_teacher": lambda pool, p: C.alp_teacher(pool, batch_size=p, window=4),
     "mastering_rate": lambda pool, p: C.mastering_rate(pool, batch_size=p),
+    "learnability": lambda pool, p: C.learnability(pool, batch_size=p),
 }
 
 
