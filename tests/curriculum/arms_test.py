@@ -72,7 +72,7 @@ def test_jit_without_retracing_and_invariants(name):
                                   np.bincount(np.asarray(sel.arms), minlength=4))
 
 
-@pytest.mark.parametrize("name", ["sec", "dump"])
+@pytest.mark.parametrize("name", ["sec", "dump", "learnability"])
 def test_checkpoint_round_trip_then_identical_selections(name, tmp_path):
   cur = CONSTRUCTORS[name](POOL, 5)
   select, update = jax.jit(cur.select), jax.jit(cur.update)

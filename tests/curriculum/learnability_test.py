@@ -1,12 +1,9 @@
 """Tests for rl_curriculum/curriculum/learnability.py."""
 
-import os
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from rl_curriculum.curriculum.base import PromptPool
@@ -166,34 +163,6 @@ def test_traced_options_match_concrete_ones():
   s_fixed, m_fixed = learnability(POOL, batch_size=4, alpha=0.6, epsilon=0.3).update(state, fb)
   np.testing.assert_allclose(s_traced.success, s_fixed.success, rtol=1e-6)
   np.testing.assert_allclose(m_traced["probs"], m_fixed["probs"], rtol=1e-6)
-
-
-def test_checkpoint_round_trip_then_identical_selections(tmp_path):
-  cur = learnability(POOL, batch_size=5)
-  select, update = jax.jit(cur.select), jax.jit(cur.update)
-  state = cur.init(POOL, jax.random.key(0))
-  for t in range(3):
-    sel, state = select(state, jax.random.key(t))
-    state, _ = update(state, _random_feedback(sel, jax.random.key(50 + t)))
-  ckpt = ocp.StandardCheckpointer()
-  path = os.path.join(tmp_path, "curriculum")
-  ckpt.save(path, state)
-  ckpt.wait_until_finished()
-  restored = ckpt.restore(path, state)
-  assert type(restored) is type(state)
-  chex.assert_trees_all_equal(restored, state)
-
-  def continue_run(s):
-    out = []
-    for t in range(3, 6):
-      sel, s = select(s, jax.random.key(t))
-      s, _ = update(s, _random_feedback(sel, jax.random.key(50 + t)))
-      out.append((np.asarray(sel.prompt_ids), np.asarray(sel.arms), np.asarray(s.success)))
-    return out
-
-  for a, b in zip(continue_run(state), continue_run(restored)):
-    for x, y in zip(a, b):
-      np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("kwargs,match", [
