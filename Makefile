@@ -18,11 +18,13 @@ install: $(BIN)/python
 quickstart: install
 	$(BIN)/python -m experiments.train --config configs/quickstart.py --workdir workdirs/quickstart
 
+# A worker that dies ends the run at once (--max-worker-restart=0): pytest-xdist's loadfile
+# scheduling can wait forever for the work a replaced worker would have been given.
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=40 tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=40 tests
 
 test-fast: install
-	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax_tests $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 -m "not slow" tests
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax_tests $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=20 -m "not slow" tests
 
 # Speed against transformers, TRL and Tunix (33 min measured on one core; benchmarks/results/).
 benchmark: install

@@ -19,11 +19,16 @@ import tempfile
 
 # Test processes compile with LLVM's cheap passes and XLA's older element-wise emitter instead of
 # its fusion emitters: a third of the compile time, which is most of the suite's time, for the
-# same programs (XLA's CPU code has no fast-math either way; every tolerance holds). Set before
-# JAX starts, and inherited by the processes tests start.
+# same programs (XLA's CPU code has no fast-math either way; every tolerance holds). And each
+# program as one LLVM module, not split for parallel code generation: a split program's code
+# takes about 114 memory mappings, an unsplit one about 21, and a worker that keeps several
+# hundred programs alive otherwise reaches the kernel's limit of mappings (vm.max_map_count,
+# 65,530 by default), after which LLVM cannot allocate and the worker aborts. Set before JAX
+# starts, and inherited by the processes tests start.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                                    "--xla_llvm_disable_expensive_passes=true "
-                                   "--xla_cpu_use_fusion_emitters=false")
+                                   "--xla_cpu_use_fusion_emitters=false "
+                                   "--xla_cpu_parallel_codegen_split_count=1")
 
 import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
@@ -33,6 +38,9 @@ import test_util  # pylint: disable=wrong-import-position
 # Programs that compile faster than this are not worth a cache file.
 _MIN_COMPILE_S = 0.2
 _CREATED = pytest.StashKey[str]()
+# Past this share of the kernel's limit of memory mappings, a process drops its compiled programs
+# between test files (`test_util.map_pressure`).
+_MAP_SHARE = 0.35
 
 
 def pytest_configure(config):
@@ -56,3 +64,14 @@ def pytest_unconfigure(config):
   if created:
     os.environ.pop(test_util.SHARED, None)
     shutil.rmtree(created, ignore_errors=True)
+
+
+def pytest_runtest_teardown(item, nextitem):
+  """After a test file's last test: if this process holds more than `_MAP_SHARE` of the memory
+  mappings the kernel allows (most of them compiled programs' code), drop JAX's caches of
+  compiled programs, so a long-lived worker never reaches the limit; the next file compiles its
+  programs again, or loads them from the persistent cache."""
+  if nextitem is not None and nextitem.path == item.path:
+    return
+  if test_util.map_pressure() > _MAP_SHARE:
+    jax.clear_caches()

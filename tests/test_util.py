@@ -41,6 +41,19 @@ JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
 SETTINGS = hypothesis.settings(max_examples=50, deadline=None, derandomize=True)
 
 
+def map_pressure(maps: str = "/proc/self/maps",
+                 limit: str = "/proc/sys/vm/max_map_count") -> float:
+  """This process's memory mappings as a share of the most the kernel allows it (0.0 where the
+  system does not say: no /proc)."""
+  try:
+    with open(limit) as f:
+      most = int(f.read())
+    with open(maps) as f:
+      return sum(1 for _ in f) / most
+  except (OSError, ValueError):
+    return 0.0
+
+
 def maybe_jit(fn: Callable, use_jit: bool, **kwargs) -> Callable:
   """`fn` with `kwargs` bound (as static values), jitted when `use_jit`."""
   fn = functools.partial(fn, **kwargs)
