@@ -30,7 +30,8 @@ default is this config's rl.steps x rl.prompts_per_step x rl.group_size. Overrid
   the held-out prompts (200 a bin, every 10 steps; learning rates are chosen on it), and each
   run's last checkpoint answers the test half once, after every choice (700 a bin:
   --test_per_bin=700, 2,100 problems of the trained bins). Two evaluation-only bins: n6 (one
-  source more than trained) and n3_wide (three sources from [31, 99]).
+  source more than trained) and n3_wide (three sources from [31, 99]); the test split adds a
+  third, n3_big (targets from 1,000 to 9,999: --test_ood_bins=n3_big), its OOD bin of record.
 - countdown_nobonus: countdown with task.format_bonus = 0, the reward correctness alone, to see
   how much of the curricula's signal on countdown was the bonus for a well-formed wrong answer.
   Its SFT warm start is countdown's (the bonus acts in RL only and is not in the fingerprint), so

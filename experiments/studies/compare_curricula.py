@@ -308,24 +308,48 @@ def finished_runs(root: str) -> list:
   return out
 
 
+def test_ood_bins(config, names: Sequence[str]) -> tuple:
+  """Bin indices of the names in `names`: evaluation-only bins of the setting's task that its runs
+  do not evaluate, added to the test split (`test_evaluation.test_sets`).
+
+  Raises:
+    ValueError: a name is no bin of the task, or not such a bin.
+  """
+  task = builders.build_task(config)
+  unknown = [n for n in names if n not in task.bin_names]
+  if unknown:
+    raise ValueError(f"--test_ood_bins: {unknown} are no bins of the task {task.bin_names}")
+  bins = tuple(task.bin_names.index(n) for n in names)
+  bad = [task.bin_names[b] for b in bins
+         if b in config.task.eval_bins or b not in task.eval_only_bins]
+  if bad:
+    raise ValueError(f"--test_ood_bins: {bad} must be evaluation-only bins the runs do not "
+                     "evaluate (not in task.eval_bins)")
+  return bins
+
+
 def evaluate_test_split(name: str, config, workdir: str, budget: int, per_bin: int,
-                        log=print) -> int:
-  """Evaluates every finished run in WORKDIR/NAME on the test split (`test_evaluation`), each
-  at most once; returns how many runs hold test outcomes."""
+                        log=print, extra_bins: Sequence[int] = (), shard: tuple = (0, 1)) -> int:
+  """Evaluates every finished run in WORKDIR/NAME (of this shard: runs i, i + n, ... by name) on
+  the test split (`test_evaluation`), with the evaluation-only `extra_bins`, each bin of a run at
+  most once; returns how many runs it went through."""
   from experiments.studies import test_evaluation  # pylint: disable=import-outside-toplevel
-  runs = finished_runs(os.path.join(workdir, name))
+  runs = finished_runs(os.path.join(workdir, name))[shard[0]::shard[1]]
   for folder, meta in runs:
     run_cfg = run_config(config, meta["method"], meta["seed"], budget, meta["learning_rate"])
-    test_evaluation.evaluate_run(run_cfg, folder, per_bin, log=log)
+    test_evaluation.evaluate_run(run_cfg, folder, per_bin, log=log, extra_bins=extra_bins)
   return len(runs)
 
 
-def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
+def analyse(name: str, config, workdir: str, out: str, budget: int,
+            test_ood: Sequence[int] = ()) -> dict:
   """Reads every finished run folder in WORKDIR/NAME of the setting `config`; writes
-  OUT/curricula_NAME.*."""
+  OUT/curricula_NAME.*. The test split's out-of-distribution bins are `test_ood` (bins the test
+  split adds, `test_ood_bins`) when given, else the runs' own."""
   task = builders.build_task(config)
   train_names = [task.bin_names[b] for b in config.task.train_bins if b in config.task.eval_bins]
   ood_names = [task.bin_names[b] for b in config.task.eval_bins if b in task.eval_only_bins]
+  test_ood_names = [task.bin_names[b] for b in test_ood] or ood_names
   root = os.path.join(workdir, name)
   folders = [os.path.join(root, run) for run in sorted(os.listdir(root))
              if os.path.exists(os.path.join(root, run, "compare.json"))]
@@ -343,7 +367,7 @@ def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
     with open(meta_path) as f:
       meta = json.load(f)
     runs[(meta["method"], meta["learning_rate"], meta["seed"])] = comparison_stats.read_run(
-        folder, train_names, ood_names)
+        folder, train_names, ood_names, test_ood_names)
   # Only seeds that every (method, learning rate) finished, so that a comparison cut short
   # compares like with like.
   configs = {(m, lr) for m, lr, _ in runs}
@@ -354,6 +378,7 @@ def analyse(name: str, config, workdir: str, out: str, budget: int) -> dict:
   summary = comparison_stats.summarise(runs, budget, METHODS)
   uniform_bins = summary["methods"]["uniform"]["final_bins"]
   summary.update({"setting": name, "train_bins": train_names, "ood_bins": ood_names,
+                  "test_ood_bins": test_ood_names,
                   "small_bins_excluded": small, "held_out_sizes": sizes,
                   "bin_se": {b: comparison_stats.binomial_se(uniform_bins[b]["mean"], sizes[b])
                              for b in train_names if b in sizes and b in uniform_bins},
@@ -396,11 +421,15 @@ def define_flags() -> None:
                        "this many test problems per bin (the test half of the held-out prompts; "
                        "the setting must evaluate on the validation half), then summarise "
                        "(0: no test split).")
+  flags.DEFINE_list("test_ood_bins", [], "Evaluation-only bins of the task, by name, that the "
+                    "runs do not evaluate and the test split adds as its out-of-distribution "
+                    "bins of record (default: the runs' own evaluation-only bins).")
   flags.DEFINE_string("workdir", "workdirs/compare", "Folder of the run folders.")
   flags.DEFINE_string("out", "benchmarks/results", "Folder of the summary files.")
   flags.DEFINE_bool("analyse_only", False, "Only rebuild the summary.")
   flags.DEFINE_string("shard", "0/1", "i/n: run only every n-th planned run, from the i-th "
-                      "(n processes in parallel; then --analyse_only).")
+                      "(n processes in parallel; then --analyse_only); with --test_per_bin, "
+                      "evaluate only every n-th finished run on the test split.")
   flags.mark_flags_as_required(["config"])
 
 
@@ -421,6 +450,7 @@ def main(argv):
   try:
     name = setting_name(config_flags.get_config_filename(flags.FLAGS["config"]))
     shard = parse_shard(FLAGS.shard)
+    test_ood = test_ood_bins(FLAGS.config, FLAGS.test_ood_bins)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   config = FLAGS.config
@@ -438,8 +468,13 @@ def main(argv):
       print(f"shard {FLAGS.shard} done; once every shard is, run again with --analyse_only")
       return
   if FLAGS.test_per_bin:
-    evaluate_test_split(name, config, FLAGS.workdir, budget, FLAGS.test_per_bin)
-  summary = analyse(name, config, FLAGS.workdir, FLAGS.out, budget)
+    evaluate_test_split(name, config, FLAGS.workdir, budget, FLAGS.test_per_bin,
+                        extra_bins=test_ood, shard=shard)
+    if shard[1] > 1:
+      print(f"test split of shard {FLAGS.shard} done; once every shard is, run again without "
+            "--shard to summarise")
+      return
+  summary = analyse(name, config, FLAGS.workdir, FLAGS.out, budget, test_ood=test_ood)
   print(comparison_report.markdown(summary, name))
 
 

@@ -153,7 +153,8 @@ def _test_fields(outcomes: Optional[dict], train_bin_names: Sequence[str],
           "final_test_ood": float(np.mean([bins[b] for b in ood_names])) if ood_names else None}
 
 
-def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str]) -> dict:
+def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str],
+             test_ood_names: Optional[Sequence[str]] = None) -> dict:
   """Curves and totals of one finished run folder (its metrics.jsonl and compare.json): held-out
   (validation) accuracy is the mean over `train_bin_names`, out-of-distribution accuracy the mean
   over `ood_names` (None when there are none). "final_outcomes" holds the final evaluation's
@@ -163,6 +164,8 @@ def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[st
   The test split: the fields of `_test_fields` ("test_outcomes", "test_outcome_bins",
   "test_ood_outcomes", "test_ood_bins", "final_test", "final_test_bins", "final_test_ood") from
   `test_outcomes_path(folder, final evaluated step)`; all None while that file does not exist.
+  The test split's OOD fields are over `test_ood_names` (None: `ood_names`), bins the test split
+  may add to those the runs evaluated.
   """
   with open(os.path.join(folder, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
@@ -190,7 +193,8 @@ def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[st
   return {
       "final_outcomes": final[0],
       "final_outcome_bins": final[1],
-      **_test_fields(test, train_bin_names, ood_names),
+      **_test_fields(test, train_bin_names,
+                     ood_names if test_ood_names is None else test_ood_names),
       "steps": steps,
       "rollouts": rollouts,
       "heldout": heldout,

@@ -36,20 +36,33 @@ def test_reference_solution_is_valid(b):
     assert str(target) in p.prompt and " ".join(map(str, nums)) in p.prompt
 
 
-@pytest.mark.parametrize("b, n, lo, hi", [(3, 6, 1, 30), (4, 3, 31, 99)])
-def test_out_of_distribution_bins_are_valid_and_evaluation_only(b, n, lo, hi):
+@pytest.mark.parametrize("b, n, lo, hi, targets", [
+    (3, 6, 1, 30, (1, 999)), (4, 3, 31, 99, (1, 999)), (5, 3, 1, 30, (1_000, 9_999))])
+def test_out_of_distribution_bins_are_valid_and_evaluation_only(b, n, lo, hi, targets):
   task = countdown.CountdownTask(ood_bins=True)
-  assert task.bin_names == ("n3", "n4", "n5", "n6", "n3_wide") and task.eval_only_bins == (3, 4)
-  assert task.train_bins == (0, 1, 2)
+  assert task.bin_names == ("n3", "n4", "n5", "n6", "n3_wide", "n3_big")
+  assert task.eval_only_bins == (3, 4, 5) and task.train_bins == (0, 1, 2)
   for seed in range(40):
     p = task.generate(seed, b)
     nums, target = p.meta["numbers"], p.meta["target"]
     assert len(nums) == n and all(lo <= x <= hi for x in nums)
-    assert 1 <= target <= 999 and _value(p.answer) == target
+    assert targets[0] <= target <= targets[1] and _value(p.answer) == target
     assert task.score(p, " " + p.answer).correct
   # The trained bins' problems are those of the task without the extra bins.
   assert task.generate(7, 1) == countdown.CountdownTask().generate(7, 1)
   assert countdown.CountdownTask().bin_names == countdown.BINS
+
+
+def test_each_bin_keeps_its_problems_whatever_bins_follow_it():
+  """Each bin draws from its own stream: the problems of n3-n5, n6 and n3_wide (the bins a
+  comparison's runs trained and evaluated on) are those of their first version, before n3_big
+  was appended. Expected values recorded from that version."""
+  task = countdown.CountdownTask(ood_bins=True)
+  got = {name: (task.generate(11, b).meta["numbers"], task.generate(11, b).meta["target"])
+         for b, name in enumerate(task.bin_names[:5])}
+  assert got == {"n3": ([8, 27, 27], 62), "n4": ([17, 27, 17, 24], 410),
+                 "n5": ([11, 20, 12, 21, 26], 529), "n6": ([12, 6, 11, 22, 10, 2], 267),
+                 "n3_wide": ([32, 79, 34], 81)}
 
 
 def _problem(use_all=True):

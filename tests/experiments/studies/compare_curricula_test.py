@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from configs import compare
@@ -87,6 +88,17 @@ def test_settings_are_config_variants_named_by_the_config_argument():
       compare.get_config(bad)
 
 
+def test_test_ood_bins_takes_evaluation_only_bins_the_runs_do_not_evaluate():
+  config = compare.get_config("toy")  # arithmetic, eval_bins (0, 2, 8); 8-11 evaluation-only
+  assert cc.test_ood_bins(config, ["mul_2d_2d", "mix5_1d"]) == (9, 11)
+  assert cc.test_ood_bins(config, []) == ()
+  with pytest.raises(ValueError, match="no bins of the task"):
+    cc.test_ood_bins(config, ["n3_big"])
+  for taken in ("add_3d_3d", "add_2d_1d"):  # evaluated by the runs / a training bin
+    with pytest.raises(ValueError, match="evaluation-only bins the runs do not evaluate"):
+      cc.test_ood_bins(config, [taken])
+
+
 def test_parse_shard():
   assert cc.parse_shard("0/1") == (0, 1) and cc.parse_shard("1/2") == (1, 2)
   for bad in ("2/2", "-1/2", "1", "a/b", "0/0"):
@@ -139,22 +151,45 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
   assert [(runs / f"uniform_lr2e-05_s{s}" / "metrics.jsonl").read_text()
           for s in (1, 2)] == logs
   assert summary["split"] == "validation" and summary["methods"]["sec"]["final_test"] is None
-  # Then the test split, once per run: the same problems for every run, none of them in the
-  # runs' validation sets; the summary then reports it beside the validation choice.
-  tested = subprocess.run(cmd + ["--analyse_only", "--test_per_bin=8"], capture_output=True,
-                          text=True, timeout=900, cwd=ROOT)
-  assert tested.returncode == 0, tested.stderr[-3000:]
+  # Then the test split, once per run, in two shards that summarise nothing: the same problems
+  # for every run, none of them in the runs' validation sets.
+  for shard in ("0/2", "1/2"):
+    tested = subprocess.run(cmd + ["--analyse_only", "--test_per_bin=8", f"--shard={shard}"],
+                            capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert tested.stdout.count("test split at step") == 2
   with open(tmp_path / "out" / "curricula_toy.json") as f:
-    summary = json.load(f)
-  assert summary["split"] == "test"
-  [pair] = summary["pairs"]
-  assert pair["final_test"]["n_problems"] == 8 * 2 and pair["final_test"]["seeds"] == [2, 2]
-  assert "Test split (never used for a choice)" in (tmp_path / "out" / "curricula_toy.md").read_text()
+    assert json.load(f)["split"] == "validation"
   final = {s: json.load(open(runs / f"uniform_lr2e-05_s{s}" / "compare.json"))["steps"]
            for s in (1, 2)}
   tests = [run_summary.read_outcomes(comparison_stats.test_outcomes_path(
       str(runs / f"{m}_lr2e-05_s{s}"), final[s])) for m in ("uniform", "sec") for s in (1, 2)]
   assert all(t is not None and list(t) == list(tests[0]) for t in tests)
+  # An out-of-distribution bin added to the test split later is evaluated alone; the bins each
+  # run answered before are kept as they were, and the new bin is the test split's OOD bin.
+  added = subprocess.run(cmd + ["--analyse_only", "--test_per_bin=8", "--test_ood_bins=mix5_1d"],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
+  assert added.returncode == 0, added.stderr[-3000:]
+  logged = [line for line in added.stdout.splitlines() if "test split at step" in line]
+  assert len(logged) == 4 and all("mix5_1d" in line and "add_" not in line for line in logged)
+  again = [run_summary.read_outcomes(comparison_stats.test_outcomes_path(
+      str(runs / f"{m}_lr2e-05_s{s}"), final[s])) for m in ("uniform", "sec") for s in (1, 2)]
+  for before, after in zip(tests, again):
+    assert list(after) == [*before, "mix5_1d"] and len(after["mix5_1d"][0]) == 8
+    for b in before:
+      np.testing.assert_array_equal(after[b][0], before[b][0])
+  # The summary then reports the test split beside the validation choice.
+  with open(tmp_path / "out" / "curricula_toy.json") as f:
+    summary = json.load(f)
+  assert summary["split"] == "test"
+  assert summary["test_ood_bins"] == ["mix5_1d"] and summary["ood_bins"] == ["add_3d_3d"]
+  [pair] = summary["pairs"]
+  assert pair["final_test"]["n_problems"] == 8 * 2 and pair["final_test"]["seeds"] == [2, 2]
+  assert pair["final_test_ood"]["n_problems"] == 8
+  report = (tmp_path / "out" / "curricula_toy.md").read_text()
+  assert "Test split (never used for a choice)" in report and "bins of record: mix5_1d" in report
+  sec_ood = [float(np.mean(t["mix5_1d"][0])) for t in again[2:]]
+  assert summary["methods"]["sec"]["final_test_ood"]["mean"] == pytest.approx(np.mean(sec_ood))
   config = compare.get_config("toy")
   config.task.held_out_split = "validation"
   task = builders.build_task(config)
