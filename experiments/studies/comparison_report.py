@@ -18,10 +18,11 @@ def _fmt(ci: Optional[dict], scale: float = 100.0, digits: int = 1) -> str:
   alone for one value, "never" for None."""
   if ci is None:
     return "never"
+  # + 0.0 writes a bound of -0.0 (all seeds at zero) as 0.
+  mean, lo, hi = (ci[k] * scale + 0.0 for k in ("mean", "lo", "hi"))
   if ci["n"] == 1:
-    return f"{ci['mean'] * scale:.{digits}f}"
-  return (f"{ci['mean'] * scale:.{digits}f} "
-          f"[{ci['lo'] * scale:.{digits}f}, {ci['hi'] * scale:.{digits}f}]")
+    return f"{mean:.{digits}f}"
+  return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def _points(d: Optional[dict]) -> str:
@@ -123,6 +124,17 @@ def _split_note(split: str) -> str:
                  "no test numbers.")
 
 
+def _start_test_note(summary: dict) -> str:
+  """" The warm start scores ... on the test split." when it was evaluated there, else ""."""
+  start = summary.get("start_test")
+  if not start:
+    return ""
+  bins = ", ".join(f"{b} {100 * a:.1f}%" for b, a in sorted(start["bins"].items()))
+  ood = (f", OOD {100 * start['ood']:.1f}%" if start.get("ood") is not None else "")
+  return (f" The warm start every run starts from scores {100 * start['mean']:.1f}% on the test "
+          f"split's training bins{ood} ({bins}).")
+
+
 def _test_lines(summary: dict) -> list:
   """The markdown of the test split: per method its learning rate (chosen on validation), final
   test accuracy and OOD test accuracy, the per-bin test accuracies, and every two methods'
@@ -133,7 +145,7 @@ def _test_lines(summary: dict) -> list:
            "Each method's final checkpoint at the learning rate chosen on validation, evaluated "
            "once on the test split (problems apart from the validation ones); mean [95% "
            "Student-t interval] across seeds. OOD test accuracy is the mean over the test "
-           f"split's out-of-distribution bins of record: {ood}.", "",
+           f"split's out-of-distribution bins of record: {ood}.{_start_test_note(summary)}", "",
            "| method | lr (chosen on validation) | seeds | final test % | OOD test % |",
            "|---|---|---|---|---|"]
   for name, m in methods.items():
@@ -220,16 +232,57 @@ def _task_lines(summary: dict) -> list:
   return lines
 
 
+def _test_forest(ax, summary: dict, ood: bool) -> None:
+  """Paired test differences a - b in points with their 95% t intervals, each labelled with its
+  numbers: on the training bins (`ood` False) the methods at their chosen rates (the bootstrap's
+  interval thin and grey beneath) and at each learning rate two methods share; on the OOD bins
+  of record (`ood` True) the methods at their chosen rates."""
+  pairs = summary.get("pairs") or []
+  if ood:
+    bins = ", ".join(summary.get("test_ood_bins") or summary.get("ood_bins") or [])
+    rows = [(f"{p['a']} - {p['b']}", p.get("final_test_ood"), None, "C3") for p in pairs]
+    title = f"Test split, OOD ({bins}): a - b [95%]"
+  else:
+    rows = [(f"{p['a']} - {p['b']}, chosen rates", p.get("final_test"),
+             p.get("final_test_bootstrap"), "C0") for p in pairs]
+    rows += [(f"{r['a']} - {r['b']} at lr {r['learning_rate']:g}", r.get("final_test"), None,
+              "C7") for r in summary.get("matched_pairs") or []]
+    title = "Test split, training bins: a - b [95%]"
+  rows = [r for r in rows if r[1]]
+  ys = np.arange(len(rows))[::-1]
+  for y, (_, d, boot, colour) in zip(ys, rows):
+    mean = 100 * d["mean"]
+    ax.errorbar(mean, y, xerr=[[mean - 100 * d["lo"]], [100 * d["hi"] - mean]], fmt="o",
+                color=colour, capsize=3, lw=1.8)
+    ax.annotate(_points(d), (100 * d["hi"], y), xytext=(4, 0), textcoords="offset points",
+                va="center", fontsize=6.5)
+    if boot:
+      ax.plot([100 * boot["lo"], 100 * boot["hi"]], [y - 0.28] * 2, color="grey", lw=1)
+  ax.axvline(0, color="k", lw=0.8)
+  ax.set_yticks(ys, [r[0] for r in rows], fontsize=7)
+  ax.set_xlim(right=ax.get_xlim()[1] + 0.45 * np.ptp(ax.get_xlim()))  # room for the labels
+  ax.set(xlabel="test accuracy, a - b (points)", title=title)
+  ax.grid(axis="x", alpha=0.3)
+
+
 def plot(summary: dict, path: str, arm_names: Sequence[str], title: str) -> None:
   """Writes the figure of a summary to `path` (PNG): mean held-out accuracy against rollouts per
   method with the target, on several tasks the per-task curves of uniform and the SEC variants,
-  and SEC's mean arm probabilities per step, stacked (`arm_names` label the arms)."""
+  with a test split its paired test differences (`_test_forest`, training and OOD bins), and
+  SEC's mean arm probabilities per step, stacked (`arm_names` label the arms)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   tasks = sorted(next(iter(summary["methods"].values())).get("task_curves") or {})
-  fig, axes = plt.subplots(1, 3 if tasks else 2, figsize=(19 if tasks else 13, 4.8))
+  tested = summary.get("split") == "test"
+  ood = tested and any(p.get("final_test_ood") for p in summary.get("pairs") or [])
+  panels = 2 + bool(tasks) + tested + ood
+  fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 4.8))
   ax, bx = axes[0], axes[-1]
+  if tested:
+    _test_forest(axes[-2 - ood], summary, ood=False)
+  if ood:
+    _test_forest(axes[-2], summary, ood=True)
   if tasks:  # per-task curves of uniform and the SEC variants
     cx = axes[1]
     colours = plt.get_cmap("tab10")
@@ -248,7 +301,8 @@ def plot(summary: dict, path: str, arm_names: Sequence[str], title: str) -> None
     ax.plot(m["curve"]["rollouts"], np.asarray(m["curve"]["heldout_mean"]) * 100,
             label=f"{name} (lr {m['learning_rate']:g})", **style)
   ax.axhline(summary["target_heldout"] * 100, color="k", ls=":", lw=1, label="uniform final")
-  ax.set(xlabel="rollouts", ylabel="held-out accuracy, training bins (%)",
+  held_out = "validation" if "split" in summary else "held-out"
+  ax.set(xlabel="rollouts", ylabel=f"{held_out} accuracy, training bins (%)",
          title=f"{title}: mean over seeds")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, ncol=2)

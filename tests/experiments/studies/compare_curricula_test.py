@@ -153,11 +153,13 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
   assert summary["split"] == "validation" and summary["methods"]["sec"]["final_test"] is None
   # Then the test split, once per run, in two shards that summarise nothing: the same problems
   # for every run, none of them in the runs' validation sets.
-  for shard in ("0/2", "1/2"):
+  # Shard 0 also evaluates the warm start (the base folder, step 0).
+  for shard, evaluated in (("0/2", 3), ("1/2", 2)):
     tested = subprocess.run(cmd + ["--analyse_only", "--test_per_bin=8", f"--shard={shard}"],
                             capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert tested.returncode == 0, tested.stderr[-3000:]
-    assert tested.stdout.count("test split at step") == 2
+    assert tested.stdout.count("test split at step") == evaluated
+  assert os.path.exists(comparison_stats.test_outcomes_path(str(runs / "base"), 0))
   with open(tmp_path / "out" / "curricula_toy.json") as f:
     assert json.load(f)["split"] == "validation"
   final = {s: json.load(open(runs / f"uniform_lr2e-05_s{s}" / "compare.json"))["steps"]
@@ -171,7 +173,7 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
   assert added.returncode == 0, added.stderr[-3000:]
   logged = [line for line in added.stdout.splitlines() if "test split at step" in line]
-  assert len(logged) == 4 and all("mix5_1d" in line and "add_" not in line for line in logged)
+  assert len(logged) == 5 and all("mix5_1d" in line and "add_" not in line for line in logged)
   again = [run_summary.read_outcomes(comparison_stats.test_outcomes_path(
       str(runs / f"{m}_lr2e-05_s{s}"), final[s])) for m in ("uniform", "sec") for s in (1, 2)]
   for before, after in zip(tests, again):
@@ -186,6 +188,10 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
   [pair] = summary["pairs"]
   assert pair["final_test"]["n_problems"] == 8 * 2 and pair["final_test"]["seeds"] == [2, 2]
   assert pair["final_test_ood"]["n_problems"] == 8
+  base = run_summary.read_outcomes(comparison_stats.test_outcomes_path(str(runs / "base"), 0))
+  assert summary["start_test"]["ood"] == pytest.approx(np.mean(base["mix5_1d"][0]))
+  assert summary["start_test"]["mean"] == pytest.approx(
+      np.mean([np.mean(base[b][0]) for b in ("add_1d_1d", "add_2d_2d")]))
   report = (tmp_path / "out" / "curricula_toy.md").read_text()
   assert "Test split (never used for a choice)" in report and "bins of record: mix5_1d" in report
   sec_ood = [float(np.mean(t["mix5_1d"][0])) for t in again[2:]]
