@@ -125,7 +125,7 @@ def _split_note(split: str) -> str:
 
 
 def _start_test_note(summary: dict) -> str:
-  """" The warm start scores ... on the test split." when it was evaluated there, else ""."""
+  """The sentence on the warm start's test accuracy when it was evaluated there, else ""."""
   start = summary.get("start_test")
   if not start:
     return ""
