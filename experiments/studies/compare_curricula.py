@@ -58,7 +58,6 @@ import os
 import time
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 from absl import app
 from absl import flags
 from absl import logging
@@ -67,7 +66,6 @@ from ml_collections import config_flags
 from experiments import cli
 from experiments.studies import comparison_report
 from experiments.studies import comparison_stats
-from rl_curriculum.train.report import summary as run_summary
 from rl_curriculum.train.setup import builders, warm_start
 
 FLAGS = flags.FLAGS
@@ -346,19 +344,6 @@ def evaluate_test_split(name: str, config, workdir: str, budget: int, per_bin: i
   return len(runs)
 
 
-def start_test(root: str, train_names: Sequence[str], ood_names: Sequence[str]) -> Optional[dict]:
-  """The warm start's test accuracy ({"mean": over `train_names`, "ood": over `ood_names` (None
-  without), "bins": {bin: accuracy}}) from ROOT/base, or None when it was not evaluated."""
-  outcomes = run_summary.read_outcomes(
-      comparison_stats.test_outcomes_path(os.path.join(root, "base"), 0))
-  if outcomes is None or not all(b in outcomes for b in [*train_names, *ood_names]):
-    return None
-  bins = {b: float(np.mean(c)) for b, (c, _) in outcomes.items()}
-  return {"mean": float(np.mean([bins[b] for b in train_names])),
-          "ood": float(np.mean([bins[b] for b in ood_names])) if ood_names else None,
-          "bins": bins}
-
-
 def analyse(name: str, config, workdir: str, out: str, budget: int,
             test_ood: Sequence[int] = ()) -> dict:
   """Reads every finished run folder in WORKDIR/NAME of the setting `config`; writes
@@ -397,7 +382,8 @@ def analyse(name: str, config, workdir: str, out: str, budget: int,
   uniform_bins = summary["methods"]["uniform"]["final_bins"]
   summary.update({"setting": name, "train_bins": train_names, "ood_bins": ood_names,
                   "test_ood_bins": test_ood_names,
-                  "start_test": start_test(root, train_names, test_ood_names),
+                  "start_test": comparison_stats.read_start_test(root, train_names,
+                                                                 test_ood_names),
                   "small_bins_excluded": small, "held_out_sizes": sizes,
                   "bin_se": {b: comparison_stats.binomial_se(uniform_bins[b]["mean"], sizes[b])
                              for b in train_names if b in sizes and b in uniform_bins},

@@ -153,6 +153,19 @@ def _test_fields(outcomes: Optional[dict], train_bin_names: Sequence[str],
           "final_test_ood": float(np.mean([bins[b] for b in ood_names])) if ood_names else None}
 
 
+def read_start_test(root: str, train_bin_names: Sequence[str],
+                    ood_names: Sequence[str]) -> Optional[dict]:
+  """The test accuracy of the warm start every run of ROOT starts from (ROOT/base, step 0):
+  {"mean": over `train_bin_names`, "ood": over `ood_names` (None without), "bins": {bin:
+  accuracy}}; None when it was not evaluated on the test split, or not on those bins."""
+  outcomes = run_summary.read_outcomes(test_outcomes_path(os.path.join(root, "base"), 0))
+  if outcomes is None or not all(b in outcomes for b in [*train_bin_names, *ood_names]):
+    return None
+  fields = _test_fields(outcomes, train_bin_names, ood_names)
+  return {"mean": fields["final_test"], "ood": fields["final_test_ood"],
+          "bins": fields["final_test_bins"]}
+
+
 def read_run(folder: str, train_bin_names: Sequence[str], ood_names: Sequence[str],
              test_ood_names: Optional[Sequence[str]] = None) -> dict:
   """Curves and totals of one finished run folder (its metrics.jsonl and compare.json): held-out

@@ -206,6 +206,12 @@ def test_toy_comparison_end_to_end_and_rerun_skips_finished_runs(tmp_path):
                                      part="validation")
   assert len(test_prompts) == 8 * len(config.task.eval_bins)
   assert not test_prompts & {p.prompt for ps in validation.values() for p in ps}
+  # A file of 8 problems a bin is never read back as, or mixed with, another per_bin's sets.
+  run_cfg = cc.run_config(config, "uniform", 1, cc.default_budget(config), 2e-5)
+  with pytest.raises(ValueError, match="another number of problems"):
+    test_evaluation.evaluate_run(run_cfg, str(runs / "uniform_lr2e-05_s1"), 4)
+  with pytest.raises(ValueError, match="evaluation-only"):
+    test_evaluation.test_sets(config, task, 8, extra_bins=(1,))  # a training bin
 
 
 def test_every_curriculum_and_filter_is_a_method_by_name():
