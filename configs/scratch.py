@@ -131,6 +131,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.turn_tokens = 0              # tokens one turn may draw (0 = rl.max_new_tokens); the whole
                                     # episode, turns and observations, has rl.max_new_tokens
   c.rl.observation_tokens = 32      # ids one observation may take, its chat framing included
+                                    # (a longer one loses its middle, head and tail kept)
+  c.rl.credit = "episode"           # what an episode's drawn tokens carry: episode (the group
+                                    # advantage of its return, every turn alike) | turn (turn k
+                                    # the group advantage of its return to go, episodes compared
+                                    # at the same turn; for environments paying rewards a turn)
+  c.rl.turn_discount = 1.0          # credit = turn: discount per turn of the returns to go
   # Rollouts in flight across steps (docs/concepts.md#rollouts-overlapped-with-learning; each
   # needs the continuous engine): step t learns from a batch selected and queued at step t - k,
   # while the batches of the next k steps decode.

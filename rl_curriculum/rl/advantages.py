@@ -256,16 +256,19 @@ def gae(
     gamma: float,
     lam: float,
 ) -> tuple[jax.Array, jax.Array]:
-  """Generalised advantage estimation over the tokens of each completion.
+  """Generalised advantage estimation over the drawn tokens of each row.
 
-  With r, V and m zeroed outside the completion (m = mask),
-    delta[b, t] = r[b, t] + gamma * m[b, t+1] * V[b, t+1] - V[b, t]
-    A[b, t]     = m[b, t] * (delta[b, t] + gamma * lam * A[b, t+1]),    A[b, T] = 0
-    R[b, t]     = A[b, t] + m[b, t] * V[b, t]   (the lambda-return, the value target).
-
-  The mask is 1 on a contiguous run of completion tokens per row; the step after the last unmasked
-  token is terminal (value 0). In the outcome-reward setting, r is the scalar reward placed on the
-  last completion token plus, optionally, a per-token KL penalty.
+  The drawn tokens of a row (mask > 0) are its steps, in order; positions with mask 0 are not
+  steps. A completion's tokens are one contiguous run; an episode's row has the environment's
+  observations between its turns, and there the recursion passes over the observation positions
+  to the next drawn token, carrying its value and advantage (the segment continues), so that a
+  reward at the episode's end reaches every turn. With t' the next drawn position after t,
+    delta[b, t] = r[b, t] + gamma * V[b, t'] - V[b, t]      (V[b, t'] = 0 when t is the last)
+    A[b, t]     = delta[b, t] + gamma * lam * A[b, t']      on drawn t, 0 elsewhere
+    R[b, t]     = A[b, t] + V[b, t]   (the lambda-return, the value target), 0 elsewhere.
+  The step after a row's last drawn token is terminal (value 0). Rewards and values at positions
+  with mask 0 are never read. In the outcome-reward setting, r is each turn's reward on its last
+  drawn token (`credit.on_turn_ends`) plus, optionally, a per-token KL penalty.
 
   Reference: Schulman et al. (2016), "High-Dimensional Continuous Control Using Generalized
   Advantage Estimation", arXiv:1506.02438.
@@ -273,8 +276,8 @@ def gae(
   Args:
     rewards: f32[B, T] per-token reward, in reward units.
     values: f32[B, T] value-head estimate at each token, in reward units.
-    mask: f32[B, T] 1 on completion tokens, 0 elsewhere.
-    gamma: discount per token, in [0, 1].
+    mask: f32[B, T] 1 on drawn tokens, 0 elsewhere.
+    gamma: discount per drawn token, in [0, 1].
     lam: GAE lambda, in [0, 1].
 
   Returns:
@@ -283,20 +286,21 @@ def gae(
   chex.assert_rank([rewards, values, mask], 2)
   chex.assert_equal_shape([rewards, values, mask])
   chex.assert_type([rewards, values], float)
-  m = mask.astype(jnp.float32)
-  r = rewards.astype(jnp.float32) * m
-  v = values.astype(jnp.float32) * m
-  next_v = jnp.concatenate([v[:, 1:], jnp.zeros_like(v[:, :1])], axis=1)
-  delta = (r + gamma * next_v - v) * m
+  drawn = mask > 0
+  r = rewards.astype(jnp.float32)
+  v = values.astype(jnp.float32)
 
   def step(carry, xs):
-    delta_t, m_t = xs
-    a_t = m_t * (delta_t + gamma * lam * carry)
-    return a_t, a_t
+    next_v, next_a = carry
+    r_t, v_t, drawn_t = xs
+    a_t = (r_t + gamma * next_v - v_t) + gamma * lam * next_a
+    carry = (jnp.where(drawn_t, v_t, next_v), jnp.where(drawn_t, a_t, next_a))
+    return carry, jnp.where(drawn_t, a_t, 0.0)
 
-  _, adv_rev = jax.lax.scan(step, jnp.zeros_like(delta[:, 0]), (delta.T, m.T), reverse=True)
+  zeros = jnp.zeros_like(r[:, 0])
+  _, adv_rev = jax.lax.scan(step, (zeros, zeros), (r.T, v.T, drawn.T), reverse=True)
   advantages = adv_rev.T
-  return advantages, advantages + v
+  return advantages, jnp.where(drawn, advantages + v, 0.0)
 
 
 def broadcast_to_tokens(advantages: jax.Array, mask: jax.Array) -> jax.Array:

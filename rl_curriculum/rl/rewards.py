@@ -1,8 +1,9 @@
 """Reward shaping of sampled completions: where a scalar reward sits in the tokens, DAPO's length
-penalty, the KL penalty in the reward, and which completions the length cap cut off.
+penalty, the KL penalty in the reward, and which completions a limit cut off.
 
-Pure functions of arrays, safe under `jax.jit`. Shape legend (see `rl_curriculum.types`): B rows
-(completions), T completion tokens.
+Pure functions of arrays, safe under `jax.jit`. A row is a completion or an episode's turns with
+observations between them (mask 0 there; `credit` reads the turns). Shape legend (see
+`rl_curriculum.types`): B rows, T positions.
 """
 
 from typing import Sequence
@@ -10,14 +11,16 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from rl_curriculum.rl import credit
+
 __all__ = ["outcome_token_rewards", "overlong_penalty", "kl_penalty", "truncated_completions"]
 
 
 def outcome_token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
-  """f32[B, T]: each completion's scalar reward f32[B] on its last counted token (mask f32[B, T]
-  > 0), 0 elsewhere; a completion without a counted token gets nothing."""
-  last = jnp.maximum(jnp.sum(mask > 0, axis=1) - 1, 0)
-  on_last = jnp.arange(mask.shape[1])[None, :] == last[:, None]
+  """f32[B, T]: each row's scalar reward f32[B] on its last drawn token (the last position with
+  mask f32[B, T] > 0: an episode's last turn's, wherever observations lie before it), 0
+  elsewhere; a row without a drawn token gets nothing."""
+  on_last = jnp.arange(mask.shape[1])[None, :] == credit.last_drawn(mask)[:, None]
   return jnp.where(on_last & (mask > 0), rewards[:, None], 0.0)
 
 
@@ -55,9 +58,12 @@ def kl_penalty(logp_old: jax.Array, logp_ref: jax.Array, mask: jax.Array, *,
 
 
 def truncated_completions(tokens: jax.Array, mask: jax.Array, stop_ids: Sequence[int]) -> jax.Array:
-  """bool[B]: which completions i32[B, T] (counted tokens f32[B, T]) the length cap T cut off,
-  those whose last position counts and holds none of `stop_ids` (the sampler keeps and counts a
-  stop token, so a completion that ends with one at position T - 1 finished)."""
+  """bool[B]: which rows i32[B, T] (drawn tokens: mask f32[B, T] > 0) a token limit cut off:
+  those whose last drawn token is none of `stop_ids` (the sampler keeps and counts a stop token,
+  so a row that ends with one finished; one that ends without was stopped by the length cap T or
+  by its own turn's token limit). A row with no drawn token is not truncated. An episode cut by
+  its turn limit is truncated too; only the host knows that (`Batch.truncated`)."""
   stop = jnp.asarray(tuple(stop_ids), jnp.int32)
-  ended = jnp.any(tokens[:, -1:] == stop[None, :], axis=1)
-  return (mask[:, -1] > 0) & ~ended
+  last = jnp.take_along_axis(tokens, credit.last_drawn(mask)[:, None], axis=1)
+  ended = jnp.any(last == stop[None, :], axis=1)
+  return jnp.any(mask > 0, axis=1) & ~ended

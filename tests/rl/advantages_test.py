@@ -326,6 +326,33 @@ def test_gae_matches_definition(use_jit, gamma, lam):
   np.testing.assert_allclose(ret, ref_ret, **test_util.TOL)
 
 
+@test_util.JIT
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.5, 0.7)])
+def test_gae_passes_over_observations_between_turns(use_jit, gamma, lam):
+  """A row with observations between its turns (mask 0 there) gets the GAE of its drawn tokens
+  alone, taken in order: an outcome reward on the last turn reaches the first; nothing is read
+  at, or written to, an observation position."""
+  rng = np.random.default_rng(4)
+  mask = np.array([[1, 1, 0, 0, 1, 1, 1, 0], [1, 0, 1, 0, 1, 0, 0, 0], [0, 0, 1, 1, 0, 1, 0, 0]],
+                  np.float32)
+  rewards = rng.normal(size=mask.shape).astype(np.float32)
+  values = rng.normal(size=mask.shape).astype(np.float32)
+  fn = test_util.maybe_jit(advantages.gae, use_jit, gamma=gamma, lam=lam)
+  adv, ret = (np.asarray(x) for x in fn(rewards, values, mask))
+  for b in range(mask.shape[0]):
+    drawn = np.flatnonzero(mask[b])
+    ref_adv, ref_ret = ref_gae(rewards[b:b + 1, drawn], values[b:b + 1, drawn], [len(drawn)],
+                               gamma, lam)
+    np.testing.assert_allclose(adv[b, drawn], ref_adv[0], **test_util.TOL)
+    np.testing.assert_allclose(ret[b, drawn], ref_ret[0], **test_util.TOL)
+    np.testing.assert_array_equal(adv[b, mask[b] == 0], 0.0)
+    np.testing.assert_array_equal(ret[b, mask[b] == 0], 0.0)
+  outcome = np.zeros_like(rewards)
+  outcome[0, 6] = 1.0
+  first, _ = advantages.gae(outcome, np.zeros_like(values), mask, gamma=1.0, lam=1.0)
+  np.testing.assert_array_equal(np.asarray(first)[0], [1, 1, 0, 0, 1, 1, 1, 0])
+
+
 def test_gae_lambda_one_is_monte_carlo_and_ignores_padding():
   rng = np.random.default_rng(3)
   rewards = rng.normal(size=(3, 6)).astype(np.float32)

@@ -40,12 +40,32 @@ def test_kl_penalty_is_k1_on_counted_tokens(use_jit):
 
 
 @test_util.JIT
-def test_truncated_completions_fill_the_row_without_a_stop_token(use_jit):
+def test_truncated_rows_end_without_a_stop_token(use_jit):
   fn = test_util.maybe_jit(rewards.truncated_completions, use_jit, stop_ids=(2, 9))
-  tokens = jnp.array([[5, 6, 7], [5, 2, 0], [5, 6, 2], [5, 6, 9], [5, 0, 0], [5, 6, 3]])
-  mask = jnp.array([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 1, 1]],
-                   jnp.float32)
-  # Cut; stopped early; stopped by EOS on the last slot; by another stop id; short; cut (3 is
-  # not a stop id here).
+  tokens = jnp.array([[5, 6, 7], [5, 2, 0], [5, 6, 2], [5, 6, 9], [5, 0, 0], [5, 6, 3],
+                      [0, 0, 0]])
+  mask = jnp.array([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 1, 1],
+                    [0, 0, 0]], jnp.float32)
+  # Cut at the cap; stopped early; stopped by EOS on the last slot; by another stop id; cut by
+  # its own token limit after one token; cut (3 is not a stop id here); never sampled.
   np.testing.assert_array_equal(np.asarray(fn(tokens, mask)),
-                                [True, False, False, False, False, True])
+                                [True, False, False, False, True, True, False])
+
+
+@test_util.JIT
+def test_an_episode_is_judged_by_its_last_turn(use_jit):
+  """Rows with turns (observations at mask 0 between them): the reward sits on the last turn's
+  last drawn token, and only the last turn's ending decides truncation."""
+  reward_fn = test_util.maybe_jit(rewards.outcome_token_rewards, use_jit)
+  cut_fn = test_util.maybe_jit(rewards.truncated_completions, use_jit, stop_ids=(2,))
+  tokens = jnp.array([[5, 6, 2, 8, 8, 5, 2, 0], [5, 6, 8, 8, 8, 5, 6, 0],
+                      [5, 6, 2, 8, 8, 8, 8, 8]])
+  mask = jnp.array([[1, 1, 1, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 1, 1, 0],
+                    [1, 1, 1, 0, 0, 0, 0, 0]], jnp.float32)
+  got = np.asarray(reward_fn(jnp.array([1.0, 2.0, 3.0]), mask))
+  want = np.zeros((3, 8), np.float32)
+  want[0, 6], want[1, 6], want[2, 2] = 1.0, 2.0, 3.0
+  np.testing.assert_array_equal(got, want)
+  # Both turns stopped; the last turn ends on 6, no stop id (cut by its token limit); one turn
+  # that stopped, an observation after it.
+  np.testing.assert_array_equal(np.asarray(cut_fn(tokens, mask)), [False, True, False])

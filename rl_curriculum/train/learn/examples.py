@@ -34,7 +34,7 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
                sampler_logprob: float = 0.0, correct=None, num_arms: int = 1,
                train_groups: Optional[jax.Array] = None,
                train_valid: Optional[jax.Array] = None,
-               stop_ids: Sequence[int] = ()) -> Batch:
+               stop_ids: Sequence[int] = (), turn_rewards=None) -> Batch:
   """A `Batch` of S groups x G completions from its token arrays and rewards.
 
   Args:
@@ -48,8 +48,10 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
     num_arms: group s belongs to arm s % num_arms; prompt ids are 0..S-1.
     train_groups: i32[P] groups the policy trains on; None: all S in order.
     train_valid: bool[P]; None: every slot is a real group.
-    stop_ids: the tokens that end a completion: one whose last slot counts and holds none of
-      them was cut at the length cap (`Batch.truncated`, `rewards.truncated_completions`).
+    stop_ids: the tokens that end a completion: one whose last drawn token is none of them was
+      cut by a limit (`Batch.truncated`, `rewards.truncated_completions`).
+    turn_rewards: f32[S, G, H] each turn's reward (rows with turns: runs of counted tokens);
+      None: every row's reward on its last turn.
 
   Returns:
     A `Batch` of JAX arrays, every completion valid.
@@ -76,7 +78,8 @@ def make_batch(prompt_tokens, tokens, rewards, *, prompt_mask=None, mask=None,
       train_groups=train_groups,
       train_valid=(jnp.ones(train_groups.shape, bool) if train_valid is None
                    else jnp.asarray(train_valid, bool)),
-      truncated=rewards_lib.truncated_completions(tokens, mask, stop_ids).reshape(rewards.shape))
+      truncated=rewards_lib.truncated_completions(tokens, mask, stop_ids).reshape(rewards.shape),
+      turn_rewards=None if turn_rewards is None else jnp.asarray(turn_rewards, jnp.float32))
 
 
 def example_batch(prompts: int, group: int, prompt_len: int, completion_len: int,

@@ -2,8 +2,8 @@
 
   train_state, cur_state, metrics = learn(train_state, cur_state, batch, key, ...)
 
-`learn` runs six phases, each a module-level function that can be tested alone (phase 2 lives in
-`view`, phases 3 and 4 in `objective`):
+`learn` runs six phases, each a module-level function that can be tested alone (phase 1 lives in
+`scores`, phase 2 in `view`, phases 3 and 4 in `objective`):
 
   1. feedback   `score_groups`: rewards -> (overlong penalty) -> (whitening) -> advantages
                 f32[S, G] of every sampled group, and the curriculum's `Feedback` (whose
@@ -72,79 +72,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import rewards as rewards_lib
 from rl_curriculum.rl import stability
 from rl_curriculum.train.learn import forward
 from rl_curriculum.train.learn.objective import minibatch_updates
+from rl_curriculum.train.learn.scores import batch_overlong_penalty, score_groups
 from rl_curriculum.train.learn.rl_types import (Batch, GroupScores, LearnConfig, TrainView,
                                                 adaptive_temperature)
 from rl_curriculum.train.learn.view import (advantage_curriculum, constant_logprobs,
-                                            estimator_of, overlong_mask, train_view)
+                                            overlong_mask, train_view)
 from rl_curriculum.train.state import TrainState
-from rl_curriculum.types import Feedback
 
 __all__ = ["batch_overlong_penalty", "score_groups", "update_kl", "should_roll_back", "commit",
            "rollout_temperature", "adapt_temperature", "batch_metrics", "overlong_metrics",
            "staleness_metrics", "learn", "make_learn"]
-
-
-# --- 1. Rewards, advantages and the curriculum's feedback -----------------------------------------
-
-
-def batch_overlong_penalty(batch: Batch, config: LearnConfig) -> jax.Array:
-  """f32[S, G] `rewards.overlong_penalty` of every sampled completion (L_max = T, the completions'
-  width; L_cache = `config.overlong_cache`), 0 on invalid slots.
-
-  Raises:
-    ValueError (at trace time): overlong_cache outside [1, T).
-  """
-  s, g = batch.rewards.shape
-  t = batch.mask.shape[1]
-  cache = config.overlong_cache
-  if not isinstance(cache, jax.core.Tracer) and not (cache is not None and 1 <= cache < t):
-    raise ValueError(f"overlong_cache must lie in [1, {t}) (the completions' length cap), got "
-                     f"{cache}")
-  lengths = jnp.sum(batch.mask > 0, axis=1).reshape(s, g)
-  return jnp.where(batch.valid.astype(bool),
-                   rewards_lib.overlong_penalty(lengths, t, config.overlong_cache), 0.0)
-
-
-def score_groups(batch: Batch, whitening: stability.WhiteningState,
-                 config: LearnConfig) -> GroupScores:
-  """Phase 1: rewards -> (overlong penalty) -> (whitening) -> group advantages, and the
-  curriculum's feedback.
-
-  The curriculum's `Feedback.advantages` are the estimator's advantages of the raw correctness
-  (`curriculum_feedback="correct"`) or of the trained rewards ("reward"). With a format bonus the
-  two differ: an all-wrong group whose completions differ only in format has nonzero reward
-  advantages (under GRPO exactly as large as a group with one right answer) but zero correctness
-  advantages, so a curriculum fed rewards chases formatting. `Feedback.rewards` are always the
-  shaped rewards, `Feedback.correct` the raw correctness.
-
-  With `overlong="penalty"` DAPO's soft overlong punishment (`batch_overlong_penalty`) joins the
-  rewards the policy trains on, before whitening and the advantages; `Feedback.rewards` remain
-  the task's.
-  """
-  valid = batch.valid.astype(bool)
-  rewards = batch.rewards
-  if config.overlong == "penalty":
-    rewards = rewards + batch_overlong_penalty(batch, config)
-  if config.whiten_rewards:
-    whitening = stability.whitening_update(whitening, rewards, valid)
-    rewards = stability.whiten(whitening, rewards)
-  estimator = functools.partial(adv_lib.group_advantages, estimator=estimator_of(config),
-                                grpo_std=config.grpo_std, baseline=batch.baseline)
-  advantages = estimator(rewards, valid)
-  if config.curriculum_feedback == "correct":
-    cur_advantages = estimator(batch.correct.astype(jnp.float32), valid)
-  else:
-    cur_advantages = advantages
-  feedback = Feedback(prompt_ids=batch.prompt_ids, arms=batch.arms, rewards=batch.rewards,
-                      correct=batch.correct, advantages=cur_advantages, valid=valid)
-  return GroupScores(whitening=whitening, rewards=rewards, advantages=advantages,
-                     feedback=feedback)
 
 
 # --- 5. Rollback ----------------------------------------------------------------------------------

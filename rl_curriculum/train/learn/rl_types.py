@@ -53,11 +53,15 @@ class Batch(NamedTuple):
   train_valid: jax.Array       # bool[P] False on padding slots a filter could not fill
   baseline: Optional[jax.Array] = None  # f32[S] per-prompt baseline of the counterfactual
                                         # estimator (else None)
-  truncated: Optional[jax.Array] = None  # bool[S, G] cut at T tokens without a stop token
-                                         # (`rewards.truncated_completions`); None: unknown
+  truncated: Optional[jax.Array] = None  # bool[S, G] cut by a limit: the last drawn token is
+                                         # no stop id (`rewards.truncated_completions`), or the
+                                         # episode ran out of turns or positions; None: unknown
   versions: Optional[jax.Array] = None  # i32[R, T] policy version (the train state's update
                                         # counter) that sampled each token; None: the version
                                         # the learn step starts from (synchronous)
+  turn_rewards: Optional[jax.Array] = None  # f32[S, G, H] each turn's reward (an episode's
+                                        # `rewards` is their sum; a single-turn completion has
+                                        # H = 1); None: all of a row's reward on its last turn
 
 
 def _static(source: Optional[str] = None):
@@ -114,6 +118,8 @@ class LearnConfig:
                                         # the groups its update marks high_variance
   overlong: str = _static()             # none | exclude (truncated completions leave the loss) |
                                         # penalty
+  credit: str = _static()               # episode | turn: what an episode's drawn tokens carry
+                                        # (`rl.credit`, `credit.CREDITS`)
   rollback: str = _static()             # step | minibatch: what a non-finite update discards
                                         # (`rl_step.learn`)
   # Coefficients (traced).
@@ -124,6 +130,7 @@ class LearnConfig:
                                         # logits / temperature (the controller's start, with
                                         # temperature_target on)
   gamma: float = _traced()              # PPO: discount per token
+  turn_discount: float = _traced()      # credit = turn: discount per turn of returns to go
   lam: float = _traced()                # PPO: GAE lambda
   vf_coef: float = _traced()            # PPO: value-loss weight
   vf_clip: float = _traced()            # PPO: value clipping range
@@ -196,6 +203,8 @@ class GroupScores(NamedTuple):
                                        # penalty, whitened if either is on)
   advantages: jax.Array                # f32[S, G] the estimator's advantages of `rewards`
   feedback: Feedback                   # what `Curriculum.update` reads (every sampled group)
+  turn_advantages: Optional[jax.Array] = None  # f32[S, G, H] credit = turn: each turn's
+                                       # advantage of its return to go (`credit.turn_advantages`)
 
 
 class TrainView(NamedTuple):

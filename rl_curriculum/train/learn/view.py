@@ -19,13 +19,14 @@ import jax.numpy as jnp
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.rl import advantages as adv_lib
+from rl_curriculum.rl import credit
 from rl_curriculum.rl import losses
 from rl_curriculum.rl import rewards as rewards_lib
 from rl_curriculum.train.learn import forward
 from rl_curriculum.train.learn.rl_types import Batch, GroupScores, LearnConfig, TrainView
 
 __all__ = ["row_blocks", "constant_logprobs", "estimator_of", "on_policy", "overlong_mask",
-           "train_view", "advantage_curriculum"]
+           "turn_token_rewards", "train_view", "advantage_curriculum"]
 
 
 def row_blocks(config: LearnConfig) -> int:
@@ -98,6 +99,20 @@ def overlong_mask(batch: Batch, rows: jax.Array, config: LearnConfig) -> jax.Arr
   return 1.0 - batch.truncated.reshape(-1)[rows].astype(jnp.float32)
 
 
+def turn_token_rewards(batch: Batch, scores: GroupScores, rows: jax.Array, valid: jax.Array,
+                       mask: jax.Array) -> jax.Array:
+  """f32[B, T] PPO's rewards on the trained rows i32[B] (valid bool[P, G], drawn tokens mask
+  f32[B, T]): each turn's reward on its last drawn token (`Batch.turn_rewards`; the shaping of the
+  return on the last turn: `credit.shaped_turn_rewards`), or without them the shaped return on
+  each row's last drawn token."""
+  rewards = scores.rewards[batch.train_groups] * valid
+  if batch.turn_rewards is None:
+    return rewards_lib.outcome_token_rewards(rewards.reshape(-1), mask)
+  turns = credit.turn_count(batch.mask[rows]).reshape(rewards.shape)
+  shaped = credit.shaped_turn_rewards(batch.turn_rewards[batch.train_groups], turns, rewards)
+  return credit.on_turn_ends(shaped.reshape(-1, shaped.shape[-1]), mask)
+
+
 def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_params: Any,
                config: LearnConfig, use_lora: bool, value: Any = None,
                mesh: Any = None, temperature: Optional[jax.Array] = None,
@@ -105,11 +120,16 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
   """Phase 2: the trained groups' rows, their per-token advantages and the constant forward
   passes (old policy, reference, values), all without gradient.
 
-  PPO: the outcome reward on each completion's last counted token, GAE(gamma, lambda) on the value
-  head's estimates at sampling time, advantages whitened over the batch's tokens. With an
-  untrained critic (V = 0) the advantage of token t is lambda^(L - 1 - t) r for a completion of L
-  tokens, so lambda < 1 shrinks the early tokens' advantages of long completions towards 0;
-  lambda = 1 gives every token r - V(t).
+  Rows may be episodes: turns of drawn tokens with observations between them (mask 0). Every
+  drawn token of a row carries its episode's group advantage (`credit="episode"`), or with
+  `credit="turn"` its turn's (`GroupScores.turn_advantages`); no observation position carries
+  any.
+
+  PPO: each turn's reward on its last drawn token (`turn_token_rewards`), GAE(gamma, lambda) on the value head's estimates at sampling time over the drawn
+  tokens, passing over the observations between turns, advantages whitened over the batch's
+  tokens. With an untrained critic (V = 0) the advantage of token t is lambda^(L - 1 - t) r for a
+  completion of L tokens, so lambda < 1 shrinks the early tokens' advantages of long completions
+  towards 0; lambda = 1 gives every token r - V(t).
 
   With `kl_reward_coef` = beta != 0 the KL to the reference enters the reward, as in RLHF's PPO
   (Ouyang et al. (2022), "Training language models to follow instructions with human feedback",
@@ -167,10 +187,14 @@ def train_view(batch: Batch, scores: GroupScores, params: Any, *, graphdef, ref_
     advantages = adv_lib.group_advantages(rewards, valid, estimator_of(config),
                                           grpo_std=config.grpo_std, baseline=baseline)
     adv_tokens = adv_lib.broadcast_to_tokens(advantages.reshape(-1), mask)
+  if scores.turn_advantages is not None:
+    if config.kl_reward_coef is not None:
+      raise ValueError("credit='turn' takes its rewards from the turns: kl_reward_coef must be off")
+    per_turn = scores.turn_advantages[batch.train_groups] * valid[..., None]
+    adv_tokens = credit.on_turn_tokens(per_turn.reshape(-1, per_turn.shape[-1]), mask)
   if ppo:
     values_old = values_old * mask
-    rewards = (scores.rewards[batch.train_groups] * valid).reshape(-1)
-    token_rewards = rewards_lib.outcome_token_rewards(rewards, mask)
+    token_rewards = turn_token_rewards(batch, scores, rows, valid, mask)
     if config.kl_reward_coef is not None:
       token_rewards = token_rewards - config.kl_reward_coef * rewards_lib.kl_penalty(
           logp_old, logp_ref, mask, per_token=True)

@@ -40,13 +40,16 @@ def _lengths():
 
 
 def _batch(truncated=True, mask=None):
-  """A batch of P groups of `_lengths()` tokens; a completion of T tokens ends with a stop token
-  in rows 8 and 13 (it finished) and with an ordinary token elsewhere (it was cut)."""
+  """A batch of P groups of `_lengths()` tokens: a shorter completion ends with a stop token (as
+  the sampler records it); one of T tokens ends with a stop token in rows 8 and 13 (it finished)
+  and with an ordinary token elsewhere (it was cut)."""
   key = jax.random.PRNGKey(1)
   prompts = jnp.repeat(jax.random.randint(key, (P, TP), 4, V), G, axis=0)
   tokens = np.array(jax.random.randint(jax.random.fold_in(key, 1), (P * G, T), 4, V))
   tokens[[8, 13], -1] = STOP
   lengths = _lengths().reshape(-1)
+  short = np.flatnonzero(lengths < T)
+  tokens[short, lengths[short] - 1] = STOP[0]
   counted = np.arange(T)[None, :] < lengths[:, None]
   tokens = np.where(counted, tokens, 0)
   batch = examples.make_batch(prompts, tokens, _rewards(), num_arms=2, stop_ids=STOP,
