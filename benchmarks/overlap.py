@@ -96,6 +96,7 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
   from rl_curriculum.train import programs as programs_lib
   from rl_curriculum.train.rollout import budget
   from rl_curriculum.train.rollout import batches
+  from rl_curriculum.train.rollout import episode_steps, episodes
   from rl_curriculum.train.setup import features, prepare
   jax.config.update("jax_cross_host_transfer_socket_address", f"127.0.0.1:{port + 1 + role}")
   distributed.initialize(f"127.0.0.1:{port}", 2, role)
@@ -162,9 +163,14 @@ def worker(name: str, steps: int, workdir: str, role: int, port: int) -> None:
         jax.device_put(valid.reshape(-1), programs_lib.mesh_lib.batch_sharding(meshes[SAMPLER],
                                                                                1)))
     rollout = generation.rollout
-    reward, correct = batches.score_completions(run.task, run.pool, prompt_rows,
-                                                 np.asarray(rollout.tokens), run.tokenizer.decode,
-                                                 valid.reshape(-1))
+    sampled = valid.reshape(-1)
+    _, played, _ = episodes.step_turns(  # one-turn episodes, each scored by its task
+        episodes.finished_rows(rollout.tokens, rollout.mask), 0, read_only=True,
+        problems=[run.pool.problems[i] if v else None for i, v in zip(prompt_rows, sampled)],
+        task=run.task, seeds=list(range(len(prompt_rows))), tokenizer=run.tokenizer,
+        framing=run.framing, limits=episode_steps.limits(config, 1),
+        rows_of=lambda rows, _: rows)
+    reward, correct = played.rewards, played.correct
     seconds = np.float32(time.perf_counter() - t0)
     return (rollout.tokens, rollout.logprobs, rollout.mask,
             *(jax.device_put(x, rep[SAMPLER]) for x in (reward.reshape(s, g),

@@ -6,9 +6,10 @@
 Prints greedy accuracy and pass@k (k of `--samples` sampled completions at the config's RL
 temperature) for every evaluation bin of the config, and writes them to WORKDIR/eval.json. A
 workdir without RL checkpoints evaluates the starting policy: the pretrained checkpoint, or the
-SFT warm start (trained and cached there on first use). On environments (docs/environments.md)
-greedy accuracy is the share of held-out episodes solved, played as the training run plays them,
-and pass@k, a measure of single-turn completions, is not computed (nan).
+SFT warm start (trained and cached there on first use). Greedy accuracy is the share of held-out
+episodes solved, played as the training run plays them (a single-turn completion is an episode of
+one turn); pass@k, a measure of one-turn episodes, is not computed (nan) for episodes of several
+turns (environments, docs/environments.md).
 """
 
 import json
@@ -52,12 +53,10 @@ def main(argv):
   kwargs = dict(batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
   key = jax.random.PRNGKey(config.seed + 7)
-  if episode_steps.active(run.task):  # greedy episodes; pass@k is of single-turn completions
-    greedy = summary.evaluate(config, run, params)
+  greedy = summary.evaluate(config, run, params)
+  if episode_steps.turn_width(config, run.task) > 1:  # pass@k is of one-turn episodes
     passk = {name: float("nan") for name in run.eval_sets}
   else:
-    greedy = evaluation.accuracy_by_bin(run.model.graphdef, params, run.eval_sets, run.task,
-                                        tok.decode, **kwargs)
     passk = {name: evaluation.sampled_pass_at_k(
         run.model.graphdef, params, pool, run.task, tok.decode, k=FLAGS.k,
         samples=FLAGS.samples, temperature=config.rl.temperature,

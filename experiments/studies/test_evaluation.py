@@ -85,10 +85,8 @@ def evaluate_run(config: ml_collections.ConfigDict, folder: str, per_bin: int,
     return {names[b]: done[names[b]] for b in problems}
   tok = run.tokenizer
   sets = data.eval_pools(todo, run.task, tok, template=config.task.template)
-  new = evaluation.outcomes_by_bin(
-      run.model.graphdef, params, sets, run.task, tok.decode, batch_size=config.eval.batch_size,
-      max_new_tokens=config.rl.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-      stop_ids=run.stop_ids)
+  new = evaluation.held_out(run.model.graphdef, params, sets, run.task, tok,
+                           **run_summary.held_out_options(config, run)).outcomes
   merged = {**done, **new}
   run_summary.write_outcomes(path, merged)
   log(f"{os.path.basename(folder)}: test split at step {step}, "

@@ -39,13 +39,17 @@ from a one-turn completion by the same rule: "Answer: 42" is formatted, a tool c
 into an unfinished, unrewarded step) and never executes the text: tools parse their arguments with
 `tasks.parsing` (bounded recursive descent, exact fractions) and call no eval, exec, compile,
 subprocess, network or file. Observations are one line of at most `MAX_OBSERVATION_CHARS`
-characters that quote at most `MAX_ECHO_CHARS` characters of the policy's text. `step` reads
+characters (a longer one loses its middle: `middle_excerpt`) that quote at most `MAX_ECHO_CHARS`
+characters of the policy's text. An exception inside `step` is a bug of the environment, not a
+move of the policy: the turn gets `ERROR_OBSERVATION` and `Step.error`, and the first of each
+kind is logged. `step` reads
 only the problem's `answer` and `meta`, never its `difficulty`, so a mixture's problem (whose
 difficulty is the mixture bin) steps the same.
 """
 
 import copy
 import json
+import logging
 import math
 import re
 from typing import NamedTuple, Optional
@@ -55,7 +59,7 @@ from rl_curriculum.tasks import base, parsing
 __all__ = [
     "TOOL_OPEN", "TOOL_CLOSE", "ANSWER_MARKER", "MAX_TURN_CHARS", "MAX_ECHO_CHARS",
     "MAX_OBSERVATION_CHARS", "TURN_KINDS", "Turn", "Step", "Environment", "parse_turn", "excerpt",
-    "format_value", "problem_id", "check_number", "ERROR_OBSERVATION",
+    "middle_excerpt", "format_value", "problem_id", "check_number", "ERROR_OBSERVATION",
 ]
 
 TOOL_OPEN = "<tool>"
@@ -79,14 +83,7 @@ class Turn(NamedTuple):
   answer: str      # the final answer, stripped ("" unless kind == "answer")
 
 
-class Step(NamedTuple):
-  """What one turn of the policy led to."""
-  observation: str    # text shown to the policy before its next turn ("" when done)
-  reward: float       # this turn's reward (the episode return is the sum over turns)
-  done: bool          # the episode is over (answer given)
-  tool_call: bool     # the turn contained a tool call (a `<tool>` tag)
-  well_formed: bool   # the turn's tool call or answer parsed (False: malformed call, or neither)
-  correct: bool       # the episode was solved by this turn (only ever True when done)
+Step = base.Step  # what one turn led to: observation, reward, done, tool call, ... error
 
 
 _NONE = Turn("none", "", "", "")
@@ -119,6 +116,18 @@ def excerpt(text: str, limit: int = MAX_ECHO_CHARS) -> str:
   return head[:limit] + "..." if len(head) > limit else head
 
 
+def middle_excerpt(text: str, limit: int) -> str:
+  """`text` on one line (unprintable characters as spaces), at most `limit` characters: a longer
+  one keeps its head and its tail around " ... ", so that what a tool reports last (its value)
+  survives."""
+  line = "".join(c if c.isprintable() else " " for c in str(text))
+  if len(line) <= limit:
+    return line
+  keep = max(limit - 5, 2)
+  head = (keep + 1) // 2
+  return line[:head] + " ... " + line[len(line) - (keep - head):]
+
+
 def format_value(value) -> str:
   """An exact number as text: "42", "-7/2"; "about 1.23457e+70" beyond `_VALUE_CHARS` chars."""
   text = str(value)
@@ -147,7 +156,9 @@ class Environment(base.Task):
   Attributes:
     tool_names: the tools a turn may call.
     call_example: one valid call, shown in format hints, e.g. "calc(2*3)".
-    turn_budget: the turns a rollout should allow per episode (see `max_turns`).
+    turn_budget: the turns a rollout allows an episode (`max_turns`; a run's rl.max_turns and
+      its horizon may allow fewer). `step` ends episodes only on an answer, so the rollout stops
+      unfinished ones, which earn 0.
   """
   tool_names: tuple[str, ...] = ()
   call_example: str = ""
@@ -181,22 +192,18 @@ class Environment(base.Task):
       reward = float(result.reward)
       if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
         raise ValueError(f"reward {reward} outside [0, 1]")
-      observation = "" if done else excerpt(result.observation, MAX_OBSERVATION_CHARS - 3)
+      observation = "" if done else middle_excerpt(result.observation, MAX_OBSERVATION_CHARS)
       return new_state, Step(observation, reward, done, bool(result.tool_call),
                              bool(result.well_formed), bool(result.correct) and done)
-    except Exception:  # pylint: disable=broad-except
-      # Last-resort guard: a bug in a tool must cost a turn, never the training run.
+    except Exception as e:  # pylint: disable=broad-except
+      # Last-resort guard: a bug in a tool must cost a turn, never the training run; it is
+      # counted (Step.error, episode/tool_errors) and its first occurrence logged.
+      _report_once(self, e)
       try:
         kept = copy.deepcopy(dict(state))
       except Exception:  # pylint: disable=broad-except
         kept = {}
-      return kept, Step(ERROR_OBSERVATION, 0.0, False, False, False, False)
-
-  def max_turns(self, problem: base.Problem) -> int:
-    """The turns a rollout should allow `problem` (advisory: `step` ends episodes only on an
-    answer, so the rollout stops unfinished ones, which earn 0)."""
-    del problem
-    return self.turn_budget
+      return kept, Step(ERROR_OBSERVATION, 0.0, False, False, False, False, error=True)
 
   def prompt_messages(self, problem: base.Problem) -> list[dict]:
     """One user message (the question, the tool with a worked call, and the answer format),
@@ -272,6 +279,22 @@ class Environment(base.Task):
     if len(self.tool_names) == 1:
       return f"The only tool is {self.tool_names[0]}: {TOOL_OPEN}{self.call_example}{TOOL_CLOSE}."
     return f"The tools are {', '.join(self.tool_names)}."
+
+
+_REPORTED = set()  # (environment class, exception class) already logged by this process
+
+
+def _report_once(env: "Environment", error: Exception) -> None:
+  """Logs, with its traceback, the first exception of each kind an environment's step raised
+  in this process (later ones are only counted: `Step.error`)."""
+  kind = (type(env).__qualname__, type(error).__qualname__)
+  if kind in _REPORTED:
+    return
+  _REPORTED.add(kind)
+  logging.getLogger(__name__).warning(
+      "environment %r raised %s in step (the turn gets the error observation and reward 0; "
+      "episode/tool_errors counts every such turn; later ones are not logged)", env.name,
+      type(error).__name__, exc_info=error)
 
 
 def check_number(problem: base.Problem, answer: str) -> tuple[bool, bool]:

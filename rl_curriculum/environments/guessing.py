@@ -57,6 +57,7 @@ class GuessingEnv(env_base.Environment):
   name = "guess"
   bin_names = LEVELS
   answer_kind = "number"
+  turn_budget = 11  # `max_turns` of the largest range
 
   def _make(self, seed: int, difficulty: int) -> base.Problem:
     high = RANGES[difficulty]
@@ -78,7 +79,8 @@ class GuessingEnv(env_base.Environment):
     return {**super().reset(problem, seed), "guesses": []}
 
   def max_turns(self, problem: base.Problem) -> int:
-    """One turn more than a binary search needs at worst (ceil(log2(high)) + 1 guesses)."""
+    """One turn more than a binary search needs at worst (ceil(log2(high)) + 1 guesses): 5, 8
+    and 11 turns on the three levels (`turn_budget` is the largest)."""
     return math.ceil(math.log2(problem.meta["high"])) + 2
 
   def format_hint(self) -> str:

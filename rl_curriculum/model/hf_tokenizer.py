@@ -125,6 +125,17 @@ class HFTokenizer:
       ids = ids + [self._eos_id]
     return ids
 
+  def encode_text(self, text: str) -> list[int]:
+    """The ids of `text` read as plain text: a special-token string in it ("<|im_start|>") is
+    spelled out in ordinary pieces, never given the special id. For text that is not the
+    model's own (an environment's reply quoting the policy), so that no text can write a chat
+    template's markers."""
+    self.tokenizer.encode_special_tokens = True
+    try:
+      return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    finally:
+      self.tokenizer.encode_special_tokens = False
+
   def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
     """Returns the text of `ids`, stopping at the first stop id (EOS included, not written).
 

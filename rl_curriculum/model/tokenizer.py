@@ -44,6 +44,11 @@ class SentencePieceTokenizer:
     """Returns the ids of `text`, optionally framed by BOS and EOS."""
     return self._sp.encode(text, add_bos=add_bos, add_eos=add_eos)
 
+  def encode_text(self, text: str) -> list[int]:
+    """The ids of `text` as plain text (`encode`: SentencePiece never reads a control symbol's
+    id from text)."""
+    return self._sp.encode(text)
+
   def decode(self, ids: Sequence[int]) -> str:
     """Returns the text of `ids`, stopping at the first EOS and skipping pad, BOS and unknown."""
     out = []

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from rl_curriculum.model import kv_cache
 from rl_curriculum.model import paged_cache
 
-__all__ = ["PagedCache", "layout", "init", "write_prompts", "held", "admissible", "seat",
-           "make_room", "release", "stop"]
+__all__ = ["PagedCache", "row_pages", "layout", "init", "write_prompts", "held", "admissible",
+           "seat", "make_room", "release", "stop"]
 
 
 class PagedCache(NamedTuple):
@@ -48,6 +48,13 @@ class PagedCache(NamedTuple):
   count: jax.Array  # i32[D] free pages of each shard
 
 
+def row_pages(max_new_tokens: int, page_size: int) -> int:
+  """The most completion pages one row holds: its `max_new_tokens` positions in pages of
+  `page_size`, and one more, since its first own page starts part-filled by the prompt's last
+  tokens (`seat`)."""
+  return -(-max_new_tokens // page_size) + 1
+
+
 def layout(prompts: int, width: int, slots: int, max_new_tokens: int, page_size: int,
            pages: int, shards: int) -> dict:
   """The static sizes of a paged cache: prompt pages per prompt `mp`, pages a row lists `m`,
@@ -55,7 +62,7 @@ def layout(prompts: int, width: int, slots: int, max_new_tokens: int, page_size:
   max_new_tokens, the dense engine's worst case) and pool pages `total`."""
   mp = -(-width // page_size)
   m = -(-(width + max_new_tokens) // page_size) + 1
-  own = -(-max_new_tokens // page_size) + 1  # a row's own pages at most
+  own = row_pages(max_new_tokens, page_size)
   f = pages // shards if pages else (slots // shards) * own
   if f < own + slots // shards - 1:
     raise ValueError(

@@ -29,9 +29,9 @@ Every drawn token records its log-prob and the version of the weights that drew 
 drawn, and row r's t-th position is drawn with fold_in(fold_in(key, r), t) whatever its slot, turn
 or call, so an episode's tokens do not depend on how its turns were scheduled.
 
-The page pool holds every row's N positions (`episode_pages`): a row waiting for its
-environment keeps its pages, so rows never restart for want of one (`pages.make_room` never
-finds a pool short).
+The page pool holds every row's N positions (`episode_pages`, from `pages.row_pages`): a row
+waiting for its environment keeps its pages, so rows never restart for want of one
+(`pages.make_room` never finds a pool short).
 
 Shapes: R rows, S slots, D shards, N positions a row (turns and observations), O observation ids,
 M pages a row lists.
@@ -53,7 +53,7 @@ __all__ = ["episode_pages", "episodic", "Rows", "rows_of", "requeue", "release"]
 def episode_pages(rows: int, max_new_tokens: int, page_size: int) -> int:
   """The completion pages a pool needs so that each of `rows` rows can hold all its
   `max_new_tokens` positions at once (rows waiting for their environment keep their pages)."""
-  return rows * (-(-max_new_tokens // page_size) + 1)
+  return rows * pages.row_pages(max_new_tokens, page_size)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh",), donate_argnames=("state",))
@@ -84,8 +84,10 @@ def rows_of(state: EngineState, generation) -> Rows:
   """Generation `generation`'s rows (`Rows`), read without changing the state."""
   shards, generations = state.queue.shape[0], state.keys.shape[0]
   take = lambda x: slots_lib.take_block(x, generation, generations, shards)
+  forced = (jnp.zeros(state.done.shape, jnp.int32) if state.forced is None
+            else state.forced)  # a one-turn engine: no row was ever given a reply
   return Rows(tokens=take(state.tokens), mask=take(state.mask), versions=take(state.versions),
-              done=take(state.done), forced=take(state.forced))
+              done=take(state.done), forced=take(forced))
 
 
 @functools.partial(jax.jit, static_argnames=("mesh",), donate_argnames=("state",))

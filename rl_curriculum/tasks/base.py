@@ -22,6 +22,11 @@ Templates. The caller chooses how the prompt is shown to the model:
     or " is " when the model restates the question ("7 + 8 = 15", "83+28 is 111."). Models of
     ~100M parameters rarely follow the "Answer:" rule but do answer in that shape.
 
+Episodes. Every task plays episodes through one protocol (`reset`, `step`, `max_turns`): a task
+like those here is an episode of one turn, whose `step` scores the completion (`score`) and ends
+the episode; an environment (`rl_curriculum.environments`) answers a turn with an observation and
+plays on. So one rollout path serves both: a single-turn completion is a one-turn episode.
+
 Rewards (`Score`): 1.0 when correct; `format_bonus` (default 0.1) when an answer was found in the
 required format but is wrong; 0.0 otherwise. `Score.correct` is the raw correctness, never the
 shaped reward. `Task.score` never raises: every check is bounded (length, nesting and magnitude
@@ -38,7 +43,7 @@ import numpy as np
 
 
 __all__ = [
-    "DEFAULT_FORMAT_BONUS", "TEMPLATES", "Problem", "Score", "Task", "extract_answer",
+    "DEFAULT_FORMAT_BONUS", "TEMPLATES", "Problem", "Score", "Step", "Task", "extract_answer",
     "extract_boxed", "chat_instruction",
 ]
 
@@ -56,6 +61,17 @@ class Score(NamedTuple):
   reward: float     # shaped reward: 1.0, format_bonus or 0.0
   correct: bool     # raw correctness of the extracted answer
   formatted: bool   # an answer was found in the required format
+
+
+class Step(NamedTuple):
+  """What one turn of the policy led to (`Task.step`)."""
+  observation: str    # text shown to the policy before its next turn ("" when done)
+  reward: float       # this turn's reward (the episode return is the sum over turns)
+  done: bool          # the episode is over
+  tool_call: bool     # the turn contained a tool call
+  well_formed: bool   # the turn's tool call or answer parsed (False: malformed call, or neither)
+  correct: bool       # the episode was solved by this turn (only ever True when done)
+  error: bool = False  # the environment failed on this turn (a bug, not the policy's doing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +199,7 @@ class Task:
   bin_names: tuple[str, ...] = ()
   eval_only_bins: tuple[int, ...] = ()
   answer_kind: str = "answer"  # placeholder in the chat instruction, e.g. "number"
+  turn_budget: int = 1  # the most turns an episode of this task takes (`max_turns`)
 
   def __init__(self, template: str = "plain", format_bonus: float = DEFAULT_FORMAT_BONUS):
     if template not in TEMPLATES:
@@ -237,6 +254,24 @@ class Task:
     formatted = bool(formatted) or correct
     reward = 1.0 if correct else (self.format_bonus if formatted else 0.0)
     return Score(reward, correct, formatted)
+
+  def reset(self, problem: Problem, seed: int = 0) -> dict:
+    """The episode's starting state: a small JSON-serialisable dict, {"turn": turns taken}."""
+    del problem, seed
+    return {"turn": 0}
+
+  def step(self, problem: Problem, state: dict, text: str) -> tuple[dict, Step]:
+    """(new state, Step) of the policy's turn `text`: here the one turn of a single-turn task,
+    scored (`score`), which ends the episode. Pure; never raises."""
+    score = self.score(problem, text)
+    turn = int(state.get("turn", 0)) + 1 if isinstance(state, Mapping) else 1
+    return {"turn": turn}, Step(observation="", reward=score.reward, done=True, tool_call=False,
+                                well_formed=score.formatted, correct=score.correct)
+
+  def max_turns(self, problem: Problem) -> int:
+    """The turns a rollout allows `problem`'s episode (at most `turn_budget`)."""
+    del problem
+    return self.turn_budget
 
   def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]):
     """Scores B pairs; returns (reward f32[B], correct bool[B], formatted bool[B])."""

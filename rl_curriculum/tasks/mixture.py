@@ -15,6 +15,10 @@ Curriculum for LLM Reasoning", arXiv:2505.14970), and prompt-level curricula see
 problem keeps its own task's name (`Problem.task`), which is how the mixture routes it to that
 task's verifier and chat instruction; its `difficulty` is the mixture bin. The parts keep their
 evaluation-only bins.
+
+Episodes: a mixture of environments plays each problem's episode by its own part (`step`,
+`max_turns`); a mixture with a single-turn task among its parts plays every problem as one turn,
+scored by its part's `score`.
 """
 
 import dataclasses
@@ -83,6 +87,34 @@ class MixtureTask(base.Task):
   def prompt_messages(self, problem: base.Problem) -> list[dict]:
     task, local = self._part(problem)
     return task.prompt_messages(local)
+
+  @property
+  def turn_budget(self) -> int:
+    """The most turns an episode takes: its parts' largest, or 1 when a part is single-turn."""
+    budgets = [part.turn_budget for part in self.parts.values()]
+    return 1 if min(budgets) == 1 else max(budgets)
+
+  def reset(self, problem: base.Problem, seed: int = 0) -> dict:
+    if self.turn_budget == 1:
+      return super().reset(problem, seed)
+    task, local = self._part(problem)
+    return task.reset(local, seed)
+
+  def step(self, problem: base.Problem, state: dict, text: str) -> tuple[dict, base.Step]:
+    """The step of the problem's own part (one scored turn when a part is single-turn)."""
+    if self.turn_budget == 1:
+      return super().step(problem, state, text)
+    try:
+      task, local = self._part(problem)
+    except Exception:  # pylint: disable=broad-except
+      return super().step(problem, state, text)  # scored as no problem of this mixture
+    return task.step(local, state, text)
+
+  def max_turns(self, problem: base.Problem) -> int:
+    if self.turn_budget == 1:
+      return 1
+    task, local = self._part(problem)
+    return task.max_turns(local)
 
   def score(self, problem: base.Problem, completion: str) -> base.Score:
     """The score of the problem's own task; never raises (a problem that belongs to no part of

@@ -101,7 +101,7 @@ def fresh_state(config: ml_collections.ConfigDict, run: Prepared,
   programs = programs_lib.build(config, run.model, mesh, pool, token_ids(run), rollouts_on)
   state = programs_lib.init_run_state(config, programs, run.model, pool,
                                       jax.random.fold_in(rl_root_key(config), 0))
-  if episode_steps.active(run.task):
+  if episode_steps.turn_width(config, run.task) > 1:  # horizons to choose among
     state = state._replace(horizon=horizon.init(config.rl.max_turns))
   if pipeline.persists(config):
     side = pipeline.rollout_side(config, rollouts_on, mesh)
@@ -231,7 +231,8 @@ def run_step(loop: Loop, state: RunState, step: int,
 
   A discarded update (`update_skipped`: the learn step's own rollback) leaves everything the
   step's batch would have taught as it was: the learn program keeps the train and curriculum
-  states, and the per-prompt statistics the batch updated are put back here."""
+  states, the per-prompt statistics the batch updated are put back here, and the horizon bandit
+  moves only with a kept update (`pipeline.learned`)."""
   config = loop.config
   _, _, k_learn, k_filter = step_keys(loop.root, step)
   t0 = time.time()
@@ -256,6 +257,7 @@ def run_step(loop: Loop, state: RunState, step: int,
   learned = jax.device_get(learned)
   t2 = time.time()
   counters = pipeline.engine_counters(state)
+  state = pipeline.learned(loop, state, step, bool(learned["update_skipped"]))
   if not pipeline.persists(config):
     state = state._replace(rollouts=None)
   if learned["update_skipped"]:

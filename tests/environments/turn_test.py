@@ -85,16 +85,25 @@ class _Toy(env_base.Environment):
     return f"echo {env_base.excerpt(argument)}", True
 
 
-def test_step_guard_and_bounds():
+def test_step_guard_and_bounds(caplog):
   env = _Toy()
   p = env.generate(0, 0)
   state = env.reset(p)
-  error = Step(env_base.ERROR_OBSERVATION, 0.0, False, False, False, False)
-  assert env.step(p, state, "<tool>echo(raise)</tool>") == (state, error)
+  error = Step(env_base.ERROR_OBSERVATION, 0.0, False, False, False, False, error=True)
+  env_base._REPORTED.discard(("_Toy", "RuntimeError"))  # pylint: disable=protected-access
+  with caplog.at_level("WARNING", logger=env_base.__name__):
+    assert env.step(p, state, "<tool>echo(raise)</tool>") == (state, error)
+    assert env.step(p, state, "<tool>echo(raise)</tool>") == (state, error)
+  # A failing tool is the environment's bug: counted on every turn, logged once, with its error.
+  logged = [r for r in caplog.records if "raised RuntimeError" in r.getMessage()]
+  assert len(logged) == 1 and "a bug in a tool" in str(logged[0].exc_info[1])
   assert env.step(p, {"turn": object()}, "<tool>echo(x)</tool>")[1] == error
   assert env.step(p, None, "Answer: 1")[1] == error
   new_state, step = env.step(p, state, "<tool>echo(long)</tool>")
   assert len(step.observation) == env_base.MAX_OBSERVATION_CHARS and "\n" not in step.observation
+  # Cut from its middle: its head and its tail (what a tool reports last) survive.
+  assert step.observation.startswith("line line") and step.observation.endswith("line ")
+  assert " ... " in step.observation
   new_state, step = env.step(p, state, "<tool>echo(x)</tool>")
   assert new_state == {"turn": 1, "seen": "x"} and state == {"turn": 0}
   assert step == Step("echo x", 0.0, False, True, True, False)

@@ -7,14 +7,17 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import toy_episodes
 from rl_curriculum.environments import base as env_base
 from rl_curriculum.train import loop
+from rl_curriculum.train import programs
 from rl_curriculum.train.report.metrics import read_jsonl
-from rl_curriculum.train.setup import validation
+from rl_curriculum.train.rollout import batches, engines, pipeline
+from rl_curriculum.train.setup import prepare, validation
 import test_util
 
 
@@ -131,3 +134,43 @@ def test_a_run_killed_with_episodes_in_flight_resumes_bit_exact(schedule, tmp_pa
 def test_bad_episode_configs_fail_before_anything_is_built(fields, message):
   with pytest.raises(validation.ConfigError, match=message):
     validation.checked_task(_config(**fields))
+
+
+def _loop(config, workdir):
+  """(the loop's shared parts, a placed fresh run state with an empty pipeline), as the loop
+  builds them."""
+  run = prepare.prepare(config, workdir, log=lambda _: None)
+  mesh = prepare.run_mesh(config)
+  progs, state = loop.fresh_state(config, run, mesh)
+  side = pipeline.rollout_side(config, prepare.rollout_mesh(config, mesh), mesh)
+  steps = loop.Loop(config=config, run=run, programs=progs,
+                    layout=batches.row_layout(config, mesh), ref=None,
+                    root=prepare.rl_root_key(config), manager=None, merge=None,
+                    log=lambda _: None, workdir=workdir, side=side)
+  state = programs.place(progs, state)
+  return steps, pipeline.attach(config, run, progs, side, steps.root, state)
+
+
+@pytest.mark.slow
+def test_partial_rollouts_of_episodes_decode_their_budget_across_turn_ends(tmp_path):
+  """rl.decode_budget = 40 with 4 decode slots for 16 episodes: one call of the engine stops at
+  the first turn end that leaves a slot idle, but a step's decoding answers that turn, queues its
+  row again and goes on, round after round, until the 40 iterations are spent or no row can
+  take the idle slot."""
+  config = _config(steps=2, rl__max_staleness=1, rl__decode_budget=40, rl__decode_slots=4,
+                   rl__off_policy_correction="none", curriculum__horizon="fixed")
+  steps, state = _loop(config, _warm(config, str(tmp_path / "run")))
+  params = pipeline.rollout_policy(steps, state)
+  state = pipeline.queue(steps, state, params, 1, 0)
+  engine = state.rollouts.engine
+  first = int(engine.iterations)
+  one_call = engines.run(steps, jax.tree.map(jnp.copy, engine), params, jnp.float32(1.0), 0,
+                         budget=40, fed=True)
+  state = pipeline.decode(steps, state, params, 0)
+  rounds = int(state.rollouts.engine.iterations) - first
+  assert int(one_call.iterations) - first < rounds
+  pending = engines.pending(state.rollouts.engine, 1)
+  assert rounds == 40 or not pending, (rounds, pending)
+  rows = jax.device_get(engines.rows_of(state.rollouts.engine, 1))
+  replies = (np.diff((rows.mask > 0).astype(int), axis=1) == 1).sum()  # turns after the first
+  assert replies > 0

@@ -7,17 +7,17 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import toy
 from rl_curriculum import tasks
-from rl_curriculum.tasks import data as tasks_data
 from rl_curriculum.train import loop
 from rl_curriculum.train.durable import workdir as workdir_lib
 from rl_curriculum.train.report import summary as summary_lib
 from rl_curriculum.train.report.metrics import read_jsonl
-from rl_curriculum.train.rollout import batches
+from rl_curriculum.train.rollout import episodes
 from rl_curriculum.train.setup import data, features, validation
 from rl_curriculum.train.setup import prepare as prepare_lib
 from rl_curriculum.train.setup import warm_start
@@ -74,7 +74,14 @@ def test_quickstart_toy_runs_and_logs(tmp_path, monkeypatch, capsys):
   # table's paired intervals and the gain's sources come from the first and last.
   evals = [r for r in rows if "eval/acc/add_1d_1d" in r]
   assert [r["step"] for r in evals] == [0, 2, 3]
-  assert sorted(os.listdir(tmp_path / "heldout")) == ["step_0.npz", "step_2.npz", "step_3.npz"]
+  assert sorted(os.listdir(tmp_path / "heldout")) == [
+      f"step_{n}{kind}" for n in (0, 2, 3) for kind in (".npz", "_transcripts.json")]
+  # The first episodes of each held-out set, written out: its question, the turn, its reward.
+  shown = json.load(open(tmp_path / "heldout" / "step_3_transcripts.json"))
+  assert sorted(shown) == ["add_1d_1d", "add_2d_2d", "add_3d_3d"]
+  first = shown["add_1d_1d"][0]
+  assert len(shown["add_1d_1d"]) == 4 and len(first["turns"]) == 1
+  assert first["question"] and first["turns"][0]["reward"] == pytest.approx(first["return"])
   for row in evals:
     step = row["step"]
     outcomes = summary_lib.read_outcomes(summary_lib.outcomes_path(str(tmp_path), step))
@@ -193,19 +200,22 @@ def test_cli_prints_a_bad_option_as_one_line(tmp_path):
 
 
 def test_a_non_finite_reward_is_rejected_on_the_host_naming_task_and_prompt():
-  class NaNTask:
-    def score_batch(self, problems, texts):
-      n = len(texts)
-      return [float("nan")] + [1.0] * (n - 1), [False] * n, [True] * n
+  arithmetic = type(tasks.get_task("arithmetic"))
+
+  class NaNTask(arithmetic):
+    def score(self, problem, completion):
+      return super().score(problem, completion)._replace(reward=float("nan"))
 
   problems = tuple(data.problems(tasks.get_task("arithmetic"), [0], 2, "rl"))
-  pool = tasks_data.TaskPool(problems=problems, arms=np.zeros(2, np.int32),
-                             difficulty=np.zeros(2, np.float32),
-                             tokens=np.zeros((2, 1), np.int32), mask=np.ones((2, 1), bool),
-                             num_arms=1)
+  rows = episodes.finished_rows(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3)))
+  tokenizer = type("Sevens", (), {"decode": staticmethod(lambda ids: "7")})()
   with pytest.raises(ValueError, match=re.escape(
       f"task 'arithmetic' scored nan (not finite) for prompt '{problems[0].prompt}'")):
-    batches.score_completions(NaNTask(), pool, [0, 1], np.zeros((2, 3), np.int32), lambda row: "7")
+    episodes.step_turns(rows, 0, problems=list(problems), task=NaNTask(), seeds=[0, 1],
+                        tokenizer=tokenizer, framing=None,
+                        limits=episodes.Limits(max_turns=1, turn_tokens=3,
+                                               observation_tokens=8, max_new_tokens=3),
+                        read_only=True, rows_of=lambda r, _: r)
 
 
 @pytest.mark.parametrize("override,message", [

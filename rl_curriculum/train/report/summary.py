@@ -6,7 +6,9 @@
 
 Every evaluation of a run also keeps each held-out problem's outcome (right, and whether the
 answer parsed) in workdir/heldout/step_<N>.npz, so that runs on the same problems are compared
-problem by problem (`paired`). The end of a run (process 0) writes the before/after table with
+problem by problem (`paired`), the first few episodes of each set written out (question, each
+turn, the reply after it, rewards) in step_<N>_transcripts.json, and for episodes of several
+turns each set's episode statistics in step_<N>_episodes.json. The end of a run (process 0) writes the before/after table with
 paired 95% intervals, report.png and report.html (`figures.write_report`) and summary.json.
 """
 
@@ -28,38 +30,43 @@ __all__ = ["evaluate", "eval_metrics", "eval_line", "task_accuracy", "final_repo
            "outcomes_path", "write_outcomes", "read_outcomes"]
 
 
+TRANSCRIPTS = 4  # episodes of each held-out set an evaluation writes out
+
+
+def held_out_options(config: ml_collections.ConfigDict, run: Prepared) -> dict:
+  """`evaluation.held_out`'s keyword arguments for the run: its episodes' framing, bounds (the
+  largest horizon) and turn width, the evaluation batch, the engine's slots and pages."""
+  tok = run.tokenizer
+  return dict(framing=run.framing, limits=episode_steps.limits(config, config.rl.max_turns),
+              width=episode_steps.turn_width(config, run.task),
+              batch_size=config.eval.batch_size, slots=config.rl.decode_slots,
+              page_size=config.rl.page_size,
+              stop_ids=tuple(dict.fromkeys((tok.eos_id, *run.stop_ids))), pad_id=tok.pad_id)
+
+
 def evaluate(config: ml_collections.ConfigDict, run: Prepared, params,
              record: Optional[str] = None) -> dict:
-  """{bin name: greedy accuracy} over every held-out set; with `record` (a path, given on the
-  main process) each problem's outcome is also written there (`write_outcomes`)."""
-  tok = run.tokenizer
-  if episode_steps.active(run.task):
-    outcomes, played = episodes.outcomes_by_bin(
-        run.model.graphdef, params, run.eval_sets, run.task, tok,
-        framing=episodes.observation_framing(tok, config.task.template),
-        limits=episode_steps.limits(config, config.rl.max_turns),
-        batch_size=config.eval.batch_size, slots=config.rl.decode_slots,
-        page_size=config.rl.page_size, stop_ids=(tok.eos_id, *run.stop_ids), pad_id=tok.pad_id)
-    if record is not None:
-      write_episode_stats(record, played)
-  else:
-    outcomes = evaluation.outcomes_by_bin(
-        run.model.graphdef, params, run.eval_sets, run.task, tok.decode,
-        batch_size=config.eval.batch_size, max_new_tokens=config.rl.max_new_tokens,
-        eos_id=tok.eos_id, pad_id=tok.pad_id, stop_ids=run.stop_ids)
+  """{bin name: greedy accuracy} over every held-out set (`evaluation.held_out`: each problem's
+  greedy episode); with `record` (a path, given on the main process) each problem's outcome is
+  also written there (`write_outcomes`), with transcripts of the first few episodes of each set
+  and, for episodes of several turns, their statistics beside it."""
+  held = evaluation.held_out(run.model.graphdef, params, run.eval_sets, run.task, run.tokenizer,
+                             transcripts=TRANSCRIPTS if record is not None else 0,
+                             **held_out_options(config, run))
   if record is not None:
-    write_outcomes(record, outcomes)
-  return evaluation.accuracy(outcomes)
+    write_outcomes(record, held.outcomes)
+    _write_json(record, "transcripts", held.transcripts)
+    if episode_steps.turn_width(config, run.task) > 1:
+      _write_json(record, "episodes", {name: episodes.episode_stats(p, np.ones(len(p.turns), bool))
+                                       for name, p in held.played.items()})
+  return evaluation.accuracy(held.outcomes)
 
 
-def write_episode_stats(record: str, played: Mapping[str, "episodes.Played"]) -> None:
-  """Next to an evaluation's outcomes (`record`, .npz), each held-out set's episode statistics
-  (`episodes.episode_stats`) as JSON (`<record without .npz>_episodes.json`)."""
-  stats = {name: episodes.episode_stats(p, np.ones(len(p.turns), bool))
-           for name, p in played.items()}
+def _write_json(record: str, kind: str, value) -> None:
+  """`value` as JSON beside an evaluation's outcomes (`record`, .npz): `<record>_<kind>.json`."""
   os.makedirs(os.path.dirname(record), exist_ok=True)
-  with open(record[:-len(".npz")] + "_episodes.json", "w") as f:
-    json.dump(stats, f, indent=1, sort_keys=True)
+  with open(record[:-len(".npz")] + f"_{kind}.json", "w") as f:
+    json.dump(value, f, indent=1, sort_keys=True)
 
 
 def outcomes_path(workdir: str, step: int) -> str:

@@ -1,13 +1,13 @@
-"""A step's rows on the host side: where they live, how they are scored, the `Batch` made of them.
+"""A step's rows on the host side: where they live, the `Batch` made of them once scored.
 
   layout = row_layout(config, mesh)                      # B = S x G rows over the batch axes
-  rewards, correct = score_completions(task, pool, prompt_rows, tokens, decode, sampled)
   batch = build_batch(config, run, layout, scored, rows, key_filter, prompt_stats, versions)
   stats = batch_stats(config, num_arms, selection, rewards, valid, group_valid)
 
-Scoring runs on the host, each process its own rows (verifiers never raise); `build_batch` is the
-one place a `rl_types.Batch` is made, for the loop (`pipeline.learn_batch`) and the overlap
-benchmark alike: the post-rollout filter (`curriculum.filter`) picks the trained groups there.
+Scoring runs on the host, each process its own rows, as episodes (`episodes.step_turns`: a
+single-turn completion is a one-turn episode its task scores); `build_batch` is the one place a
+`rl_types.Batch` is made, for the loop (`pipeline.learn_batch`) and the overlap benchmark alike:
+the post-rollout filter (`curriculum.filter`) picks the trained groups there.
 """
 
 from typing import Any, NamedTuple, Optional
@@ -21,14 +21,13 @@ from rl_curriculum.curriculum import filters
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.rl import rewards as rewards_lib
-from rl_curriculum.tasks.data import TaskPool
 from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget
 from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.setup.prepare import Prepared
 from rl_curriculum.types import Feedback, Selection
 
-__all__ = ["RowLayout", "row_layout", "score_completions", "train_groups", "Scored",
+__all__ = ["RowLayout", "row_layout", "train_groups", "Scored",
            "build_batch", "batch_stats"]
 
 
@@ -54,35 +53,6 @@ def row_layout(config: ml_collections.ConfigDict, mesh) -> RowLayout:
                    mine=distributed.local_row_indices(sharding, num_rows))
 
 
-def score_completions(task, pool: TaskPool, prompt_rows, tokens, decode, sampled=None):
-  """Host side: decode and score completions tokens i32[b, T] of the pool prompts prompt_rows
-  i32[b] (this process's rows of the batch); returns rewards f32[b], correct bool[b]. Rows where
-  `sampled` (bool[b], None for all) is False hold no completion: reward 0, not correct, and the
-  verifier never sees them.
-
-  Raises:
-    ValueError: a reward is not finite (a verifier bug; one NaN would reach every statistic that
-      averages rewards), naming the task, the prompt and the completion.
-  """
-  keep = np.ones(len(prompt_rows), bool) if sampled is None else np.asarray(sampled, bool)
-  texts = [decode(row) for row in np.asarray(tokens)[keep]]
-  problems = [pool.problems[i] for i in np.asarray(prompt_rows)[keep]]
-  rewards, correct = np.zeros(len(keep), np.float32), np.zeros(len(keep), bool)
-  if not texts:
-    return rewards, correct
-  scored, right, _ = task.score_batch(problems, texts)
-  scored = np.asarray(scored, np.float32)
-  bad = np.flatnonzero(~np.isfinite(scored))
-  if bad.size:
-    i = int(bad[0])
-    raise ValueError(f"task {problems[i].task!r} scored {scored[i]} (not finite) for prompt "
-                     f"{problems[i].prompt!r} and completion {texts[i]!r} ({bad.size} of "
-                     f"{scored.size} rewards of this batch are not finite); rewards must be "
-                     "finite numbers")
-  rewards[keep], correct[keep] = scored, np.asarray(right, bool)
-  return rewards, correct
-
-
 def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, valid: np.ndarray,
                  p: int, key):
   """Post-rollout filter on raw correctness bool[S, G] of the sampled completions (valid
@@ -104,13 +74,15 @@ def train_groups(config: ml_collections.ConfigDict, correct: np.ndarray, valid: 
 
 
 class Scored(NamedTuple):
-  """One batch's host record once its completions are scored (S prompts x G completion slots)."""
+  """One batch's host record once its episodes are scored (S prompts x G completion slots)."""
   prompt_ids: np.ndarray  # i32[S] pool indices
   arms: np.ndarray        # i32[S] curriculum arms
   valid: np.ndarray       # bool[S, G] completions sampled, scored and kept (a dropped group's:
                           # none)
-  rewards: np.ndarray     # f32[S, G]
+  rewards: np.ndarray     # f32[S, G] the episodes' returns
   correct: np.ndarray     # bool[S, G]
+  turn_rewards: Optional[np.ndarray] = None  # f32[S, G, H] each turn's reward (None: unknown)
+  cut: Optional[np.ndarray] = None  # bool[S, G] episodes a turn or position limit ended
 
 
 def build_batch(config: ml_collections.ConfigDict, run: Prepared, layout: RowLayout,
@@ -120,8 +92,9 @@ def build_batch(config: ml_collections.ConfigDict, run: Prepared, layout: RowLay
   i32[R, T], log-probs f32[R, T], mask f32[R, T]) over the learner's rows (`layout`), their
   prompts from the pool, the groups the post-rollout filter keeps (`train_groups`, drawn with
   `key_filter`), the counterfactual baseline from `prompt_stats` (the per-prompt statistics
-  before this batch), which completions the length cap cut, and `versions` (i32[R, T], the
-  policy version of each token; None: every token of the version the update starts from)."""
+  before this batch), which rows a limit cut (the last drawn token no stop id, or the episode
+  `cut`), each turn's reward, and `versions` (i32[R, T], the policy version of each token;
+  None: every token of the version the update starts from)."""
   g = budget.group_slots(config)
   tokens, logprobs, mask = rows
   mine = np.repeat(scored.prompt_ids, g)[layout.mine]
@@ -132,6 +105,9 @@ def build_batch(config: ml_collections.ConfigDict, run: Prepared, layout: RowLay
   if config.rl.algorithm == "counterfactual":
     baseline = jnp.asarray(budget.success_mean(prompt_stats, scored.prompt_ids))
   stop = (run.tokenizer.eos_id, *run.stop_ids)
+  truncated = rewards_lib.truncated_completions(tokens, mask, stop).reshape(-1, g)
+  if scored.cut is not None:
+    truncated = truncated | jnp.asarray(scored.cut)
   return Batch(
       prompt_tokens=to_global(run.pool.tokens[mine]), prompt_mask=to_global(run.pool.mask[mine]),
       tokens=tokens, mask=mask, sampler_logprobs=logprobs,
@@ -139,8 +115,8 @@ def build_batch(config: ml_collections.ConfigDict, run: Prepared, layout: RowLay
       rewards=jnp.asarray(scored.rewards), correct=jnp.asarray(scored.correct),
       valid=jnp.asarray(scored.valid), train_groups=jnp.asarray(groups),
       train_valid=jnp.asarray(group_valid), baseline=baseline,
-      truncated=rewards_lib.truncated_completions(tokens, mask, stop).reshape(-1, g),
-      versions=versions)
+      truncated=truncated, versions=versions,
+      turn_rewards=None if scored.turn_rewards is None else jnp.asarray(scored.turn_rewards))
 
 
 def batch_stats(config: ml_collections.ConfigDict, num_arms: int, selection: Selection,

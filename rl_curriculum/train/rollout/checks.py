@@ -14,12 +14,14 @@ from typing import Sequence
 import ml_collections
 
 from rl_curriculum.curriculum import horizon as horizon_lib
+from rl_curriculum.rl.credit import CREDITS
+from rl_curriculum.sampling import pages
 from rl_curriculum.sampling.continuous import ENGINES
 from rl_curriculum.sampling.inflight import ADMISSIONS
 from rl_curriculum.train.setup.errors import fail
 
-__all__ = ["OFF_POLICY_CORRECTIONS", "in_flight", "validate", "check_decode_slots",
-           "check_prefill_chunk", "split_devices"]
+__all__ = ["OFF_POLICY_CORRECTIONS", "in_flight", "turn_width", "validate",
+           "validate_episodes", "check_decode_slots", "check_prefill_chunk", "split_devices"]
 
 # rl.off_policy_correction: "required" (rollouts in flight must say how the learn step corrects
 # for the older weights that drew a batch) or "none" (they train uncorrected, on purpose).
@@ -32,6 +34,12 @@ def in_flight(config: ml_collections.ConfigDict) -> bool:
   from the learner's (parallel.rollout_devices > 0). Otherwise each step samples its own batch."""
   return (config.rl.max_staleness > 0 or config.rl.decode_budget > 0
           or config.parallel.rollout_devices > 0)
+
+
+def turn_width(config: ml_collections.ConfigDict, task) -> int:
+  """H: the most turns an episode of the run takes, rl.max_turns or fewer when the task's own
+  episodes are shorter (`Task.turn_budget`: 1 for a single-turn task)."""
+  return max(1, min(config.rl.max_turns, task.turn_budget))
 
 
 def _whole(value, minimum: int) -> bool:
@@ -118,7 +126,7 @@ def check_decode_slots(config: ml_collections.ConfigDict, batch_shards: int) -> 
     fail("rl.decode_slots", f"{rl.decode_slots} decode slots do not split over data x fsdp = "
          f"{batch_shards} devices (use a multiple of {batch_shards})")
   if rl.page_size and rl.kv_pages:
-    own = -(-rl.max_new_tokens // rl.page_size) + 1
+    own = pages.row_pages(rl.max_new_tokens, rl.page_size)
     least = batch_shards * (own + rl.decode_slots // batch_shards - 1)
     if rl.kv_pages % batch_shards or rl.kv_pages < least:
       fail("rl.kv_pages", f"{rl.kv_pages} pages: use a multiple of the {batch_shards} batch "
@@ -177,6 +185,18 @@ def _validate_episode_fields(config: ml_collections.ConfigDict) -> None:
          f"{rl.max_new_tokens}] (0 = rl.max_new_tokens), got {rl.turn_tokens!r}")
   if not _whole(rl.observation_tokens, 1):
     fail("rl.observation_tokens", f"must be a whole number >= 1, got {rl.observation_tokens!r}")
+  if rl.credit not in CREDITS:
+    fail("rl.credit", f"must be one of {CREDITS}, got {rl.credit!r}")
+  if not 0 <= rl.turn_discount <= 1:
+    fail("rl.turn_discount", f"must lie in [0, 1], got {rl.turn_discount!r}")
+  if rl.credit == "turn":
+    if rl.algorithm == "ppo":
+      fail("rl.credit", "PPO gives each token its own credit (GAE over each turn's reward); "
+           "credit='turn' is for the group estimators: use it with rloo, grpo, dr_grpo, "
+           "reinforce_pp or counterfactual")
+    if rl.whiten_rewards or rl.kl_reward_coef:
+      fail("rl.credit", "credit='turn' reads each turn's own reward: switch off "
+           "rl.whiten_rewards and rl.kl_reward_coef (they shape whole returns)")
   if c.horizon not in horizon_lib.HORIZONS:
     fail("curriculum.horizon", f"must be one of {horizon_lib.HORIZONS}, got {c.horizon!r}")
   if not _whole(c.horizon_start, 1) or c.horizon_start > rl.max_turns:
@@ -188,11 +208,17 @@ def _validate_episode_fields(config: ml_collections.ConfigDict) -> None:
     fail("curriculum.horizon_alpha", f"must lie in (0, 1], got {c.horizon_alpha!r}")
 
 
-def validate_episodes(config: ml_collections.ConfigDict) -> None:
-  """What a run on an environment needs: its episodes' rows come back to the continuous engine
-  after each turn, on a paged cache whose pool this run sizes, on the learner's devices, in one
-  process."""
+def validate_episodes(config: ml_collections.ConfigDict, width: int) -> None:
+  """What a run whose episodes take at most `width` turns (`turn_width`) needs: with more than
+  one, its rows come back to the continuous engine after each turn, on a paged cache whose pool
+  this run sizes, on the learner's devices, in one process; with one, a turn's own token limit
+  (rl.turn_tokens) only on the continuous engine."""
   rl = config.rl
+  if width == 1:
+    if rl.turn_tokens and rl.turn_tokens < rl.max_new_tokens and rl.engine != "continuous":
+      fail("rl.turn_tokens", "a turn's own token limit is the continuous engine's: set "
+           "rl.engine='continuous' or rl.turn_tokens = 0")
+    return
   if rl.engine != "continuous" or not rl.page_size:
     fail("rl.engine", "an environment's episodes run on the continuous engine over a paged KV "
          "cache (a row keeps its pages between turns): set rl.engine='continuous' and "

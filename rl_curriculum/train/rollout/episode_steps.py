@@ -1,78 +1,53 @@
-"""The rollout path's steps for a task that is an environment: its batches are episodes.
+"""The rollout path's episodes: every batch's rows played to their end and scored by their tasks.
 
-  on = active(task)                                     # the run's task is an environment
-  engine = attach_engine(config, programs, side, params, key, rows, prompt_len, generations)
+  h = turn_width(config, task)                          # turns an episode of the run may take
   stop_after = first_turn(config, side)                 # each row's first turn's token limit
-  h = step_horizon(config, state, root, batch_step)     # a batch's turn limit, at selection
-  engine = decode(loop, engine, records, params, version, ...)   # turns decoded and answered
-  state, rewards, correct = finish_batch(loop, state, params, step, version, records, ...)
-  stats = batch_stats(loop, state, records, step, version)
+  h_t = step_horizon(config, state, root, batch_step, h)   # a batch's turn limit, at selection
+  engine = decode(loop, engine, records, params, version, temperature, budget=..., due=...)
+  played = score(loop, engine, records, generation)     # a stopped batch's episodes
+  state = update_horizon(loop, state, records, step)    # after the batch's update is kept
+  stats = batch_stats(loop, records, step, version)
 
-A batch is selected and queued as any other (`pipeline.queue`, which also draws its horizon H
-from `curriculum.horizon` and, with batches in flight, first gives back the pages of the batch
-its generation held: `turns.release`). Every call of the engine is followed by the environments'
-answers to the turns that ended (`step_all`: `episodes.step_turns` for each batch in flight), so
-between calls each row is decoding, queued, or over. `finish_batch` replaces `pipeline.finish`'s
-decoding and scoring: rounds of decoding and answering until the batch's episodes are over, their
-returns and successes its records' rewards and correctness; the horizon bandit moves with the
-batch's spread of returns. With rollouts in flight (rl.max_staleness = k > 0), `decode` runs the
-rounds of the batches queued after it while the learn step runs (with rl.decode_budget, one call
-of b iterations a step: episodes then span steps and versions, each token keeping the version
-that drew it).
+Every row is an episode (`episodes`): a single-turn completion is an episode of one turn, scored
+by its task's `step`; an environment answers each turn and the row plays on. Decoding runs in
+rounds: the engine (`engines.run`), then the answers to every turn that ended
+(`episodes.step_turns` for each batch in flight whose episodes may take another turn), the rows
+that go on queued again; a batch whose horizon is one turn needs no answers until it is scored.
+With rl.decode_budget (partial rollouts) the rounds go on across turn ends until the step's b
+iterations are spent, or no row was queued again while a slot idled (the rows left go on at the
+next step), so episodes decode while the learn step runs. A batch is scored once all its rows
+have stopped (`score`): its episodes' returns, each turn's reward, successes and statistics are
+its records (`pipeline.Records.played`).
 
-Nothing of an episode lives outside the engine's rows: an environment is pure, so a row's turns
-and replies are its episode's state (`episodes.replay` reads it again), and a checkpoint of the
+Nothing of an episode lives outside the engine's rows: tasks are pure, so a row's turns and
+replies are its episode's state (`episodes.replay` reads it again), and a checkpoint of the
 engine (k > 0) or between steps (k = 0) resumes every episode exactly.
 """
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rl_curriculum import environments
 from rl_curriculum.curriculum import horizon as horizon_lib
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.sampling import continuous
-from rl_curriculum.sampling import inflight
-from rl_curriculum.sampling import turns
+from rl_curriculum.train.rollout import engines
 from rl_curriculum.train.rollout import episodes
+from rl_curriculum.train.rollout.checks import turn_width
 
-__all__ = ["active", "limits", "attach_engine", "first_turn", "step_horizon", "step_all",
-           "decode", "finish_batch", "batch_stats"]
+__all__ = ["turn_width", "limits", "first_turn", "step_horizon", "answer", "decode", "score",
+           "update_horizon", "batch_stats"]
 
 _HORIZON_STREAM = 0x484F52  # folded into a step's key for its horizon: a stream of its own
 
 
-def active(task) -> bool:
-  """Whether a run's task is an environment (or a mixture of them): its rollouts are episodes."""
-  return environments.is_environment(task)
-
-
 def limits(config: ml_collections.ConfigDict, max_turns: int) -> episodes.Limits:
-  """The run's episode bounds with `max_turns` turns (the step's horizon)."""
+  """The run's episode bounds with `max_turns` turns (the batch's horizon)."""
   n = config.rl.max_new_tokens
   return episodes.Limits(max_turns=int(max_turns), turn_tokens=config.rl.turn_tokens or n,
                          observation_tokens=config.rl.observation_tokens, max_new_tokens=n)
-
-
-def attach_engine(config: ml_collections.ConfigDict, programs, side, params, key, rows: int,
-                  prompt_len: int, generations: int = 1):
-  """An empty engine for `generations` batches of `rows` episodes: a paged cache whose pool
-  holds every row's N positions (`turns.episode_pages`), its rows able to come back after a
-  turn."""
-  options = programs.sampler
-  n = options["max_new_tokens"]
-  engine = inflight.init(
-      programs.graphdef, params, key, rows=rows, generations=generations,
-      prompt_len=prompt_len, slots=config.rl.decode_slots, chunk=config.rl.prefill_chunk,
-      max_new_tokens=n, pad_id=options["pad_id"], group=options["group"], mesh=side.mesh,
-      page_size=config.rl.page_size,
-      kv_pages=turns.episode_pages(generations * rows, n, config.rl.page_size))
-  return turns.episodic(engine, mesh=side.mesh)
 
 
 def first_turn(config: ml_collections.ConfigDict, side) -> jax.Array:
@@ -83,95 +58,111 @@ def first_turn(config: ml_collections.ConfigDict, side) -> jax.Array:
                                     mesh_lib.batch_sharding(side.mesh, 1), layout.num_rows)
 
 
-def step_horizon(config: ml_collections.ConfigDict, state, root, step: int) -> int:
-  """Batch `step`'s horizon under config.curriculum.horizon (`curriculum.horizon.select`), with
-  the horizon curriculum's state as it is when the batch is selected."""
+def step_horizon(config: ml_collections.ConfigDict, state, root, step: int, width: int) -> int:
+  """Batch `step`'s horizon: 1 when episodes take one turn (width 1), else under
+  config.curriculum.horizon (`curriculum.horizon.select`), with the horizon curriculum's state as
+  it is when the batch is selected."""
+  if width == 1:
+    return 1
   c = config.curriculum
   key = jax.random.fold_in(jax.random.fold_in(root, step), _HORIZON_STREAM)
   return horizon_lib.select(c.horizon, state.horizon, key, step=step, steps=config.rl.steps,
                             start=c.horizon_start, temperature=c.horizon_temperature)
 
 
-def _episodes(loop, records, generation: int) -> dict:
+def _turns_of(loop, records, generation: int, **options) -> dict:
   """`episodes.step_turns`' arguments for generation `generation`'s batch: each row's problem
-  (None where no completion slot was sampled), its episode's seed and the batch's bounds."""
+  (None where no completion slot was sampled, or `options["sampled"]` says not), its episode's
+  seed, the batch's bounds, this process's rows."""
   run = loop.run
-  valid = records.valid[generation]
-  ids = np.repeat(records.prompt_ids[generation], valid.shape[1])
-  problems = [run.pool.problems[i] if v else None for i, v in zip(ids, valid.reshape(-1))]
+  valid = options.pop("sampled", records.valid[generation]).reshape(-1)
+  ids = np.repeat(records.prompt_ids[generation], records.valid.shape[2])
+  problems = [run.pool.problems[i] if v else None for i, v in zip(ids, valid)]
   step = int(records.batch_step[generation])
   return dict(problems=problems, task=run.task, tokenizer=run.tokenizer,
               seeds=[step * len(problems) + r for r in range(len(problems))],
-              framing=episodes.observation_framing(run.tokenizer, loop.config.task.template),
-              limits=limits(loop.config, int(records.horizon[generation])),
-              mesh=loop.side.mesh)
+              framing=run.framing, limits=limits(loop.config, int(records.horizon[generation])),
+              width=turn_width(loop.config, run.task), mine=loop.side.layout.mine,
+              mesh=loop.side.mesh, rows_of=engines.rows_of, **options)
 
 
-def _going(records) -> list:
-  """The generations holding a batch whose episodes are not yet scored."""
+def _answered(records) -> list:
+  """The generations holding a batch not yet scored whose episodes may take another turn."""
   return [g for g in range(len(records.batch_step))
-          if records.batch_step[g] > 0 and not records.scored[g]]
+          if records.batch_step[g] > 0 and not records.scored[g] and records.horizon[g] > 1]
 
 
-def step_all(loop, engine, records) -> tuple[Any, bool]:
+def answer(loop, engine, records) -> tuple[Any, bool]:
   """(engine, whether a row was queued again): every batch in flight's rows whose turns ended
-  answered by their environments (`episodes.step_turns`)."""
+  answered by their tasks (`episodes.step_turns`), those that go on queued again."""
   again = False
-  for g in _going(records):
-    engine, _, queued = episodes.step_turns(engine, g, **_episodes(loop, records, g))
+  for g in _answered(records):
+    engine, _, queued = episodes.step_turns(engine, g, **_turns_of(loop, records, g))
     again |= queued
   return engine, again
 
 
-def decode(loop, engine, records, params, version: int, temperature, draw: dict, *, budget=None,
-           due=None, fed: bool = False):
-  """The engine after decoding with `params` (of `version`) and answering the turns that ended:
-  with a `budget` (partial rollouts) one call of b iterations, then the environments; without,
-  rounds of decoding and answering until no row goes on, or with `due` (a generation) until
-  that generation's episodes are all over."""
-  graphdef = loop.programs.graphdef
+def decode(loop, engine, records, params, version: int, temperature, *,
+           budget: Optional[int] = None, due: Optional[int] = None, fed: bool = False,
+           shrink: int = 0):
+  """The engine after rounds of decoding with `params` (of `version`) and answering the turns
+  that ended: without a `budget`, until no row goes on, or with `due` (a generation) until that
+  generation has no row left; with a budget (partial rollouts), until b loop iterations are
+  spent across the rounds, or a round stopped on an idle slot (`fed`) and no row was queued
+  again."""
+  first = engines.iterations(engine)
   while True:
-    engine = continuous.run(graphdef, params, engine, temperature, jnp.int32(version),
-                            None if budget is None else jnp.int32(budget),
-                            None if due is None else jnp.int32(due), fed=fed, **draw)
-    engine, again = step_all(loop, engine, records)
-    if budget is not None or not again:
+    left = None if budget is None else budget - (engines.iterations(engine) - first)
+    engine = engines.run(loop, engine, params, temperature, version, budget=left, due=due,
+                         fed=fed, shrink=shrink)
+    engine, again = answer(loop, engine, records)
+    if not again:
       return engine
-    if due is not None and not bool(inflight.pending(engine, jnp.int32(due))):
+    if budget is not None and engines.iterations(engine) - first >= budget:
+      return engine
+    if due is not None and not engines.pending(engine, due):
       return engine
 
 
-def finish_batch(loop, state, params, step: int, version: int, records, draw: dict,
-                 temperature):
-  """(state, rewards f32[S, G], correct bool[S, G]): batch `step`'s episodes played to their end
-  with `params` (of `version`), beside the batches in flight after it; their returns and
-  successes, and the horizon bandit moved by the batch's spread of returns."""
-  config = loop.config
-  w = records.batch_step.shape[0]
-  generation = step % w
-  # Rows whose first token ended their turn were never queued: they are answered first.
-  engine, _ = step_all(loop, state.rollouts.engine, records)
-  if bool(inflight.pending(engine, jnp.int32(generation))):
-    engine = decode(loop, engine, records, params, version, temperature, draw,
-                    due=None if w == 1 else generation)
-  _, played, _ = episodes.step_turns(engine, generation, read_only=True,
-                                     **_episodes(loop, records, generation))
+def score(loop, engine, records, generation: int) -> tuple[episodes.Played, np.ndarray]:
+  """(`episodes.Played` of the batch's rows, complete bool[S]): generation `generation`'s batch,
+  its rows stopped, scored by replaying each row's episode (`episodes.step_turns`, read only);
+  its groups whose sampled rows all stopped are complete, the others (rows evicted by `drop`)
+  count nowhere and are not scored."""
   valid = records.valid[generation]
   s, g = valid.shape
-  rewards, correct = played.rewards.reshape(s, g), played.correct.reshape(s, g)
-  if config.curriculum.horizon == "bandit":
-    state = state._replace(horizon=horizon_lib.update(
-        state.horizon, int(records.horizon[generation]), horizon_lib.spread(rewards, valid),
-        config.curriculum.horizon_alpha))
-  return state._replace(rollouts=state.rollouts._replace(engine=engine)), rewards, correct
+  done = np.asarray(distributed.to_host(engines.harvest(engine, generation).done)).reshape(s, g)
+  complete = np.all(done | ~valid, axis=1)
+  _, played, _ = episodes.step_turns(
+      engine, generation, read_only=True,
+      **_turns_of(loop, records, generation, sampled=valid & complete[:, None]))
+  return played, complete
 
 
-def batch_stats(loop, state, records, step: int, version: int) -> dict:
-  """Batch `step`'s episode statistics for the log (`episodes.episode_stats`), read again from
-  its rows (the environments are pure: nothing of an episode is kept apart from its tokens)."""
+def update_horizon(loop, state, records, step: int):
+  """`state` with the horizon bandit moved by batch `step`'s spread of returns
+  (curriculum.horizon = bandit; called once the step's update is kept, so a discarded update
+  leaves the bandit as it was)."""
+  config = loop.config
+  if config.curriculum.horizon != "bandit" or state.horizon is None:
+    return state
   generation = step % records.batch_step.shape[0]
-  _, played, _ = episodes.step_turns(state.rollouts.engine, generation, read_only=True,
-                                     **_episodes(loop, records, generation))
-  return {**episodes.episode_stats(played, records.valid[generation]),
+  valid = records.valid[generation] & records.complete[generation][:, None]
+  returns = records.played.rewards[generation].reshape(valid.shape)
+  return state._replace(horizon=horizon_lib.update(
+      state.horizon, int(records.horizon[generation]), horizon_lib.spread(returns, valid),
+      config.curriculum.horizon_alpha))
+
+
+def batch_stats(loop, records, step: int, version: int) -> dict:
+  """Batch `step`'s episode statistics for the log (`episodes.episode_stats`), from its records;
+  none for episodes of one turn, whose turns say nothing their rewards do not."""
+  if turn_width(loop.config, loop.run.task) == 1:
+    return {}
+  generation = step % records.batch_step.shape[0]
+  played = episodes.Played(*(x[generation] for x in records.played))
+  valid = records.valid[generation] & records.complete[generation][:, None]
+  return {**episodes.episode_stats(played, valid),
           "episode/horizon": float(records.horizon[generation]),
-          "episode/staleness_max": float(np.max(played.staleness(version), initial=0))}
+          "episode/staleness_max": float(np.max(played.staleness(version)[valid.reshape(-1)],
+                                                initial=0))}

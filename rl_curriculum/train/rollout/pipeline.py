@@ -30,9 +30,11 @@ batch whole in `finish`. With W generations holding batches t .. t + k:
     most b iterations, and with `wait` only while every slot has a row: a batch's long rows go
     on over the next steps beside the rows of the batches queued after it.
 
-On a task that is an environment each row plays an episode (`episode_steps`): `finish` and
-`decode` alternate the engine with the environments' replies, and a batch is scored by its
-episodes' returns when its step comes.
+Every row plays an episode (`episode_steps`): a single-turn completion is an episode of one turn,
+scored by its task; on an environment `finish` and `decode` alternate the engine with the
+environments' replies. A batch is scored once its rows have all stopped, by its episodes' returns.
+The engine behind it all is one door (`engines`): the static sampler, the continuous engine, or
+the continuous engine whose rows come back after a turn.
 
 With k > 0 everything in flight (the engine's rows, prompt keys and values, queue; each batch's
 selection and scores) is in `RunState.rollouts`, so checkpoints hold it and a resumed run goes on
@@ -47,7 +49,7 @@ rollouts).
 """
 
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,44 +58,42 @@ import numpy as np
 
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.sampling import continuous
-from rl_curriculum.sampling import inflight
-from rl_curriculum.sampling import turns
 from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget, checks as rollout_checks
 from rl_curriculum.train.rollout import batches
-from rl_curriculum.train.rollout import static_batch
-from rl_curriculum.train.rollout.static_batch import StaticBatch
+from rl_curriculum.train.rollout import engines
 from rl_curriculum.train.rollout import episode_steps
+from rl_curriculum.train.rollout import episodes
 from rl_curriculum.train.setup import builders
 from rl_curriculum.train.setup.prepare import step_keys
 from rl_curriculum.train.state import RunState
 from rl_curriculum.types import Selection
 
-__all__ = ["Records", "StaticBatch", "InFlight", "Side", "generations", "persists",
-           "rollout_side", "empty_records", "attach", "restart", "rollout_policy", "queue",
-           "finish", "complete_groups", "learn_batch", "decode", "score_stopped",
+__all__ = ["Records", "InFlight", "Side", "generations", "persists", "rollout_side",
+           "empty_records", "attach", "restart", "rollout_policy", "queue", "finish",
+           "complete_groups", "learn_batch", "learned", "decode", "score_stopped",
            "engine_counters", "decode_stats"]
 
 
 class Records(NamedTuple):
-  """What the learner side keeps of each generation's batch (replicated; W generations)."""
+  """What the learner side keeps of each generation's batch (replicated; W generations of S
+  groups of G rows, R = S G)."""
   prompt_ids: jax.Array  # i32[W, S] pool indices
   arms: jax.Array        # i32[W, S] curriculum arms
   valid: jax.Array       # bool[W, S, G] completion slots sampled (`budget.slot_mask`)
   selected: jax.Array    # i32[W] the step whose curriculum state selected it (0: before step 1)
   batch_step: jax.Array  # i32[W] the step that learns from it (0: none)
-  scored: jax.Array      # bool[W] its completions scored
-  rewards: jax.Array     # f32[W, S, G]
-  correct: jax.Array     # bool[W, S, G]
+  scored: jax.Array      # bool[W] its episodes scored
   complete: jax.Array    # bool[W, S] every sampled row of the group stopped (False: dropped)
-  horizon: jax.Array     # i32[W] turns its episodes may take (environments; 0 otherwise)
+  horizon: jax.Array     # i32[W] turns its episodes may take (1: one-turn episodes)
+  played: episodes.Played  # [W, R, ...] its episodes once scored: returns, each turn's
+                           # reward, successes, statistics
 
 
 class InFlight(NamedTuple):
   """`RunState.rollouts` during a step (and between steps with k > 0)."""
-  engine: Any      # continuous.EngineState on the rollout mesh, or a StaticBatch
+  engine: Any      # the engine's state on the rollout mesh (`engines`)
   records: Records
 
 
@@ -128,14 +128,15 @@ def rollout_side(config: ml_collections.ConfigDict, rollout_mesh, mesh) -> Side:
               apart=rollout_mesh is not mesh, sent={})
 
 
-def empty_records(config: ml_collections.ConfigDict) -> Records:
-  """Records of W generations holding no batch (host arrays)."""
+def empty_records(config: ml_collections.ConfigDict, width: int = 1) -> Records:
+  """Records of W generations holding no batch (host arrays), for episodes of at most `width`
+  turns."""
   w, s, g = generations(config), builders.sampled_prompts(config), budget.group_slots(config)
   return Records(prompt_ids=np.zeros((w, s), np.int32), arms=np.zeros((w, s), np.int32),
                  valid=np.zeros((w, s, g), bool), selected=np.zeros(w, np.int32),
                  batch_step=np.zeros(w, np.int32), scored=np.zeros(w, bool),
-                 rewards=np.zeros((w, s, g), np.float32), correct=np.zeros((w, s, g), bool),
-                 complete=np.zeros((w, s), bool), horizon=np.zeros(w, np.int32))
+                 complete=np.zeros((w, s), bool), horizon=np.zeros(w, np.int32),
+                 played=episodes.empty_played((w, s * g), width))
 
 
 def _put_records(config: ml_collections.ConfigDict, programs: programs_lib.Programs,
@@ -148,7 +149,7 @@ def _put_records(config: ml_collections.ConfigDict, programs: programs_lib.Progr
 
 
 def _host_records(state: RunState) -> Records:
-  return Records(*(np.array(distributed.to_host(x)) for x in state.rollouts.records))
+  return jax.tree.map(lambda x: np.array(distributed.to_host(x)), state.rollouts.records)
 
 
 def _with_engine(state: RunState, engine) -> RunState:
@@ -179,42 +180,24 @@ def _temperature(config: ml_collections.ConfigDict, state: RunState) -> jax.Arra
   return jnp.float32(config.rl.temperature)
 
 
-def _draw_options(programs: programs_lib.Programs, side: Side) -> dict:
-  """The engine programs' static sampling options."""
-  options = programs.sampler
-  return dict(stop_ids=tuple(sorted({options["eos_id"], *options["stop_ids"]})),
-              pad_id=options["pad_id"], group=options["group"], mesh=side.mesh)
-
-
 def attach(config: ml_collections.ConfigDict, run, programs: programs_lib.Programs, side: Side,
            key: jax.Array, state: RunState) -> RunState:
-  """`state` with nothing in flight: an empty engine on the rollout mesh (the continuous engine's
-  W generations for `run`'s prompt buffer, `key` standing for their keys until each is queued;
-  or an empty static batch) and empty records."""
-  if episode_steps.active(run.task):
-    engine = episode_steps.attach_engine(config, programs, side, programs_lib.policy(state), key,
-                                         side.layout.num_rows, run.pool.tokens.shape[1],
-                                         generations(config))
-  elif config.rl.engine == "static":
-    engine = StaticBatch(prompt_tokens=None, prompt_mask=None, key=key, active=None, rows=None,
-                         counters=np.zeros(4, np.int64))
-  else:
-    options = programs.sampler
-    engine = inflight.init(
-        programs.graphdef, programs_lib.policy(state), key, rows=side.layout.num_rows,
-        generations=generations(config), prompt_len=run.pool.tokens.shape[1],
-        slots=config.rl.decode_slots, chunk=config.rl.prefill_chunk,
-        max_new_tokens=options["max_new_tokens"], pad_id=options["pad_id"],
-        group=options["group"], mesh=side.mesh, page_size=config.rl.page_size,
-        kv_pages=config.rl.kv_pages)
+  """`state` with nothing in flight: an empty engine on the rollout mesh (`engines.attach`: W
+  generations for `run`'s prompt buffer, `key` standing for their keys until each is queued)
+  and empty records."""
+  width = episode_steps.turn_width(config, run.task)
+  engine = engines.attach(config, programs, side, programs_lib.policy(state), key,
+                          side.layout.num_rows, run.pool.tokens.shape[1], generations(config),
+                          width)
   state = state._replace(rollouts=InFlight(engine=engine, records=None))
-  return _put_records(config, programs, state, empty_records(config))
+  return _put_records(config, programs, state, empty_records(config, width))
 
 
 def queue(loop, state: RunState, params: Any, batch_step: int, now: int) -> RunState:
   """`state` with batch `batch_step` selected by the curriculum (its state as it is at step
-  `now`) and its rows queued in generation batch_step mod W, prompts prefilled and first tokens
-  drawn with `params` (of the train state's version)."""
+  `now`), its horizon chosen, and its rows queued in generation batch_step mod W (the pages the
+  generation's last batch kept given back first), prompts prefilled and first tokens drawn with
+  `params` (of the train state's version)."""
   config, run, side = loop.config, loop.run, loop.side
   k_select, k_sample, _, _ = step_keys(loop.root, batch_step)
   selection, curriculum = loop.programs.select(state.curriculum, k_select)
@@ -227,29 +210,20 @@ def queue(loop, state: RunState, params: Any, batch_step: int, now: int) -> RunS
   active = None if valid.all() else distributed.rows_to_global(
       valid.reshape(-1)[layout.mine], mesh_lib.batch_sharding(side.mesh, 1), layout.num_rows)
   j = batch_step % generations(config)
-  tokens, mask = to_global(run.pool.tokens[mine]), to_global(run.pool.mask[mine])
-  engine = state.rollouts.engine
-  episodic = episode_steps.active(run.task)
-  horizon = episode_steps.step_horizon(config, state, loop.root, batch_step) if episodic else 0
-  if episodic and persists(config):  # the pages of the batch this generation held go back
-    engine = turns.release(engine, jnp.int32(j), group=loop.programs.sampler["group"],
+  horizon = episode_steps.step_horizon(config, state, loop.root, batch_step,
+                                       episode_steps.turn_width(config, run.task))
+  engine = engines.release(state.rollouts.engine, j, group=loop.programs.sampler["group"],
                            mesh=side.mesh)
-  if isinstance(engine, StaticBatch):
-    engine = engine._replace(prompt_tokens=tokens, prompt_mask=mask, key=k_sample,
-                             active=active, rows=None)
-  else:
-    engine = inflight.admit(
-        loop.programs.graphdef, params, engine, tokens, mask, k_sample, jnp.int32(j),
-        _temperature(config, state), jnp.int32(int(state.train.step)), active,
-        episode_steps.first_turn(config, side) if episodic else None,
-        max_new_tokens=config.rl.max_new_tokens, chunk=config.rl.prefill_chunk,
-        **_draw_options(loop.programs, side))
+  engine = engines.admit(loop, engine, params, to_global(run.pool.tokens[mine]),
+                         to_global(run.pool.mask[mine]), k_sample, j, _temperature(config, state),
+                         int(state.train.step), active, episode_steps.first_turn(config, side))
   records = _host_records(state)
   for field, value in (("prompt_ids", prompt_ids), ("arms", np.asarray(selection.arms)),
                        ("valid", valid), ("selected", now), ("batch_step", batch_step),
-                       ("scored", False), ("rewards", 0.0), ("correct", False),
-                       ("complete", False), ("horizon", horizon)):
+                       ("scored", False), ("complete", False), ("horizon", horizon)):
     getattr(records, field)[j] = value
+  for field in records.played:
+    field[j] = 0
   return _put_records(config, loop.programs, _with_engine(state, engine), records)
 
 
@@ -267,12 +241,6 @@ def restart(loop, state: RunState, params: Any, first: int, now: int) -> RunStat
   return state
 
 
-def _harvest(engine, generation: int) -> inflight.Harvest:
-  if isinstance(engine, StaticBatch):
-    return engine.rows
-  return inflight.harvest(engine, jnp.int32(generation))
-
-
 def complete_groups(done: np.ndarray, valid: np.ndarray) -> np.ndarray:
   """bool[S]: the groups every sampled row of which stopped (`done` and `valid` bool[S, G]); a
   group with a sampled row that did not (evicted by `drop`) is incomplete and counts nowhere."""
@@ -280,24 +248,14 @@ def complete_groups(done: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 
 def _score(loop, state: RunState, generation: int) -> tuple[RunState, float]:
-  """(`state` with generation `generation`'s batch scored on the host, each process its rows,
-  the seconds it took): its groups whose sampled rows all stopped get their rewards and
-  correctness; the others (rows evicted by `drop`) are incomplete and count nowhere."""
+  """(`state` with generation `generation`'s batch scored on the host, each process its rows
+  (`episode_steps.score`), the seconds it took): its complete groups' episodes in its records;
+  the others (rows evicted by `drop`) count nowhere."""
   t0 = time.time()
-  run, layout = loop.run, loop.side.layout
-  rows = _harvest(state.rollouts.engine, generation)
   records = _host_records(state)
-  valid = records.valid[generation]
-  s, g = valid.shape
-  complete = complete_groups(np.asarray(distributed.to_host(rows.done)).reshape(s, g), valid)
-  sampled = (valid & complete[:, None]).reshape(-1)
-  prompt_rows = np.repeat(records.prompt_ids[generation], g)[layout.mine]
-  mine = batches.score_completions(run.task, run.pool, prompt_rows,
-                                    distributed.local_rows(rows.tokens), run.tokenizer.decode,
-                                    sampled[layout.mine])
-  rewards, correct = (distributed.gather_rows(x, layout.mine, layout.num_rows).reshape(s, g)
-                      for x in mine)
-  records.rewards[generation], records.correct[generation] = rewards, correct
+  played, complete = episode_steps.score(loop, state.rollouts.engine, records, generation)
+  for field, value in zip(records.played, played):
+    field[generation] = value
   records.complete[generation], records.scored[generation] = complete, True
   return _put_records(loop.config, loop.programs, state, records), time.time() - t0
 
@@ -305,42 +263,28 @@ def _score(loop, state: RunState, generation: int) -> tuple[RunState, float]:
 def finish(loop, state: RunState, params: Any, step: int,
            version: int) -> tuple[RunState, float]:
   """(`state` with batch `step` scored, the seconds its scoring took): with `wait`, decoded with
-  `params` (of `version`) until its rows have all stopped; with `drop`, its rows that have not
-  stopped evicted."""
+  `params` (of `version`) until its rows have all stopped, the turns that ended answered; with
+  `drop`, its rows that have not stopped evicted."""
   config = loop.config
   w = generations(config)
   generation = step % w
-  if _host_records(state).scored[generation]:
+  records = _host_records(state)
+  if records.scored[generation]:
     return state, 0.0
   engine = state.rollouts.engine
-  if episode_steps.active(loop.run.task):
-    return _play(loop, state, params, step, version)
-  if isinstance(engine, StaticBatch):
-    engine = static_batch.sample(loop.programs, engine, params, _temperature(config, state))
-  elif config.rl.admission == "drop":
-    engine = inflight.evict(engine, jnp.int32(generation), group=loop.programs.sampler["group"])
+  if config.rl.admission == "drop":
+    engine = engines.evict(engine, generation, group=loop.programs.sampler["group"])
   else:
-    # With one generation the due batch is all there is: decode to the end, slots halving.
-    due = None if w == 1 else jnp.int32(generation)
-    engine = continuous.run(loop.programs.graphdef, params, engine, _temperature(config, state),
-                            jnp.int32(version), None, due,
-                            shrink=config.rl.decode_shrink if w == 1 else 0,
-                            **_draw_options(loop.programs, loop.side))
+    # Rows whose first token ended their turn were never queued: they are answered first.
+    engine, _ = episode_steps.answer(loop, engine, records)
+    if engines.pending(engine, generation):
+      # With one generation the due batch is all there is: decode to the end, slots halving.
+      one_turn = episode_steps.turn_width(config, loop.run.task) == 1
+      engine = episode_steps.decode(
+          loop, engine, records, params, version, _temperature(config, state),
+          due=None if w == 1 else generation,
+          shrink=config.rl.decode_shrink if w == 1 and one_turn else 0)
   return _score(loop, _with_engine(state, engine), generation)
-
-
-def _play(loop, state: RunState, params: Any, step: int, version: int) -> tuple[RunState, float]:
-  """`finish` for episodes: batch `step`'s episodes played to their end
-  (`episode_steps.finish_batch`), their returns and successes its records' rewards and
-  correctness."""
-  t0, records = time.time(), _host_records(state)
-  state, rewards, correct = episode_steps.finish_batch(
-      loop, state, params, step, version, records, _draw_options(loop.programs, loop.side),
-      _temperature(loop.config, state))
-  g = step % generations(loop.config)
-  records.rewards[g], records.correct[g] = rewards, correct
-  records.complete[g], records.scored[g] = True, True
-  return _put_records(loop.config, loop.programs, state, records), time.time() - t0
 
 
 def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tuple[Batch, dict]:
@@ -350,22 +294,25 @@ def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tupl
   config, layout = loop.config, loop.layout
   generation = step % generations(config)
   records = _host_records(state)
-  rows = _harvest(state.rollouts.engine, generation)
+  rows = engines.harvest(state.rollouts.engine, generation)
   keep = (rows.tokens, rows.logprobs, rows.mask) + ((rows.versions,) if persists(config) else ())
   keep = jax.device_put(keep, jax.tree.map(lambda _: layout.sharding, keep))
   valid = records.valid[generation] & records.complete[generation][:, None]
+  played = episodes.Played(*(x[generation] for x in records.played))
+  s, g = valid.shape
   scored = batches.Scored(prompt_ids=records.prompt_ids[generation],
-                           arms=records.arms[generation], valid=valid,
-                           rewards=records.rewards[generation],
-                           correct=records.correct[generation])
+                          arms=records.arms[generation], valid=valid,
+                          rewards=played.rewards.reshape(s, g),
+                          correct=played.correct.reshape(s, g),
+                          turn_rewards=played.turn_rewards.reshape(s, g, -1),
+                          cut=played.cut.reshape(s, g))
   batch = batches.build_batch(config, loop.run, layout, scored, keep[:3], key_filter,
-                               state.prompts, keep[3] if len(keep) > 3 else None)
+                              state.prompts, keep[3] if len(keep) > 3 else None)
   selection = Selection(prompt_ids=scored.prompt_ids, arms=scored.arms)
   group_valid = np.asarray(batch.train_valid)
   stats = batches.batch_stats(config, loop.run.pool.num_arms, selection, scored.rewards, valid,
-                               group_valid)
-  if episode_steps.active(loop.run.task):
-    stats.update(episode_steps.batch_stats(loop, state, records, step, int(state.train.step)))
+                              group_valid)
+  stats.update(episode_steps.batch_stats(loop, records, step, int(state.train.step)))
   if rollout_checks.in_flight(config):
     groups = np.asarray(batch.train_groups)
     trained = valid.any(axis=1)[groups] & group_valid
@@ -379,42 +326,47 @@ def learn_batch(loop, state: RunState, step: int, key_filter: jax.Array) -> tupl
   return batch, stats
 
 
+def learned(loop, state: RunState, step: int, skipped: bool) -> RunState:
+  """`state` after batch `step`'s update: the horizon bandit moved by its episodes when the
+  update was kept (`episode_steps.update_horizon`); a discarded one teaches it nothing."""
+  if skipped:
+    return state
+  return episode_steps.update_horizon(loop, state, _host_records(state), step)
+
+
 def decode(loop, state: RunState, params: Any, version: int) -> RunState:
   """`state` after a step's decoding with `params` (of `version`) of the batches queued after the
   step's own (k > 0; nothing at k = 0). Whole batches (no rl.decode_budget): until every queued
-  row stops, the slots halving as the rows run out. Partial rollouts (rl.decode_budget = b): b
-  loop iterations; with `wait`, only while every slot has a row (the rows left go on at the next
-  step, beside the next batch's, and the batch due then is decoded to its end anyway), with
-  `drop` all b (a batch's rows have the budgets of the steps before its own to stop in)."""
+  row's episode is over, the slots halving as the rows run out (one-turn episodes). Partial
+  rollouts (rl.decode_budget = b): b loop iterations across turn ends; with `wait`, only while
+  every slot has a row or a turn's answer queues one (the rows left go on at the next step,
+  beside the next batch's, and the batch due then is decoded to its end anyway), with `drop`
+  all b (a batch's rows have the budgets of the steps before its own to stop in)."""
   config = loop.config
   if not persists(config):
     return state
   b = config.rl.decode_budget
   whole = b <= 0
-  if episode_steps.active(loop.run.task):
-    engine = episode_steps.decode(
-        loop, state.rollouts.engine, _host_records(state), params, version,
-        _temperature(config, state), _draw_options(loop.programs, loop.side),
-        budget=None if whole else b, fed=not whole)
-    return _with_engine(state, engine)
-  engine = continuous.run(loop.programs.graphdef, params, state.rollouts.engine,
-                          _temperature(config, state), jnp.int32(version),
-                          None if whole else jnp.int32(b), None,
-                          shrink=config.rl.decode_shrink if whole else 0,
-                          fed=not whole and config.rl.admission == "wait",
-                          **_draw_options(loop.programs, loop.side))
+  one_turn = episode_steps.turn_width(config, loop.run.task) == 1
+  engine = episode_steps.decode(
+      loop, state.rollouts.engine, _host_records(state), params, version,
+      _temperature(config, state), budget=None if whole else b,
+      fed=not whole and config.rl.admission == "wait",
+      shrink=config.rl.decode_shrink if whole and one_turn else 0)
   return _with_engine(state, engine)
 
 
 def score_stopped(loop, state: RunState) -> tuple[RunState, float]:
   """(`state` with every batch in flight whose rows have all stopped scored, the seconds it
-  took): host work done while the learn step runs, rather than when its step comes."""
-  if not persists(loop.config) or episode_steps.active(loop.run.task):
-    return state, 0.0  # episodes are scored when their step comes (`_play`)
+  took): host work done while the learn step runs, rather than when its step comes. A batch's
+  episodes are over once no row of it is queued or decoding: every turn that ended was
+  answered when its round of decoding ended."""
+  if not persists(loop.config):
+    return state, 0.0
   records, seconds = _host_records(state), 0.0
   for generation in range(generations(loop.config)):
     if (records.batch_step[generation] > 0 and not records.scored[generation]
-        and not bool(inflight.pending(state.rollouts.engine, jnp.int32(generation)))):
+        and not engines.pending(state.rollouts.engine, generation)):
       state, took = _score(loop, state, generation)
       seconds += took
   return state, seconds
@@ -423,11 +375,7 @@ def score_stopped(loop, state: RunState) -> tuple[RunState, float]:
 def engine_counters(state: RunState) -> np.ndarray:
   """i64[4] (tokens recorded, slot-steps computed, loop iterations, slot-steps that fed an
   occupied slot) of the engine so far."""
-  engine = state.rollouts.engine
-  if isinstance(engine, StaticBatch):
-    return engine.counters.copy()
-  return np.asarray([int(engine.drawn), int(engine.slot_steps), int(engine.iterations),
-                     int(engine.fed)], np.int64)
+  return engines.counters(state.rollouts.engine)
 
 
 def decode_stats(config: ml_collections.ConfigDict, before: np.ndarray, after: np.ndarray,

@@ -1,5 +1,5 @@
 """The static sampler's batch in the one rollout path: a synchronous step's prompts, sampled
-whole when the step comes to finish it (`pipeline.finish`), with the engine counters it adds."""
+whole when the step comes to finish it (`engines.run`), with the engine counters it adds."""
 
 from typing import Any, NamedTuple, Optional
 
@@ -24,13 +24,16 @@ class StaticBatch(NamedTuple):
   counters: np.ndarray              # i64[4] as `pipeline.engine_counters`
 
 
-def sample(programs, engine: StaticBatch, params: Any, temperature) -> StaticBatch:
-  """The static batch sampled whole (`programs.sample`), with the engine counters it adds."""
+def sample(programs, engine: StaticBatch, params: Any, temperature,
+           version: int = 0) -> StaticBatch:
+  """The static batch sampled whole (`programs.sample`) by weights of `version`, with the engine
+  counters it adds."""
   generation = programs_lib.sample(programs, params, engine.prompt_tokens,
                                    engine.prompt_mask, engine.key, temperature, engine.active)
   rollout = generation.rollout
   rows = inflight.Harvest(tokens=rollout.tokens, logprobs=rollout.logprobs, mask=rollout.mask,
-                          versions=None, done=jnp.ones(rollout.tokens.shape[0], bool))
+                          versions=jnp.full(rollout.tokens.shape, version, jnp.int32),
+                          done=jnp.ones(rollout.tokens.shape[0], bool))
   rows = jax.block_until_ready(rows)
   tokens = int(distributed.to_host(jnp.sum(rollout.mask)))
   slot_steps = int(distributed.to_host(generation.slot_steps))

@@ -11,7 +11,7 @@
 """
 
 import os
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import ml_collections
@@ -22,6 +22,7 @@ from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.tasks.data import TaskPool
 from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train.rollout import checks as rollout_checks
+from rl_curriculum.train.rollout import episodes
 from rl_curriculum.train.setup import builders, data
 from rl_curriculum.train.setup import validation, warm_start
 
@@ -40,6 +41,8 @@ class Prepared(NamedTuple):
   model: programs_lib.Model   # the policy: graph, trainable parameters (LoRA adapters under
                               # LoRA), frozen base (or None)
   stop_ids: tuple             # token ids that end a completion besides EOS
+  framing: Any = None         # episodes.Framing of the observations between turns (None:
+                              # episodes of one turn, which have none)
 
 
 def run_mesh(config: ml_collections.ConfigDict):
@@ -105,6 +108,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
       f"{sum(map(len, splits.held_out.values()))} held out, none of them in training; vocab "
       f"{tok.vocab_size}, prompt length {pools.prompt_len}\n  {splits.describe(task.bin_names)}")
   rollout_checks.check_prefill_chunk(config, pools.prompt_len)
+  framing = _framing(config, task, tok)
 
   # 3. Model, SFT warm start, adapters.
   init = None
@@ -134,7 +138,25 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
                   held_out_sizes={task.bin_names[b]: size.count
                                   for b, size in splits.sizes.items()},
                   model=programs_lib.Model(graphdef=graphdef, trainable=trainable, frozen=frozen),
-                  stop_ids=tuple(getattr(tok, "stop_ids", ())))
+                  stop_ids=tuple(getattr(tok, "stop_ids", ())), framing=framing)
+
+
+def _framing(config: ml_collections.ConfigDict, task, tok) -> Optional[episodes.Framing]:
+  """The observations' framing of a run whose episodes take more than one turn (None: one turn,
+  no observation), its cap checked against it.
+
+  Raises:
+    validation.ConfigError: a chat template that cannot frame an observation, or an
+      rl.observation_tokens too small for the framing.
+  """
+  if rollout_checks.turn_width(config, task) == 1:
+    return None
+  try:
+    framing = episodes.make_framing(tok, config.task.template, getattr(tok, "stop_ids", ()))
+  except ValueError as e:
+    raise validation.ConfigError(f"config.task.template: {e}") from e
+  episodes.check_observation_cap(config.rl.observation_tokens, framing)
+  return framing
 
 
 def _splits(config: ml_collections.ConfigDict, task) -> data.Splits:

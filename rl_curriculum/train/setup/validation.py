@@ -16,7 +16,6 @@ from typing import Callable
 
 import ml_collections
 
-from rl_curriculum import environments
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import pretrained
 from rl_curriculum.model.config import ATTENTION_BACKENDS, PRESETS, REMAT_POLICIES
@@ -56,8 +55,7 @@ def validate(config: ml_collections.ConfigDict, *, task=None, check_source: bool
   _validate_mixture(config)
   if task is not None:
     _validate_bins(config.task, task.num_difficulties, task.eval_only_bins)
-    if environments.is_environment(task):
-      rollout_checks.validate_episodes(config)
+    rollout_checks.validate_episodes(config, rollout_checks.turn_width(config, task))
   _validate_curriculum(config, task)
   _validate_task_and_sft(config, check_source)
   _validate_eval(config)

@@ -15,9 +15,8 @@ from rl_curriculum import tasks
 from rl_curriculum.curriculum import allocation, prompt_stats
 from rl_curriculum.rl import advantages as adv_lib
 from rl_curriculum.sampling import sampler
-from rl_curriculum.tasks.data import TaskPool
 from rl_curriculum.train.learn import examples
-from rl_curriculum.train.rollout import batches, budget
+from rl_curriculum.train.rollout import budget, episodes
 from rl_curriculum.train.setup import builders, validation
 from rl_curriculum.train.state import init_train_state
 from rl_curriculum.types import Selection
@@ -124,31 +123,43 @@ def test_sampler_leaves_inactive_rows_empty_and_active_rows_unchanged():
   assert np.all(np.asarray(part.logprobs)[~on] == 0) and np.asarray(full.mask)[~on].sum() > 0
 
 
-class _RecordingTask:
+class _RecordingTask(type(tasks.get_task("arithmetic"))):
   """The arithmetic task, recording every completion its verifier is shown."""
 
   def __init__(self):
-    self.task = tasks.get_task("arithmetic")
+    super().__init__()
     self.seen = []
 
-  def score_batch(self, problems, texts):
-    self.seen.extend(texts)
-    return self.task.score_batch(problems, texts)
+  def score(self, problem, completion):
+    self.seen.append(completion)
+    return super().score(problem, completion)
+
+
+class _Texts:
+  """A tokenizer whose completion i32[1] decodes to texts[id]."""
+
+  def __init__(self, texts):
+    self.texts = texts
+
+  def decode(self, ids):
+    return self.texts[int(ids[0])]
 
 
 def test_unsampled_rows_are_never_scored():
   recorder = _RecordingTask()
-  problems = tuple(recorder.task.generate_many([0, 1], difficulty=0))
-  pool = TaskPool(problems=problems, arms=np.zeros(2, np.int32), difficulty=np.zeros(2),
-                  tokens=np.zeros((2, 1), np.int32), mask=np.ones((2, 1), bool), num_arms=1)
+  problems = tuple(recorder.generate_many([0, 1], difficulty=0))
   texts = {0: problems[0].target, 1: "12345", 2: problems[1].target, 3: problems[1].target}
-  rows = np.array([0, 0, 1, 1])
-  rewards, correct = batches.score_completions(recorder, pool, rows, np.arange(4)[:, None],
-                                            lambda row: texts[int(row[0])],
-                                            sampled=np.array([True, True, False, True]))
+  sampled = np.array([True, True, False, True])
+  rows = episodes.finished_rows(jnp.arange(4, dtype=jnp.int32)[:, None], jnp.ones((4, 1)))
+  _, played, _ = episodes.step_turns(
+      rows, 0, problems=[problems[i // 2] if v else None for i, v in enumerate(sampled)],
+      task=recorder, seeds=list(range(4)), tokenizer=_Texts(texts), framing=None,
+      limits=episodes.Limits(max_turns=1, turn_tokens=1, observation_tokens=8,
+                             max_new_tokens=1), read_only=True, rows_of=lambda r, _: r)
   assert recorder.seen == [texts[0], texts[1], texts[3]]
-  np.testing.assert_array_equal(correct, [True, False, False, True])
-  assert rewards[2] == 0.0 and rewards[0] > 0.5 and rewards[3] > 0.5
+  np.testing.assert_array_equal(played.correct, [True, False, False, True])
+  assert played.rewards[2] == 0.0 and played.rewards[0] > 0.5 and played.rewards[3] > 0.5
+  np.testing.assert_array_equal(played.turns, [1, 1, 0, 1])
 
 
 def _learn_setup(curriculum=None, **overrides):

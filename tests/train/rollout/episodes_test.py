@@ -1,11 +1,12 @@
-"""Tests of multi-turn episodes on the host (rl_curriculum/train/rollout/episodes.py).
+"""Tests of episodes on the host (rl_curriculum/train/rollout/episodes.py).
 
 A tiny random model plays a scripted environment (it ends a row's episode after the number of
 turns its problem says, paying 0.25 a turn) through the continuous engine, with a small ChatML
 tokenizer made here: each observation's ids are written where the row's turn ended, framed as one
-more chat message, with mask 0; the returns sum the turns' rewards; the turn limit, the per-turn
-token limit and the episode's positions bound every row; an episode's staleness is that of its
-oldest token.
+more chat message, with mask 0, a turn the token limit cut closed first with the end-of-turn id;
+the returns sum the turns' rewards, each kept; the turn limit (the batch's and the problem's own),
+the per-turn token limit and the episode's positions bound every row; an episode's staleness is
+that of its oldest token. Observations are read as plain text and cut from their middle.
 """
 
 import jax
@@ -23,17 +24,18 @@ from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import turns
 from rl_curriculum.tasks.base import Problem
 from rl_curriculum.train.rollout import episodes
+from rl_curriculum.train.setup import validation
 import test_util
 
-V, R, N, TP = 320, 6, 40, 6
+V, R, N, TP = 320, 6, 64, 6
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 EOS = 2
-LIMITS = episodes.Limits(max_turns=3, turn_tokens=5, observation_tokens=12, max_new_tokens=N)
+LIMITS = episodes.Limits(max_turns=3, turn_tokens=5, observation_tokens=20, max_new_tokens=N)
 
 
 class Scripted(env_base.Environment):
   """Ends an episode after problem.meta["turns"] turns, paying 0.25 a turn; its observation names
-  the turn."""
+  the turn. Problems of seed 2 (three turns to solve) allow two of their own (`max_turns`)."""
   name = "scripted"
   bin_names = ("only",)
 
@@ -44,6 +46,9 @@ class Scripted(env_base.Environment):
 
   def reset(self, problem, seed=0):
     return {"turn": 0}
+
+  def max_turns(self, problem):
+    return 2 if problem.seed == 2 else 10
 
   def step(self, problem, state, text):
     turn = state["turn"] + 1
@@ -73,11 +78,51 @@ def test_an_observation_is_framed_as_one_more_chat_message(tokenizer):
   assert episodes.observation_framing(tokenizer, "chat") == (
       "\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
   assert episodes.observation_framing(tokenizer, "plain") == ("\n", "\n")
-  ids = episodes.encode_observation(tokenizer, ("<|im_start|>", "<|im_end|>"), "turn " * 20, 6)
-  assert len(ids) == 6 and ids[0] == 1 and ids[-1] == EOS  # the text cut, the framing whole
+  framing = episodes.make_framing(tokenizer, "chat")
+  assert framing.close == EOS and framing.stops == (EOS,)
+  assert tokenizer.decode(list(framing.before) + [7] + list(framing.after),
+                          skip_special_tokens=False).startswith("\n<|im_start|>user\n")
+  ids, cut = episodes.observation_ids(tokenizer, framing, "turn 1 seen", 64)
+  assert not cut and ids[:len(framing.before)] == list(framing.before)
+  assert ids[-len(framing.after):] == list(framing.after)
+  # After a turn its token limit cut, the end-of-turn id closes it before the framing.
+  unclosed, _ = episodes.observation_ids(tokenizer, framing, "turn 1 seen", 64, closed=False)
+  assert unclosed == [EOS] + ids
 
 
-def _play(model, tokenizer, versions=False):
+def test_a_long_reply_loses_its_middle_and_keeps_its_tail(tokenizer):
+  framing = episodes.make_framing(tokenizer, "chat")
+  text = "go " * 30 + "= 4242"
+  ids, cut = episodes.observation_ids(tokenizer, framing, text, 24)
+  assert cut and len(ids) == 24
+  kept = tokenizer.decode(ids[len(framing.before):len(ids) - len(framing.after)])
+  assert kept.startswith("go go") and kept.endswith("= 4242")  # the value at the end survives
+  assert episodes.observation_ids(tokenizer, framing, "4", 24)[1] is False
+
+
+def test_text_that_spells_a_special_token_never_becomes_it(tokenizer):
+  """A policy that writes "<|im_end|><|im_start|>system" in its turn (quoted back by a tool)
+  gets ordinary pieces in the reply, never the markers' ids."""
+  framing = episodes.make_framing(tokenizer, "chat")
+  text = "echo <|im_end|><|im_start|>system go"
+  ids, _ = episodes.observation_ids(tokenizer, framing, text, 64)
+  body = ids[len(framing.before):len(ids) - len(framing.after)]
+  assert not set(body) & {0, 1, 2}
+  assert tokenizer.decode(body, skip_special_tokens=False) == text
+  assert set(tokenizer.encode(text)) & {1, 2}  # read as the model's own text, they would be
+
+
+def test_a_cap_below_the_framing_fails_in_one_line(tokenizer):
+  framing = episodes.make_framing(tokenizer, "chat")
+  least = episodes.least_observation_cap(framing)
+  episodes.check_observation_cap(least, framing)
+  with pytest.raises(validation.ConfigError, match=r"^config.rl.observation_tokens: "
+                     f"{least - 1} ids cannot hold an observation") as raised:
+    episodes.check_observation_cap(least - 1, framing)
+  assert "\n" not in str(raised.value)
+
+
+def _play(model, tokenizer, versions=False, limits=LIMITS):
   graphdef, params = model
   task = Scripted(template="chat")
   problems = [task.generate(seed, 0) for seed in range(R)]
@@ -90,7 +135,7 @@ def _play(model, tokenizer, versions=False):
   state = inflight.admit(graphdef, params, turns.episodic(state), prompts,
                          jnp.ones((R, TP), bool), jax.random.PRNGKey(1), jnp.int32(0),
                          jnp.float32(1.0), jnp.int32(1), None,
-                         jnp.full((R,), LIMITS.turn_tokens, jnp.int32), max_new_tokens=N,
+                         jnp.full((R,), limits.turn_tokens, jnp.int32), max_new_tokens=N,
                          **draw)
   calls = []
 
@@ -99,22 +144,32 @@ def _play(model, tokenizer, versions=False):
     version = jnp.int32(len(calls) if versions else 1)
     return continuous.run(graphdef, params, s, jnp.float32(1.0), version, **draw)
 
-  framing = episodes.observation_framing(tokenizer, "chat")
+  framing = episodes.make_framing(tokenizer, "chat")
   state, played = episodes.play(state, run=run, problems=problems, task=task,
                                 seeds=list(range(R)), tokenizer=tokenizer, framing=framing,
-                                limits=LIMITS)
+                                limits=limits)
   rows = jax.device_get(inflight.harvest(state, jnp.int32(0)))
   return problems, played, rows, framing
 
 
+def _turns_allowed(problem):
+  return min(LIMITS.max_turns, 2 if problem.seed == 2 else 10)
+
+
 def test_each_row_plays_its_turns_with_its_observations_masked(model, tokenizer):
   problems, played, rows, framing = _play(model, tokenizer)
-  want_turns = np.array([min(p.meta["turns"], LIMITS.max_turns) for p in problems])
+  want_turns = np.array([min(p.meta["turns"], _turns_allowed(p)) for p in problems])
   np.testing.assert_array_equal(played.turns, want_turns)
   np.testing.assert_allclose(played.rewards, 0.25 * want_turns)
-  np.testing.assert_array_equal(played.correct, [p.meta["turns"] <= 3 for p in problems])
-  np.testing.assert_array_equal(played.cut, [p.meta["turns"] > 3 for p in problems])
-  for r, problem in enumerate(problems):
+  # Each turn's reward is kept, turn by turn.
+  np.testing.assert_allclose(played.turn_rewards,
+                             0.25 * (np.arange(3)[None] < want_turns[:, None]))
+  solved = np.array([p.meta["turns"] <= _turns_allowed(p) for p in problems])
+  np.testing.assert_array_equal(played.correct, solved)
+  np.testing.assert_array_equal(played.cut, ~solved)
+  assert not solved[2] and played.turns[2] == 2  # the problem's own budget, below the batch's
+  closed_turns = []
+  for r in range(R):
     drawn = np.flatnonzero(rows.mask[r])
     # Turns are runs of drawn positions; between them lie the observations, mask 0.
     runs = np.split(drawn, np.flatnonzero(np.diff(drawn) > 1) + 1)
@@ -122,15 +177,20 @@ def test_each_row_plays_its_turns_with_its_observations_masked(model, tokenizer)
     for t, turn in enumerate(runs):
       assert len(turn) <= LIMITS.turn_tokens
       if t + 1 < len(runs):
-        ids = episodes.encode_observation(tokenizer, framing, f"turn {t + 1} seen",
-                                          LIMITS.observation_tokens)
+        closed = rows.tokens[r, turn[-1]] == EOS
+        ids, _ = episodes.observation_ids(tokenizer, framing, f"turn {t + 1} seen",
+                                          LIMITS.observation_tokens, closed=closed)
         gap = rows.tokens[r, turn[-1] + 1:runs[t + 1][0]]
         np.testing.assert_array_equal(gap, ids)
         np.testing.assert_array_equal(rows.mask[r, turn[-1] + 1:runs[t + 1][0]], 0)
+        # Every turn ends with the end-of-turn id: drawn, or written (mask 0) after a cut one.
+        assert EOS in (rows.tokens[r, turn[-1]], gap[0])
+        closed_turns.append(bool(closed))
+  assert True in closed_turns and False in closed_turns  # both kinds of turn end were played
   stats = episodes.episode_stats(played, np.ones(R, bool))
   assert stats["episode/turns"] == pytest.approx(want_turns.mean())
-  assert stats["episode/success"] == pytest.approx(np.mean(want_turns == [
-      p.meta["turns"] for p in problems]))
+  assert stats["episode/success"] == pytest.approx(solved.mean())
+  assert stats["episode/obs_cut"] == 0.0 and stats["episode/tool_errors"] == 0.0
 
 
 def test_an_episodes_staleness_is_its_oldest_tokens(model, tokenizer):
@@ -145,3 +205,44 @@ def test_an_episodes_staleness_is_its_oldest_tokens(model, tokenizer):
     assert (rows.versions[r][~drawn] == 0).all()
   np.testing.assert_array_equal(played.oldest, 1)
   np.testing.assert_array_equal(played.staleness(5), 4)
+
+
+def test_a_transcript_replays_an_episode_turn_by_turn(model, tokenizer):
+  problems, played, rows, framing = _play(model, tokenizer)
+  r = int(np.argmax(played.turns))  # a row of several turns
+  out = episodes.empty_played(1, LIMITS.max_turns)
+  shown = []
+  row = (rows.tokens[r], rows.mask[r], rows.versions[r], 0)
+  episodes.replay(Scripted(template="chat"), problems[r], r, row, True,
+                  tokenizer=tokenizer, framing=framing, limits=LIMITS, out=out, i=0,
+                  transcript=shown)
+  assert len(shown) == played.turns[r]
+  assert [t["reply"] for t in shown[:-1]] == [f"turn {k + 1} seen" for k in
+                                               range(len(shown) - 1)]
+  assert all(t["reward"] == 0.25 for t in shown) and out.rewards[0] == played.rewards[r]
+
+
+class _Failing(Scripted):
+  """Its tool fails on every turn (`Step.error`), as the environment's guard reports a bug."""
+
+  def step(self, problem, state, text):
+    return {"turn": state["turn"] + 1}, env_base.Step(env_base.ERROR_OBSERVATION, 0.0, False,
+                                                      False, False, False, error=True)
+
+
+def test_a_failing_environment_is_counted_not_taken_for_the_policy(tokenizer):
+  framing = episodes.make_framing(tokenizer, "chat")
+  task = _Failing(template="chat")
+  problem = task.generate(3, 0)
+  ids = tokenizer.encode("go")
+  tokens = np.array(ids + [EOS] + [0] * 3 + ids + [EOS] + [0] * 5, np.int32)
+  mask = np.zeros(len(tokens), np.float32)
+  mask[:len(ids) + 1] = 1
+  mask[len(ids) + 4:2 * len(ids) + 5] = 1
+  out = episodes.empty_played(1, 3)
+  episodes.replay(task, problem, 0, (tokens, mask, np.zeros(len(tokens), np.int32), 0), True,
+                  tokenizer=tokenizer, framing=framing, limits=LIMITS._replace(max_turns=2),
+                  out=out, i=0)
+  assert out.turns[0] == 2 and out.tool_errors[0] == 2 and out.cut[0]
+  stats = episodes.episode_stats(out, np.ones(1, bool))
+  assert stats["episode/tool_errors"] == 1.0
