@@ -1,26 +1,25 @@
-"""SmolLM2-135M-Instruct learns to use a calculator and to play a guessing game, by RLOO on
-multi-turn episodes with SEC over (environment, level) arms, on a CPU.
+"""SmolLM2-135M-Instruct learns to use a calculator and to play a guessing game: an SFT warm start
+on the environments' own solved episodes, then RLOO on multi-turn episodes with SEC over
+(environment, level) arms, on a CPU.
 
   python -m experiments.train --config configs/episodes_smollm2.py --workdir workdirs/episodes
+  python -m experiments.studies.seeds --config configs/episodes_smollm2.py --seeds=3 \\
+      --workdir=workdirs/episodes_seeds --out=benchmarks/results/episodes_smollm2
 
-Two environments (docs/environments.md): `calculator` (products a 135M model cannot do in its head,
-with a `calc` tool whose result comes back as the next message) and `guess` (a hidden number found
-from "too low" / "too high" replies). Each episode is a chat: the policy's turns and the
-environment's replies framed by the checkpoint's chat template, token in, token out, on the
-continuous engine over a paged cache; the replies' tokens never enter the loss. SEC chooses among
-four arms (calculator l0, l1; guess l0, l1); the horizon (turns an episode may take) rises from 2
-to 5 over the run (curriculum.horizon = linear). Held-out episodes per level, greedy, before and
-after RL, with paired 95% intervals; the third level of each environment is never trained on.
-workdir/heldout/step_<N>_episodes.json holds each level's tool-call rate, share of well-formed
-calls and turns.
+Two environments (docs/environments.md): `calculator` (two- and three-digit products, which a
+135M model cannot work out in its head, with a `calc` tool whose result comes back as the next
+message) and `guess` (a hidden number found from "too low" / "too high" replies). Each episode is
+a chat: the policy's turns and the environment's replies framed by the checkpoint's chat
+template, token in, token out, on the continuous engine over a paged cache; the replies' tokens
+never enter a loss. The warm start imitates each training problem's solved episode (the
+calculator: call the tool, then answer with its value; the game: binary search), the replies
+given no loss, full fine-tuning of the base; RL then trains LoRA adapters on top of it. Held out,
+disjoint by construction (`Task.split_key`): no held-out product has a training problem's
+operands, no held-out game hides a number any training game hides; the third level of each
+environment is never trained on.
 
-Measured with this file (2026-12-07, a 2-core CPU, both cores): 18 min 50 s in all. Held-out
-greedy success before -> after RL, change and its paired 95% interval, 32 problems a level:
-guess/l0 25.0 -> 46.9 (+21.9 [+2.7, +41.0]), guess/l1 6.2 -> 18.8 (+12.5 [-2.1, +27.1]),
-guess/l2 (never trained) 3.1 -> 0.0; calculator 0 -> 0 on every level, with a tool-call rate of
-0% before and after (the model answers with the instruction's example number; sampled, it called
-the tool in at most 2.4% of a step's turns, never to a correct answer, so calculator groups carried
-no signal and SEC moved its mass to guess/l0). docs/results.md has the rest.
+Measured: see docs/results.md ("Multi-turn tool use") and benchmarks/results/episodes_smollm2/
+(three RL seeds from one warm start, paired intervals against it).
 """
 
 from configs import quickstart
@@ -30,28 +29,32 @@ def get_config():
   c = quickstart.get_config()
   c.task.name = "calculator+guess"
   c.task.template = "chat"
-  # One solved episode (a level-0 problem no pool draws) opens each prompt: SmolLM2-135M ignores
-  # a format it is only told about ("Guess: N", "<tool>calc(...)</tool>"), but follows one it
-  # has seen played.
-  c.task.options = {"calculator": {"shots": 1}, "guess": {"shots": 1}}
+  c.task.options = {}
   c.task.train_bins = (0, 1, 3, 4)      # calculator l0 l1, guess l0 l1
   c.task.eval_bins = (0, 1, 2, 3, 4, 5)  # and l2 of each, never trained on
   c.task.held_out_fraction = 0.2
   c.task.train_per_bin = 200
+  c.task.sft_per_bin = 64
   c.task.eval_per_bin = 32
+  # The warm start: solved episodes of the training bins (the replies given no loss), the whole
+  # model fine-tuned; RL's LoRA adapters start from it.
+  c.sft.steps = 60
+  c.sft.batch_size = 8
+  c.sft.learning_rate = 2e-5
+  c.sft.warmup_steps = 6
+  c.sft.save_every = 20
   c.rl.steps = 20
   c.rl.prompts_per_step = 6
   c.rl.group_size = 4
   c.rl.engine = "continuous"
   c.rl.page_size = 16
-  c.rl.decode_slots = 32
+  c.rl.decode_slots = 24
   c.rl.decode_shrink = 0
-  c.rl.max_new_tokens = 96              # an episode's positions: turns and replies
-  c.rl.turn_tokens = 16
-  c.rl.observation_tokens = 20
-  c.rl.max_turns = 5
-  c.curriculum.horizon = "linear"
-  c.curriculum.horizon_start = 2
+  c.rl.max_new_tokens = 112             # an episode's positions: turns and replies
+  c.rl.turn_tokens = 20
+  c.rl.observation_tokens = 32          # a reply and its chat framing (10 ids)
+  c.rl.max_turns = 5                    # calculator 4 and guess 5 / 8 / 11 turns of their own
+  c.curriculum.horizon = "fixed"
   c.eval.batch_size = 32
-  c.rl.microbatches = 2                 # the learn step's activations: prompts of ~300 tokens
+  c.rl.microbatches = 2
   return c

@@ -66,6 +66,11 @@ class CalculatorEnv(env_base.Environment):
                         target=f"{env_base.ANSWER_MARKER} {value}", seed=seed,
                         meta={"expression": expression, "value": value})
 
+  def split_key(self, problem: base.Problem) -> str:
+    """The expression: a held-out problem's operands are never a training problem's (its prompt
+    also holds an id, which two problems of one expression do not share)."""
+    return f"{self.name}:{problem.meta['expression']}"
+
   def _solution(self, problem):
     return [f"<tool>calc({problem.meta['expression']})</tool>",
             f"Answer: {problem.meta['value']}"]

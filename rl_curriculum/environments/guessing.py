@@ -75,6 +75,11 @@ class GuessingEnv(env_base.Environment):
                         target=f"{GUESS_MARKER} {middle}", seed=seed,
                         meta={"low": 1, "high": high, "hidden": hidden})
 
+  def split_key(self, problem: base.Problem) -> str:
+    """The hidden number: a held-out game hides a number no training game of any range hides
+    (prompts differ only by a game id, so a prompt split would train on every hidden number)."""
+    return f"{self.name}:{problem.meta['hidden']}"
+
   def reset(self, problem: base.Problem, seed: int = 0) -> dict:
     return {**super().reset(problem, seed), "guesses": []}
 

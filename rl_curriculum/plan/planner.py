@@ -159,9 +159,11 @@ def _small(inputs: Inputs, dims: tuple, dtype) -> jax.ShapeDtypeStruct:
 
 
 def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
-  """The learn step's abstract batch: S sampled prompts x G completion slots, P trained groups
-  (with rows in flight, each token's version)."""
+  """The learn step's abstract batch: S sampled prompts x G completion slots, P trained groups,
+  each turn's reward (H turns: the run's turn width; with rows in flight, each token's
+  version)."""
   s, g, p = builders.sampled_prompts(config), budget.group_slots(config), config.rl.prompts_per_step
+  h = rollout_checks.turn_width(config, builders.build_task(config))
   rows, n_new, tp = s * g, config.rl.max_new_tokens, inputs.prompt_len
   row = lambda *dims, dtype: _rows(inputs, rows, *dims, dtype=dtype)
   small = lambda dims, dtype: _small(inputs, dims, dtype)
@@ -174,7 +176,8 @@ def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
       valid=small((s, g), jnp.bool_), train_groups=small((p,), jnp.int32),
       train_valid=small((p,), jnp.bool_), truncated=small((s, g), jnp.bool_),
       baseline=(small((s,), jnp.float32) if config.rl.algorithm == "counterfactual" else None),
-      versions=row(n_new, dtype=jnp.int32) if pipeline.persists(config) else None)
+      versions=row(n_new, dtype=jnp.int32) if pipeline.persists(config) else None,
+      turn_rewards=small((s, g, h), jnp.float32))
 
 
 def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
@@ -324,7 +327,8 @@ def _checkpoint_tree(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
         chunk=options["prefill_chunk"], **inputs.programs.paging)
     records = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=inputs.programs.replicated),
-        pipeline.empty_records(config))
+        pipeline.empty_records(config, rollout_checks.turn_width(config,
+                                                                 builders.build_task(config))))
     state = state._replace(rollouts=pipeline.InFlight(engine=engine, records=records))
   return state_lib.checkpoint_tree(config, state)
 

@@ -255,6 +255,13 @@ class Task:
     reward = 1.0 if correct else (self.format_bonus if formatted else 0.0)
     return Score(reward, correct, formatted)
 
+  def split_key(self, problem: Problem) -> str:
+    """What decides which split (training or held out) `problem` falls in: problems with equal
+    keys always fall in the same one. The prompt by default; a task whose prompts differ in
+    things that do not change the problem (an id) gives what does, so that a held-out problem
+    is never a training problem under another name."""
+    return problem.prompt
+
   def reset(self, problem: Problem, seed: int = 0) -> dict:
     """The episode's starting state: a small JSON-serialisable dict, {"turn": turns taken}."""
     del problem, seed
@@ -272,6 +279,11 @@ class Task:
     """The turns a rollout allows `problem`'s episode (at most `turn_budget`)."""
     del problem
     return self.turn_budget
+
+  def demonstration(self, problem: Problem) -> list[str]:
+    """The turns of a policy that solves `problem`: here its one turn, `target` (what an SFT
+    warm start imitates)."""
+    return [problem.target]
 
   def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]):
     """Scores B pairs; returns (reward f32[B], correct bool[B], formatted bool[B])."""

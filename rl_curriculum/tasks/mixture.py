@@ -88,6 +88,11 @@ class MixtureTask(base.Task):
     task, local = self._part(problem)
     return task.prompt_messages(local)
 
+  def split_key(self, problem: base.Problem) -> str:
+    """The split key of the problem's own task."""
+    task, local = self._part(problem)
+    return task.split_key(local)
+
   @property
   def turn_budget(self) -> int:
     """The most turns an episode takes: its parts' largest, or 1 when a part is single-turn."""
@@ -109,6 +114,13 @@ class MixtureTask(base.Task):
     except Exception:  # pylint: disable=broad-except
       return super().step(problem, state, text)  # scored as no problem of this mixture
     return task.step(local, state, text)
+
+  def demonstration(self, problem: base.Problem) -> list[str]:
+    """The solving turns of the problem's own part (its target when a part is single-turn)."""
+    if self.turn_budget == 1:
+      return super().demonstration(problem)
+    task, local = self._part(problem)
+    return task.demonstration(local)
 
   def max_turns(self, problem: base.Problem) -> int:
     if self.turn_budget == 1:

@@ -174,3 +174,26 @@ def test_partial_rollouts_of_episodes_decode_their_budget_across_turn_ends(tmp_p
   rows = jax.device_get(engines.rows_of(state.rollouts.engine, 1))
   replies = (np.diff((rows.mask > 0).astype(int), axis=1) == 1).sum()  # turns after the first
   assert replies > 0
+
+
+@pytest.mark.slow
+def test_a_batch_marks_episodes_a_limit_cut_as_truncated_and_keeps_each_turns_reward(tmp_path):
+  """Step 1's batch as the learn step takes it: an episode cut by its turn limit (or whose last
+  turn the token limit cut) is truncated, one its environment ended is not; each turn's reward
+  is there, adding up to the return."""
+  config = _config(steps=1, curriculum__horizon="fixed", rl__max_turns=2)
+  steps, state = _loop(config, _warm(config, str(tmp_path / "run")))
+  params = pipeline.rollout_policy(steps, state)
+  state, _ = pipeline.finish(steps, pipeline.queue(steps, state, params, 1, 0), params, 1, 0)
+  batch, _ = pipeline.learn_batch(steps, state, 1, jax.random.PRNGKey(0))
+  played = state.rollouts.records.played
+  cut = np.asarray(played.cut[1 % pipeline.generations(config)])
+  truncated = np.asarray(batch.truncated).reshape(-1)
+  assert cut.any() and (truncated[cut]).all()
+  rows = jax.device_get(engines.harvest(state.rollouts.engine, 0))
+  last = [int(np.flatnonzero(m)[-1]) for m in rows.mask]
+  unclosed = np.array([t[i] != steps.run.tokenizer.eos_id for t, i in zip(rows.tokens, last)])
+  np.testing.assert_array_equal(truncated, cut | unclosed)
+  turn_rewards = np.asarray(batch.turn_rewards)
+  assert turn_rewards.shape[-1] == 2
+  np.testing.assert_allclose(turn_rewards.sum(-1), np.asarray(batch.rewards), atol=1e-6)

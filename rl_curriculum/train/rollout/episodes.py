@@ -51,7 +51,8 @@ from rl_curriculum.train.setup.errors import fail
 
 __all__ = ["Limits", "Framing", "Played", "observation_framing", "make_framing",
            "least_observation_cap", "check_observation_cap", "observation_ids", "empty_played",
-           "replay", "finished_rows", "step_turns", "play", "episode_stats"]
+           "replay", "finished_rows", "step_turns", "play", "episode_stats",
+           "demonstration_row", "demonstration_rows"]
 
 _MARK = "\u2063OBSERVATION\u2063"  # a placeholder no template writes on its own
 
@@ -241,6 +242,40 @@ def _note(transcript: Optional[list], text: str, step, reply: str) -> None:
     transcript.append({"turn": text, "reward": float(step.reward), "reply": reply})
 
 
+def demonstration_row(task, problem, tokenizer, *, eos_id: int, framing: Optional[Framing],
+                      cap: int) -> tuple[list[int], list[float]]:
+  """(ids, mask) of the episode that solves `problem` (`Task.demonstration`), token in, token out
+  as a rollout writes it: each turn's ids and its end-of-turn id `eos_id` with mask 1, each
+  reply its task gives (`observation_ids` under `framing`, at most `cap` ids) with mask 0. A
+  single-turn task's row is its target and EOS."""
+  ids, mask = [], []
+  state = task.reset(problem, 0)
+  for text in task.demonstration(problem):
+    turn = list(tokenizer.encode(text)) + [int(eos_id)]
+    ids, mask = ids + turn, mask + [1.0] * len(turn)
+    state, step = task.step(problem, state, text)
+    if step.done:
+      break
+    reply, _ = observation_ids(tokenizer, framing, step.observation, cap)
+    ids, mask = ids + reply, mask + [0.0] * len(reply)
+  return ids, mask
+
+
+def demonstration_rows(task, problems: Sequence[Any], tokenizer, *, framing: Optional[Framing],
+                       cap: int) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens i32[N, L], mask f32[N, L]): the solving episodes of N problems
+  (`demonstration_row`), right-padded with the pad id to the longest: an SFT warm start's
+  targets, the replies of an environment's episodes given no loss, as RL gives them none."""
+  rows = [demonstration_row(task, p, tokenizer, eos_id=tokenizer.eos_id, framing=framing,
+                            cap=cap) for p in problems]
+  length = max(len(ids) for ids, _ in rows)
+  tokens = np.full((len(rows), length), tokenizer.pad_id, np.int32)
+  mask = np.zeros((len(rows), length), np.float32)
+  for i, (ids, weights) in enumerate(rows):
+    tokens[i, :len(ids)], mask[i, :len(ids)] = ids, weights
+  return tokens, mask
+
+
 def _check_finite(played: Played, problems: Sequence[Optional[Any]]) -> None:
   """Raises ValueError naming the first problem whose return is not finite (a verifier bug: one
   NaN would reach every statistic that averages rewards)."""
@@ -338,11 +373,13 @@ def episode_stats(played: Played, valid: np.ndarray) -> dict:
   """The episodes' statistics for the log over the played rows `valid` (bool[R]): turns, the
   share of turns with a tool call, the share of calls that parsed, the share of turns with
   neither a call nor an answer, of turns the environment failed on, of observations cut to the
-  cap, and the share of episodes solved and cut by a limit."""
+  cap, the share of episodes solved and cut by a limit, and the share of solved episodes that
+  called a tool."""
   v = np.asarray(valid, bool).reshape(-1)
   turns_ = max(int(played.turns[v].sum()), 1)
   calls = int(played.tool_calls[v].sum())
   episodes = max(int(v.sum()), 1)
+  solved = v & played.correct
   return {"episode/turns": float(played.turns[v].sum()) / episodes,
           "episode/tool_call_rate": calls / turns_,
           "episode/well_formed_calls": float(played.well_formed[v].sum()) / max(calls, 1),
@@ -350,4 +387,6 @@ def episode_stats(played: Played, valid: np.ndarray) -> dict:
           "episode/tool_errors": float(played.tool_errors[v].sum()) / turns_,
           "episode/obs_cut": float(played.obs_cut[v].sum()) / turns_,
           "episode/success": float(played.correct[v].sum()) / episodes,
-          "episode/cut": float(played.cut[v].sum()) / episodes}
+          "episode/cut": float(played.cut[v].sum()) / episodes,
+          "episode/solved_with_tool": float((played.tool_calls[solved] > 0).sum())
+                                      / max(int(solved.sum()), 1)}

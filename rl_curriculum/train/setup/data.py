@@ -45,7 +45,8 @@ from rl_curriculum.parallel import distributed
 from rl_curriculum.tasks.base import Problem
 from rl_curriculum.tasks.data import TaskPool, make_pool
 from rl_curriculum.tasks.mixture import MixtureTask
-from rl_curriculum.train.setup import sft
+from rl_curriculum.train.rollout import episodes
+from rl_curriculum.train.setup.errors import fail
 
 __all__ = ["SEED_BASE", "HELD_OUT_PARTS", "BIN_STRIDE", "ARM_LAYOUTS", "Arms", "arms_of", "pool_sizes",
            "HeldOutSize", "Splits", "held_out", "held_out_part", "problems",
@@ -192,7 +193,8 @@ def problems(task, bins: Sequence[int], per_bin: int, split: str, *,
   """Up to `per_bin` problems per bin with distinct prompts, from the split's own seeds.
 
   Bin b draws `task.generate(SEED_BASE[split] + BIN_STRIDE * b + i, b)` for i = 0, 1, ... and
-  keeps each new prompt for which `exclude(prompt)` is false, until it has `per_bin` problems,
+  keeps each new prompt for which `exclude(task.split_key(problem))` is false (the split key: the
+  prompt, unless the task says what makes two problems the same), until it has `per_bin` problems,
   has made 20 * per_bin draws, or has gone max(2000, 2 * i_new) draws without a new prompt (kept
   or excluded; i_new = the draw that met the latest one): a bin whose space, less the excluded
   prompts, is smaller than `per_bin` yields fewer. `exclude` must depend on the prompt alone: it
@@ -220,7 +222,7 @@ def problems(task, bins: Sequence[int], per_bin: int, split: str, *,
         continue
       seen.add(problem.prompt)
       last_new = attempt
-      if exclude is not None and exclude(problem.prompt):
+      if exclude is not None and exclude(task.split_key(problem)):
         continue
       out.append(problem)
       kept += 1
@@ -243,8 +245,10 @@ def make_splits(task, train_bins: Sequence[int], eval_bins: Sequence[int], *,
   """RL pool, SFT set and held-out sets such that no held-out prompt is in the RL pool or SFT set.
 
   Training bins draw their RL (`train_per_bin` per bin, or {bin: count} as `pool_sizes` gives)
-  and SFT (`sft_per_bin`, 0 for none) problems among prompts with `held_out(prompt,
-  held_out_fraction)` false. The held-out sets are `held_out_sets(..., part=held_out_split)`:
+  and SFT (`sft_per_bin`, 0 for none) problems among those with `held_out(key,
+  held_out_fraction)` false, key the problem's `Task.split_key` (its prompt, or what the task
+  says makes problems the same: a calculator's expression, a game's hidden number, so that no
+  held-out problem is a training problem under another id). The held-out sets are `held_out_sets(..., part=held_out_split)`:
   a training bin's among prompts with it true, so a small bin gets fewer (reported in `sizes`,
   never an error); any other evaluation bin's from its whole space; with part "validation" or
   "test", only among that half's prompts (`held_out_part`). Seeds as in `problems` (splits
@@ -369,14 +373,17 @@ class Pools(NamedTuple):
 
 
 def make_pools(splits: Splits, task, tok, train_bins: Sequence[int], *,
-               template: str = "plain", bin_arms: Optional[Sequence[int]] = None) -> Pools:
+               template: str = "plain", bin_arms: Optional[Sequence[int]] = None,
+               framing: Optional[episodes.Framing] = None, observation_tokens: int = 0) -> Pools:
   """Tokenized pools of `splits`, prompts rendered by `prompt_text(template, task, tok)`.
 
   The RL pool's arm of training bin train_bins[i] is bin_arms[i] (`arms_of(...).of_bin`; None:
   i). Its scalar difficulty (AdaRFT's) is each problem's bin, on a mixture the bin within the
   problem's own task (so tasks are not ranked by the order they are named in).
-  The SFT pool encodes the plain prompts (SFT warm starts are for models trained here); its
-  targets are the problems' target texts followed by EOS, padded to the longest plus one.
+  The SFT pool's prompts are rendered alike; its targets are the problems' solving episodes as a
+  rollout writes them (`episodes.demonstration_rows`: a single-turn task's target and EOS; an
+  environment's turns with its replies between them, framed by `framing` in at most
+  `observation_tokens` ids each and given no loss), right-padded to the longest.
   """
   text = prompt_text(template, task, tok)
   held = [p for ps in splits.held_out.values() for p in ps]
@@ -391,10 +398,13 @@ def make_pools(splits: Splits, task, tok, train_bins: Sequence[int], *,
   eval_sets = eval_pools(splits.held_out, task, tok, template=template, prompt_len=prompt_len)
   sft_pool = sft_targets = None
   if splits.sft:
-    sft_pool = pool(splits.sft, bins=train_bins)
-    target_len = max(len(tok.encode(p.target)) for p in splits.sft) + 1
-    sft_targets = sft.target_tokens([p.target for p in splits.sft], tok.encode, tok.eos_id,
-                                    tok.pad_id, target_len)
+    sft_pool = pool(splits.sft, bins=train_bins, prompt_fn=text)
+    try:
+      sft_targets = episodes.demonstration_rows(task, splits.sft, tok, framing=framing,
+                                                cap=observation_tokens)
+    except NotImplementedError as e:
+      fail("sft.steps", f"an SFT warm start imitates solved episodes, and {e}: set sft.steps = 0 "
+           "or give the environment a `_solution`")
   return Pools(rl=rl, eval_sets=eval_sets, sft=sft_pool, sft_targets=sft_targets,
                prompt_len=prompt_len)
 

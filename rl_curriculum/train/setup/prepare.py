@@ -101,14 +101,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, log=print, task=Non
       if fresh and os.path.exists(record):  # the next run, with another size, starts clean
         os.remove(record)
       raise validation.ConfigError(f"config.tokenizer.vocab_size: {e}") from e
+  framing = _framing(config, task, tok)
   pools = data.make_pools(splits, task, tok, train_bins, template=config.task.template,
-                          bin_arms=arms.of_bin)
+                          bin_arms=arms.of_bin, framing=framing,
+                          observation_tokens=config.rl.observation_tokens)
   log(f"data: {len(splits.rl)} RL prompts in {len(train_bins)} bins ({len(arms.names)} arms), "
       f"{len(splits.sft)} SFT, "
       f"{sum(map(len, splits.held_out.values()))} held out, none of them in training; vocab "
       f"{tok.vocab_size}, prompt length {pools.prompt_len}\n  {splits.describe(task.bin_names)}")
   rollout_checks.check_prefill_chunk(config, pools.prompt_len)
-  framing = _framing(config, task, tok)
 
   # 3. Model, SFT warm start, adapters.
   init = None

@@ -1,7 +1,9 @@
 """Supervised warm start: teach the format (and some skill) before RL by next-token loss on targets.
 
-Sequences are a left-padded prompt followed by the target and EOS, right-padded; only target and
-EOS tokens carry loss. The result is cached in the run's workdir, so a resumed or repeated run
+Sequences are a left-padded prompt followed by the problem's solving episode as a rollout writes
+it (`episodes.demonstration_rows`: a single-turn task's target and EOS; an environment's turns,
+each with its end-of-turn id, and its replies between them), right-padded; only the policy's
+turns carry loss, never the replies, as in RL. The result is cached in the run's workdir, so a resumed or repeated run
 skips it; a long warm start also saves its progress (`warm_start.sft_params`), so a killed one
 resumes where it stopped.
 """
@@ -17,24 +19,6 @@ import optax
 from rl_curriculum.rl import losses
 from rl_curriculum.tasks.data import TaskPool
 from rl_curriculum.train.learn import forward
-
-
-def target_tokens(targets: Sequence[str], encode, eos_id: int, pad_id: int,
-                  length: int) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens i32[N, length], mask f32[N, length]): each target + EOS, right-padded.
-
-  Raises:
-    ValueError: a target longer than `length - 1` tokens.
-  """
-  tokens = np.full((len(targets), length), pad_id, np.int32)
-  mask = np.zeros((len(targets), length), np.float32)
-  for i, text in enumerate(targets):
-    ids = list(encode(text)) + [eos_id]
-    if len(ids) > length:
-      raise ValueError(f"target {text!r} needs {len(ids)} tokens > {length}")
-    tokens[i, :len(ids)] = ids
-    mask[i, :len(ids)] = 1.0
-  return tokens, mask
 
 
 def sft_loss(params, graphdef, prompt_tokens, prompt_mask, tokens, mask):

@@ -57,7 +57,7 @@ def validate(config: ml_collections.ConfigDict, *, task=None, check_source: bool
     _validate_bins(config.task, task.num_difficulties, task.eval_only_bins)
     rollout_checks.validate_episodes(config, rollout_checks.turn_width(config, task))
   _validate_curriculum(config, task)
-  _validate_task_and_sft(config, check_source)
+  _validate_task_and_sft(config, check_source, task)
   _validate_eval(config)
 
 
@@ -286,7 +286,8 @@ def _validate_mixture(c: ml_collections.ConfigDict) -> None:
           f"{list(weights)}")
 
 
-def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> None:
+def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool,
+                           task_obj=None) -> None:
   """config.task's reward and pool sizes, config.sft, and the prompt template."""
   task = c.task
   if not 0.0 <= task.format_bonus < 1.0:
@@ -310,9 +311,11 @@ def _validate_task_and_sft(c: ml_collections.ConfigDict, check_source: bool) -> 
       fail("sft.save_every", f"must be a whole number >= 0 (0 = never), got {c.sft.save_every!r}")
     if task.sft_per_bin < 1:
       fail("task.sft_per_bin", f"must be >= 1 with an SFT warm start, got {task.sft_per_bin}")
-  if check_source and c.model.source and c.sft.steps:
-    fail("sft.steps", "must be 0 with a pretrained model (config.model.source): the SFT "
-          "targets are plain-template completions for models trained here")
+  if check_source and c.model.source and c.sft.steps and (
+      task_obj is None or rollout_checks.turn_width(c, task_obj) == 1):
+    fail("sft.steps", "must be 0 with a pretrained model (config.model.source) on a "
+          "single-turn task: its SFT targets are plain-template completions for models trained "
+          "here (an environment's solved episodes are a warm start for any model)")
   if not task.eval_bins:
     fail("task.eval_bins", "empty: give the bins whose held-out accuracy the run reports")
   if not c.model.source and (not isinstance(c.tokenizer.vocab_size, int)

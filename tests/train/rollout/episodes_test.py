@@ -246,3 +246,61 @@ def test_a_failing_environment_is_counted_not_taken_for_the_policy(tokenizer):
   assert out.turns[0] == 2 and out.tool_errors[0] == 2 and out.cut[0]
   stats = episodes.episode_stats(out, np.ones(1, bool))
   assert stats["episode/tool_errors"] == 1.0
+
+
+def test_an_sft_row_is_a_solved_episode_as_a_rollout_writes_it(tokenizer):
+  """The calculator's solved episode (a call, then the answer): each turn's ids and the
+  end-of-turn id carry loss, the reply between them, framed as the rollout frames it, none; a
+  single-turn task's row is its target and EOS."""
+  from rl_curriculum import tasks  # pylint: disable=import-outside-toplevel
+  framing = episodes.make_framing(tokenizer, "chat")
+  calculator = tasks.get_task("calculator", template="chat")
+  problem = calculator.generate(0, 0)
+  call, answer = calculator.demonstration(problem)
+  ids, mask = episodes.demonstration_row(calculator, problem, tokenizer, eos_id=EOS,
+                                         framing=framing, cap=40)
+  first = tokenizer.encode(call) + [EOS]
+  _, step = calculator.step(problem, calculator.reset(problem), call)
+  reply, _ = episodes.observation_ids(tokenizer, framing, step.observation, 40)
+  assert ids == first + reply + tokenizer.encode(answer) + [EOS]
+  assert mask == [1.0] * len(first) + [0.0] * len(reply) + [1.0] * (len(ids) - len(first)
+                                                                      - len(reply))
+  arithmetic = tasks.get_task("arithmetic")
+  one = arithmetic.generate(0, 0)
+  tokens, weights = episodes.demonstration_rows(arithmetic, [one, arithmetic.generate(5, 2)],
+                                                tokenizer, framing=None, cap=0)
+  want = tokenizer.encode(one.target) + [EOS]
+  assert list(tokens[0, :len(want)]) == want and weights[0].sum() == len(want)
+  assert (tokens[0, len(want):] == tokenizer.pad_id).all()
+
+
+def test_a_row_is_what_the_chat_template_writes_for_its_conversation(tokenizer):
+  """Turns written as a rollout writes them (the second one cut by its token limit, before its
+  end-of-turn id), each followed by the reply `replay` gives it: the prompt and the row are,
+  token for token, the chat template's rendering of the conversation."""
+  framing = episodes.make_framing(tokenizer, "chat")
+  task = Scripted(template="chat")
+  problem = task.generate(3, 0)  # four turns to solve: the three played all get a reply
+  limits = LIMITS._replace(max_turns=3, observation_tokens=40, max_new_tokens=200)
+  texts, closed = ["go 1", "go 2 go", "go 3"], [True, False, True]
+  tokens, mask = [], []
+  for k, text in enumerate(texts):
+    ids = tokenizer.encode(text) + ([EOS] if closed[k] else [])
+    tokens, mask = tokens + ids, mask + [1.0] * len(ids)
+    row = (np.array(tokens + [0] * 8), np.array(mask + [0.0] * 8), np.zeros(len(tokens) + 8,
+                                                                            np.int32), 0)
+    wants = episodes.replay(task, problem, 0, row, True, tokenizer=tokenizer, framing=framing,
+                            limits=limits, out=episodes.empty_played(1, 3), i=0)
+    if k + 1 < len(texts):
+      tokens, mask = tokens + wants.reply, mask + [0.0] * len(wants.reply)
+    else:
+      assert wants.reply is None  # out of turns
+  messages = [{"role": "user", "content": problem.question}]
+  for k, text in enumerate(texts):
+    messages.append({"role": "assistant", "content": text})
+    if k + 1 < len(texts):
+      messages.append({"role": "user", "content": f"turn {k + 1} seen"})
+  prompt = tokenizer.encode(tokenizer.apply_chat_template(messages[:1]))
+  whole = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
+  assert prompt + tokens == whole[:len(prompt) + len(tokens)]
+  assert tokenizer.decode(whole[len(prompt) + len(tokens):]).strip() == ""  # the last newline

@@ -240,3 +240,25 @@ def test_resumed_on_a_paged_cache_with_rows_in_flight_equals_uninterrupted(tmp_p
   rows = _run(config, straight)
   assert rows[-1]["step"] == 4
   _resume_from_step_2(straight, str(tmp_path / "resumed"), config, 4)
+
+
+def test_the_horizon_bandit_moves_only_with_a_kept_update():
+  """After a step's update, the horizon bandit learns from the step's episodes (`pipeline.learned`);
+  a discarded update teaches it nothing, as it teaches the curriculum nothing."""
+  from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+  from configs import toy_episodes  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.curriculum import horizon  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.train.setup import builders  # pylint: disable=import-outside-toplevel
+  config = toy_episodes.get_config()
+  config.curriculum.horizon = "bandit"
+  loop_ = SimpleNamespace(config=config, run=SimpleNamespace(task=builders.build_task(config)))
+  records = pipeline.empty_records(config, width=3)
+  records.batch_step[0], records.horizon[0] = 1, 2
+  records.valid[0], records.complete[0] = True, True
+  records.played.rewards[0] = np.tile([1.0, 0.0, 0.0, 0.0], records.valid.shape[1])
+  state = SimpleNamespace(rollouts=pipeline.InFlight(engine=None, records=records),
+                          horizon=horizon.init(3))
+  state._replace = lambda **kw: SimpleNamespace(**{**vars(state), **kw})
+  kept = pipeline.learned(loop_, state, 1, skipped=False)
+  assert float(kept.horizon.q[1]) > 0 and int(kept.horizon.visits[1]) == 1
+  assert pipeline.learned(loop_, state, 1, skipped=True) is state

@@ -354,3 +354,23 @@ def test_splits_with_a_part_hold_that_half_and_all_keeps_the_old_sets(task, spli
   assert sets == splits.held_out and sizes == splits.sizes
   with pytest.raises(ValueError, match="unknown held-out part"):
     data.held_out_sets(task, TRAIN_BINS, EVAL_BINS, 8, FRACTION, part="train")
+
+
+def test_environments_hold_out_problems_disjoint_by_construction():
+  """Prompts of the calculator and the guessing game carry an id that changes nothing: split by
+  prompt, a held-out game would hide a number training games hide. Split by `Task.split_key`, no
+  held-out product of a trained level shares its expression with a training one, and no held-out
+  game of a trained range hides a number a training game hides (the third levels, never
+  trained, are disjoint by their ranges)."""
+  task = tasks.get_task("calculator+guess", template="chat")
+  splits = data.make_splits(task, (0, 1, 3, 4), (0, 1, 2, 3, 4, 5), train_per_bin=200,
+                            sft_per_bin=64, eval_per_bin=32, held_out_fraction=0.2)
+  trained = splits.rl + splits.sft
+  expressions = {p.meta["expression"] for p in trained if p.task == "calculator"}
+  hidden = {p.meta["hidden"] for p in trained if p.task == "guess"}
+  held = [p for b in (0, 1, 3, 4) for p in splits.held_out[b]]
+  assert {p.task for p in held} == {"calculator", "guess"}
+  assert all(p.meta["expression"] not in expressions for p in held if p.task == "calculator")
+  assert all(p.meta["hidden"] not in hidden for p in held if p.task == "guess")
+  assert {p.meta["hidden"] for p in splits.held_out[3]} == {2, 6}  # of 1 .. 8
+  assert all(len(splits.held_out[b]) == 32 for b in (0, 1, 2, 4, 5))
