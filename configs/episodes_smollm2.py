@@ -36,13 +36,16 @@ def get_config():
   c.task.train_per_bin = 200
   c.task.sft_per_bin = 64
   c.task.eval_per_bin = 32
-  # The warm start: solved episodes of the training bins (the replies given no loss), the whole
-  # model fine-tuned; RL's LoRA adapters start from it.
-  c.sft.steps = 60
+  # The warm start: 4 steps on solved episodes of the training bins (the replies given no loss),
+  # the whole model fine-tuned at a constant rate; RL's LoRA adapters start from it. It is kept
+  # short on purpose (benchmarks/episodes_sft_steps.py): held out, 4 steps leave the calculator
+  # at 3% (l0) and 0% (l1) with a tool-call rate of 5% (l0), 6 steps already at 100% and 94%;
+  # 12 steps (2 of warm-up) solved every calculator level, the untrained l2 included.
+  c.sft.steps = 4
   c.sft.batch_size = 8
   c.sft.learning_rate = 2e-5
-  c.sft.warmup_steps = 6
-  c.sft.save_every = 20
+  c.sft.warmup_steps = 0
+  c.sft.save_every = 0
   c.rl.steps = 20
   c.rl.prompts_per_step = 6
   c.rl.group_size = 4
@@ -50,9 +53,11 @@ def get_config():
   c.rl.page_size = 16
   c.rl.decode_slots = 24
   c.rl.decode_shrink = 0
-  c.rl.max_new_tokens = 112             # an episode's positions: turns and replies
-  c.rl.turn_tokens = 20
-  c.rl.observation_tokens = 32          # a reply and its chat framing (10 ids)
+  c.rl.max_new_tokens = 128             # an episode's positions: turns and replies
+  c.rl.turn_tokens = 24                 # "<tool>calc(835*941-4098)</tool>" is 21
+  c.rl.observation_tokens = 48          # a reply and its chat framing (10 ids): the format
+                                        # hint after a turn with neither a call nor an answer
+                                        # (about 35 ids) fits whole
   c.rl.max_turns = 5                    # calculator 4 and guess 5 / 8 / 11 turns of their own
   c.curriculum.horizon = "fixed"
   c.eval.batch_size = 32

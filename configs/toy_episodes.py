@@ -9,7 +9,7 @@ level) pairs: calculator l0 and l1, countdown_tool n3, guess l0 and l1. Each epi
 three turns of at most 8 tokens, with observations of at most 16 ids, 48 positions in all, on the
 continuous engine over a paged cache; the horizon rises from 1 to 3 turns over the 4 steps
 (curriculum.horizon = linear). Nothing is learned at this size: it runs every phase of a run on
-episodes (SFT on the final answers, RL on episodes, held-out episodes per level, checkpoints,
+episodes (SFT on solved episodes, RL on episodes, held-out episodes per level, checkpoints,
 report), which is what the end-to-end and resume tests need.
 """
 

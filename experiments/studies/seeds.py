@@ -25,6 +25,7 @@ from typing import Sequence
 
 from absl import app
 from absl import flags
+from absl import logging
 import ml_collections
 import numpy as np
 from ml_collections import config_flags
@@ -164,6 +165,7 @@ def write(result: dict, workdir: str, out: str) -> None:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
   config = FLAGS.config
   if not FLAGS.analyse_only and not run_seeds(config, FLAGS.seeds, FLAGS.workdir):
     print("stopped by SIGTERM: run the same command again to go on")

@@ -197,3 +197,14 @@ def test_a_batch_marks_episodes_a_limit_cut_as_truncated_and_keeps_each_turns_re
   turn_rewards = np.asarray(batch.turn_rewards)
   assert turn_rewards.shape[-1] == 2
   np.testing.assert_allclose(turn_rewards.sum(-1), np.asarray(batch.rewards), atol=1e-6)
+
+
+def test_an_observation_cap_below_the_framing_fails_in_one_line_before_anything_compiles(
+    tmp_path):
+  """rl.observation_tokens too small for the template's framing of a reply: a one-line
+  ConfigError from `prepare` once the tokenizer is known, before the SFT warm start and any
+  compilation."""
+  with pytest.raises(validation.ConfigError,
+                     match=r"^config.rl.observation_tokens: 2 ids cannot hold an observation"):
+    prepare.prepare(_config(rl__observation_tokens=2), str(tmp_path), log=lambda _: None)
+  assert not os.path.exists(tmp_path / "sft")

@@ -109,7 +109,10 @@ def decode(loop, engine, records, params, version: int, temperature, *,
   that ended: without a `budget`, until no row goes on, or with `due` (a generation) until that
   generation has no row left; with a budget (partial rollouts), until b loop iterations are
   spent across the rounds, or a round stopped on an idle slot (`fed`) and no row was queued
-  again."""
+  again. The slots halve (`shrink`) only where rows never come back after a turn (episodes of
+  one turn)."""
+  if turn_width(loop.config, loop.run.task) > 1:
+    shrink = 0
   first = engines.iterations(engine)
   while True:
     left = None if budget is None else budget - (engines.iterations(engine) - first)

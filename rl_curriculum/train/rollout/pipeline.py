@@ -279,11 +279,9 @@ def finish(loop, state: RunState, params: Any, step: int,
     engine, _ = episode_steps.answer(loop, engine, records)
     if engines.pending(engine, generation):
       # With one generation the due batch is all there is: decode to the end, slots halving.
-      one_turn = episode_steps.turn_width(config, loop.run.task) == 1
       engine = episode_steps.decode(
           loop, engine, records, params, version, _temperature(config, state),
-          due=None if w == 1 else generation,
-          shrink=config.rl.decode_shrink if w == 1 and one_turn else 0)
+          due=None if w == 1 else generation, shrink=config.rl.decode_shrink if w == 1 else 0)
   return _score(loop, _with_engine(state, engine), generation)
 
 
@@ -337,7 +335,7 @@ def learned(loop, state: RunState, step: int, skipped: bool) -> RunState:
 def decode(loop, state: RunState, params: Any, version: int) -> RunState:
   """`state` after a step's decoding with `params` (of `version`) of the batches queued after the
   step's own (k > 0; nothing at k = 0). Whole batches (no rl.decode_budget): until every queued
-  row's episode is over, the slots halving as the rows run out (one-turn episodes). Partial
+  row's episode is over, the slots halving as the rows run out. Partial
   rollouts (rl.decode_budget = b): b loop iterations across turn ends; with `wait`, only while
   every slot has a row or a turn's answer queues one (the rows left go on at the next step,
   beside the next batch's, and the batch due then is decoded to its end anyway), with `drop`
@@ -347,12 +345,11 @@ def decode(loop, state: RunState, params: Any, version: int) -> RunState:
     return state
   b = config.rl.decode_budget
   whole = b <= 0
-  one_turn = episode_steps.turn_width(config, loop.run.task) == 1
   engine = episode_steps.decode(
       loop, state.rollouts.engine, _host_records(state), params, version,
       _temperature(config, state), budget=None if whole else b,
       fed=not whole and config.rl.admission == "wait",
-      shrink=config.rl.decode_shrink if whole and one_turn else 0)
+      shrink=config.rl.decode_shrink if whole else 0)
   return _with_engine(state, engine)
 
 

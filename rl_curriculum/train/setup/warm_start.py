@@ -22,6 +22,7 @@ from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.train.durable import checkpointing
+from rl_curriculum.train.rollout import checks as rollout_checks
 from rl_curriculum.train.setup import builders, sft
 from rl_curriculum.train.setup.data import TOKENIZER_FILE, Pools
 
@@ -58,10 +59,13 @@ def fingerprint(config: ml_collections.ConfigDict) -> dict:
   (`rl.seed` is not among them: seeds of an RL comparison share one warm start; nor are
   `model.lora_merge_every` and `task.format_bonus`, which act in RL only: SFT imitates reference
   answers and never scores one; nor `sft.save_every`, which changes when SFT saves, not what it
-  learns.)"""
-  return _sft_fields({"seed": config.seed, "task": config.task.to_dict(),
-                      "model": config.model.to_dict(), "tokenizer": config.tokenizer.to_dict(),
-                      "sft": config.sft.to_dict()})
+  learns. Of the RL fields only `rl.observation_tokens` is, for episodes of several turns: it
+  caps the replies inside the solved episodes SFT imitates.)"""
+  record = {"seed": config.seed, "task": config.task.to_dict(), "model": config.model.to_dict(),
+            "tokenizer": config.tokenizer.to_dict(), "sft": config.sft.to_dict()}
+  if rollout_checks.turn_width(config, builders.build_task(config)) > 1:
+    record["episodes"] = {"observation_tokens": config.rl.observation_tokens}
+  return _sft_fields(record)
 
 
 def _sft_fields(record: dict) -> dict:

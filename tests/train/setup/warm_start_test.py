@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import toy
+from configs import toy, toy_episodes
 from rl_curriculum.model import transformer
 from rl_curriculum.train.setup import prepare, sft, warm_start
 import test_util
@@ -28,6 +28,14 @@ def test_fingerprint_keeps_what_sft_reads_and_drops_what_only_rl_reads():
     setattr(getattr(c, section), name, value)
     assert warm_start.fingerprint(c) != base, (section, name)
   assert "format_bonus" not in base["task"]
+  # The replies' cap shapes an environment's solved episodes, not a single-turn target.
+  c = toy.get_config()
+  c.rl.observation_tokens = 8
+  assert warm_start.fingerprint(c) == base
+  episodes = toy_episodes.get_config()
+  other = toy_episodes.get_config()
+  other.rl.observation_tokens = 24
+  assert warm_start.fingerprint(other) != warm_start.fingerprint(episodes)
 
 
 def test_check_workdir_records_accepts_and_refuses(tmp_path):
