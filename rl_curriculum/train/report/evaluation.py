@@ -137,7 +137,7 @@ def held_out(graphdef, params, sets: Mapping[str, TaskPool], task, tokenizer, *,
 
 
 def accuracy(outcomes: Mapping[str, tuple]) -> dict:
-  """{bin name: share of correct answers} of `outcomes_by_bin`'s outcomes."""
+  """{bin name: share of correct answers} of held-out outcomes (`HeldOut.outcomes`)."""
   return {name: float(np.mean(correct)) for name, (correct, _) in outcomes.items()}
 
 
