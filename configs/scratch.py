@@ -269,6 +269,15 @@ def get_config() -> ml_collections.ConfigDict:
                                     # a data-parallel rollout mesh apart from the learner's
                                     # mesh_shape over the rest; weights (LoRA: the adapters)
                                     # sent after every update (0 = the learner's devices sample)
+  c.parallel.rollout_layout = "learner"  # with rollout_devices = 0, the engine's copy of the
+                                    # weights on the learner's devices, made once a step:
+                                    # learner (none: under fsdp or tensor the decode loop
+                                    # gathers what it reads), replicated, tensor (over
+                                    # rollout_tensor devices), or auto (none when the learner
+                                    # holds whole weights, else replicated or the smallest
+                                    # tensor split whose copy takes <= 1/4 of a device's
+                                    # memory); matrices in model.dtype
+  c.parallel.rollout_tensor = 2     # devices of the engine's tensor axis (rollout_layout=tensor)
   c.parallel.coordinator_address = ""  # multi-host: host:port of process 0 ("" = env or none)
   c.parallel.num_processes = 1      # 1 = one process (unless the env names a coordinator);
                                     # 0 = let JAX detect the cluster (TPU pod, SLURM, MPI)

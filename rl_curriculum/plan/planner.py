@@ -52,6 +52,7 @@ from rl_curriculum.model import transformer
 from rl_curriculum.model import pretrained
 from rl_curriculum.model.config import PRESETS, ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.parallel import rollout_layout
 from rl_curriculum.plan import measure
 from rl_curriculum.plan import report as report_lib
 from rl_curriculum.plan import targets
@@ -64,6 +65,7 @@ from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget, pipeline
 from rl_curriculum.train.rollout import checks as rollout_checks
 from rl_curriculum.train.setup import builders
+from rl_curriculum.train.setup import prepare
 from rl_curriculum.train.setup import validation
 
 GIB = targets.GIB
@@ -129,12 +131,16 @@ class Inputs(NamedTuple):
 
 
 def abstract_inputs(config: ml_collections.ConfigDict, model: programs_lib.Model, mesh, *,
-                    prompt_len: int, chip: Optional[targets.Chip] = None) -> Inputs:
-  """The run's programs (`programs.build`, as the loop builds them) and the abstract run state
-  and reference they take, laid out as the loop places them."""
+                    prompt_len: int, chip: Optional[targets.Chip] = None,
+                    hbm_gib: Optional[float] = None) -> Inputs:
+  """The run's programs (`programs.build`, as the loop builds them, the rollout layout resolved
+  for devices of `hbm_gib`) and the abstract run state and reference they take, laid out as the
+  loop places them."""
   pool = _pool(config)
+  device_bytes = None if hbm_gib is None else int(hbm_gib * GIB)
   programs = programs_lib.build(config, model, mesh, pool,
-                                programs_lib.TokenIds(eos_id=1, pad_id=0))
+                                programs_lib.TokenIds(eos_id=1, pad_id=0),
+                                prepare.rollout_mesh(config, mesh, model, device_bytes))
   state = jax.eval_shape(
       lambda trainable, frozen: programs_lib.init_run_state(
           config, programs, model._replace(trainable=trainable, frozen=frozen), pool,
@@ -148,14 +154,30 @@ def abstract_inputs(config: ml_collections.ConfigDict, model: programs_lib.Model
                 prompt_len=prompt_len, chip=chip)
 
 
-def _rows(inputs: Inputs, rows: int, *dims, dtype) -> jax.ShapeDtypeStruct:
-  """An abstract [rows, *dims] array with its rows over the batch axes."""
+def _rows(inputs: Inputs, rows: int, *dims, dtype, mesh=None) -> jax.ShapeDtypeStruct:
+  """An abstract [rows, *dims] array with its rows over the batch axes of `mesh` (default: the
+  learner's)."""
+  mesh = inputs.programs.mesh if mesh is None else mesh
   return jax.ShapeDtypeStruct((rows,) + dims, dtype, sharding=mesh_lib.batch_sharding(
-      inputs.programs.mesh, 1 + len(dims)))
+      mesh, 1 + len(dims)))
 
 
-def _small(inputs: Inputs, dims: tuple, dtype) -> jax.ShapeDtypeStruct:
-  return jax.ShapeDtypeStruct(dims, dtype, sharding=inputs.programs.replicated)
+def _small(inputs: Inputs, dims: tuple, dtype, mesh=None) -> jax.ShapeDtypeStruct:
+  sharding = (inputs.programs.replicated if mesh is None else mesh_lib.replicated(mesh))
+  return jax.ShapeDtypeStruct(dims, dtype, sharding=sharding)
+
+
+def engine_policy(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
+  """The abstract policy the engine decodes with: the run state's, or its copy in the engine's
+  layout (`programs.to_rollout`: on the learner's devices its matrices in the compute dtype)."""
+  programs = inputs.programs
+  policy = programs_lib.policy(inputs.state)
+  if programs.rollout_mesh is programs.mesh:
+    return policy
+  copy = programs_lib.abstract_tree(policy, programs.rollout_shardings)
+  if programs.reshard is None:
+    return copy
+  return rollout_layout.cast_shapes(copy, config.model.dtype)
 
 
 def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
@@ -182,14 +204,17 @@ def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
 
 def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
   """(static options, policy, abstract prompts, abstract mask, resident bytes) of the sampler.
-  Resident while sampling: the run state and the reference, but for the policy it takes."""
+  Resident while sampling: the run state and the reference, but for the policy when the engine
+  decodes the state's own (`engine_policy`: a copy leaves the learner's resident)."""
   options = inputs.programs.sampler
   rows = builders.sampled_prompts(config) * options["group"]
-  policy = programs_lib.policy(inputs.state)
-  resident = (mesh_lib.shard_bytes(inputs.state) + mesh_lib.shard_bytes(inputs.ref)
-              - mesh_lib.shard_bytes(policy))
-  prompts = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.int32)
-  prompt_mask = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.bool_)
+  policy = engine_policy(config, inputs)
+  resident = mesh_lib.shard_bytes(inputs.state) + mesh_lib.shard_bytes(inputs.ref)
+  if inputs.programs.rollout_mesh is inputs.programs.mesh:
+    resident -= mesh_lib.shard_bytes(policy)
+  mesh = options["mesh"]
+  prompts = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.int32, mesh=mesh)
+  prompt_mask = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.bool_, mesh=mesh)
   return options, policy, prompts, prompt_mask, resident
 
 
@@ -222,7 +247,8 @@ def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, 
       out_state.cache, pre_compiled.output_shardings.cache))
   out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
   dec, _ = _measure(inputs, names[1], lambda: second.lower(
-      graphdef, policy, out_state, _small(inputs, (), jnp.float32), **second_options),
+      graphdef, policy, out_state, _small(inputs, (), jnp.float32, prompts.sharding.mesh),
+      **second_options),
       resident, trips)
   return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
 
@@ -261,7 +287,7 @@ def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs, names: tupl
          **inputs.programs.paging},
         {**loop, "group": options["group"], "shrink": config.rl.decode_shrink},
         ("continuous.start", "continuous.run"), _decode_trips(config, rows, "continuous"),
-        first_extra=(_small(inputs, (), jnp.float32),))
+        first_extra=(_small(inputs, (), jnp.float32, options["mesh"]),))
   return out
 
 
@@ -279,18 +305,19 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
                             generations=config.rl.max_staleness + 1,
                             prompt_len=inputs.prompt_len, slots=config.rl.decode_slots,
                             chunk=options["prefill_chunk"], **inputs.programs.paging, **shared)
-  i32 = lambda: _small(inputs, (), jnp.int32)
+  i32 = lambda: _small(inputs, (), jnp.int32, options["mesh"])
+  f32 = lambda: _small(inputs, (), jnp.float32, options["mesh"])
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
   admit, _ = _measure(inputs, "inflight.admit", lambda: inflight.admit.lower(
       graphdef, policy, state, prompts, prompt_mask, inputs.key, i32(),
-      _small(inputs, (), jnp.float32), i32(), _rows(inputs, rows, dtype=jnp.bool_),
+      f32(), i32(), _rows(inputs, rows, dtype=jnp.bool_, mesh=options["mesh"]),
       chunk=options["prefill_chunk"], stop_ids=stop_ids, **shared), resident)
   budget = config.rl.decode_budget if pipeline.persists(config) else 0
   loop = dict(stop_ids=stop_ids, pad_id=options["pad_id"], group=options["group"],
               mesh=options["mesh"], shrink=0 if budget else config.rl.decode_shrink,
               fed=bool(budget) and config.rl.admission == "wait")
   decode, _ = _measure(inputs, "continuous.run", lambda: continuous.run.lower(
-      graphdef, policy, state, _small(inputs, (), jnp.float32), i32(),
+      graphdef, policy, state, f32(), i32(),
       i32() if budget else None, None, **loop), resident,
       _decode_trips(config, rows, "continuous"))
   return {"prefill": admit, "decode": decode,
@@ -341,6 +368,44 @@ def _plan_learn(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   row, _ = _measure(inputs, "learn", lambda: inputs.programs.learn.lower(*learn_args))
   row["argument_bytes"] = mesh_lib.shard_bytes(learn_args)
   return row
+
+
+def _plan_reshard(inputs: Inputs) -> dict:
+  """The programs that make the engine's copy of the policy on the learner's devices
+  (`programs.to_rollout`, one program per array: `rollout_layout.Reshard`), by name: "reshard",
+  what runs every step (the whole policy, or under LoRA the adapters), and under LoRA
+  "reshard_base", the frozen base's (the first step and after a merge). Each row is that of its
+  array programs together: their bytes, FLOPs and bounds summed; its peak the largest of any one
+  program's with the run state, the reference and the copy's other arrays resident."""
+  programs = inputs.programs
+  if programs.reshard is None:
+    return {}
+  resident = mesh_lib.shard_bytes(inputs.state) + mesh_lib.shard_bytes(inputs.ref)
+  policy = programs_lib.policy(inputs.state)
+  if inputs.state.base is None:
+    parts = {"reshard": (programs.reshard, policy)}
+  else:
+    parts = {"reshard": (programs.reshard[0], policy[0]),
+             "reshard_base": (programs.reshard[1], policy[1])}
+  out = {}
+  for name, (move, tree) in parts.items():
+    arrays = move.programs(tree)
+    outputs = [mesh_lib.shard_bytes(made) for _, _, made in arrays]
+    copy, compiled, rows = sum(outputs), {}, []
+    for (program, x, _), output in zip(arrays, outputs):
+      key = (program, x.shape, x.dtype, x.sharding)
+      if key not in compiled:
+        compiled[key], _ = _measure(inputs, f"rollout_layout.{name}",
+                                    lambda p=program, a=x: p.lower(a),
+                                    resident - mesh_lib.shard_bytes(x) + copy - output)
+      rows.append(compiled[key])
+    worst = max(rows, key=lambda r: r["peak_gib"])
+    row = dict(worst, arrays=len(rows), compile_s=sum(r["compile_s"] for r in compiled.values()))
+    for field in ("flops", "bytes", "xla_flops", "bound_s"):
+      if all(field in r for r in rows):
+        row[field] = sum(r[field] for r in rows)
+    out[name] = row
+  return out
 
 
 def _plan_select(inputs: Inputs) -> dict:
@@ -414,9 +479,11 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
   rollout_checks.check_decode_slots(config, shards)
   rollout_checks.check_prefill_chunk(config, prompt_len)
   inputs = abstract_inputs(config, abstract_model(config, shape), mesh, prompt_len=prompt_len,
-                           chip=target.chip)
+                           chip=target.chip, hbm_gib=hbm_gib)
+  rollout_mesh = inputs.programs.rollout_mesh
   report = {"target": target.name, "chip": target.chip and dataclasses.asdict(target.chip),
             "devices": mesh.devices.size, "mesh": dict(mesh.shape), "hbm_gib": hbm_gib,
+            "rollout_mesh": (None if rollout_mesh is mesh else dict(rollout_mesh.shape)),
             "model": {"layers": shape.num_layers, "d_model": shape.d_model,
                       "vocab": shape.vocab_size, "params": shape.num_params,
                       "matmul_params": shape.num_params - (
@@ -436,6 +503,7 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
   if "select" in programs:
     report["programs"]["select"] = _plan_select(inputs)
   if "sampler" in programs:
+    report["programs"].update(_plan_reshard(inputs))
     mine, report["sampler_engines"] = _plan_sampler(config, inputs, all_engines)
     report["programs"].update(prefill=mine["prefill"], decode=mine["decode"])
     report["cache_gib"] = mine["cache_gib"]
@@ -443,6 +511,7 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
     report["programs"]["learn"] = _plan_learn(config, inputs)
   report["state_gib"] = mesh_lib.shard_bytes(inputs.state.train) / GIB
   report["policy_gib"] = mesh_lib.shard_bytes(programs_lib.policy(inputs.state)) / GIB
+  report["engine_policy_gib"] = mesh_lib.shard_bytes(engine_policy(config, inputs)) / GIB
   total, per_host = measure.checkpoint_bytes(_checkpoint_tree(config, inputs))
   report["checkpoint"] = {"gib": total / GIB, "gib_per_host": per_host / GIB}
   report["fits"] = all(report_lib.fits(p, hbm_gib) for p in report["programs"].values())

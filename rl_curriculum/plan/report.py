@@ -6,7 +6,8 @@ terminal prints.
 `roofline(plan)` turns the programs' roofline times (`roofline.bound_s`, TPU targets) into
 bounds a run can be held to, each a compiler's count against a chip's published peaks, not a
 measured time:
-  step_s                         the least time one synchronous step takes (select + prefill +
+  step_s                         the least time one synchronous step takes (select + the
+                                 engine's copy of the weights when it has one + prefill +
                                  decode + learn), every completion at max_new_tokens
   rollout_tokens_per_s_per_chip  at most this many new tokens a second a chip (R x N over
                                  prefill + decode)
@@ -14,8 +15,9 @@ measured time:
                                  chip (P x G x N over the learn step)
 And two efficiency figures (any target):
   decode_bytes_ratio   a decode iteration's HBM bytes over the bytes it must read at least
-                       (the policy's weights and the whole KV cache, per device): 1 is the floor;
-                       above it, the loop re-reads, copies or spills
+                       (the weights it decodes with, in their layout, and the whole KV cache,
+                       per device): 1 is the floor; above it, the loop re-reads, gathers,
+                       copies or spills
   learn_flops_ratio    the learn step's counted FLOPs over the model's: 6 N per token (N the
                        matmul parameters) plus 12 L d_attn T for attention, times the tokens the
                        step runs forward (each prompt once per group, every completion) and the
@@ -28,6 +30,7 @@ import math
 from typing import Optional
 
 _ROLES = ("select", "prefill", "decode", "learn")
+_EVERY_STEP = ("reshard",)   # programs of a step when the plan has them
 
 
 def fits(row: dict, hbm_gib: float) -> bool:
@@ -55,6 +58,7 @@ def roofline(plan: dict) -> dict:
          "learned_tokens_per_s_per_chip": None, "decode_bytes_ratio": None,
          "learn_flops_ratio": None}
   times = [time_of(name) for name in _ROLES]
+  times += [time_of(name) for name in _EVERY_STEP if name in programs]
   if all(t is not None for t in times):
     out["step_s"] = sum(times)
   if time_of("prefill") is not None and time_of("decode") is not None:
@@ -64,7 +68,7 @@ def roofline(plan: dict) -> dict:
     learned = w["trained_prompts"] * w["group"] * w["new_tokens"]
     out["learned_tokens_per_s_per_chip"] = learned / chips / time_of("learn")
   if ok("decode") and plan.get("cache_gib"):
-    must = (plan["policy_gib"] + plan["cache_gib"]) * 2 ** 30
+    must = (plan.get("engine_policy_gib", plan["policy_gib"]) + plan["cache_gib"]) * 2 ** 30
     d = programs["decode"]
     out["decode_bytes_ratio"] = d["bytes"] / d["trips"] / must
   if ok("learn"):
@@ -107,6 +111,9 @@ def describe(plan: dict) -> str:
            f"train state: {plan['state_gib']:.2f} GiB per device; a checkpoint "
            f"{plan['checkpoint']['gib']:.2f} GiB, at most "
            f"{plan['checkpoint']['gib_per_host']:.2f} GiB written by one host"]
+  if plan.get("rollout_mesh"):
+    lines.append(f"rollouts: a copy of the weights made once a step on mesh "
+                 f"{plan['rollout_mesh']}, {plan['engine_policy_gib']:.2f} GiB per device")
   for name, p in plan["programs"].items():
     lines.append(_program_line(name, p, plan["hbm_gib"]))
     for value in p.get("largest", [])[:3]:

@@ -97,7 +97,7 @@ def fresh_state(config: ml_collections.ConfigDict, run: Prepared,
   features of the starting policy) initialised with key 0 of the root (steps count from 1, so
   no step draws it)."""
   pool = features.curriculum_pool(config, run)
-  rollouts_on = rollout_mesh(config, mesh)
+  rollouts_on = rollout_mesh(config, mesh, run.model)
   programs = programs_lib.build(config, run.model, mesh, pool, token_ids(run), rollouts_on)
   state = programs_lib.init_run_state(config, programs, run.model, pool,
                                       jax.random.fold_in(rl_root_key(config), 0))
@@ -151,11 +151,16 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   continues after, held-out accuracy before RL, measured now on a fresh run)."""
   mesh = run_mesh(config)
   layout = batches.row_layout(config, mesh)
-  side = pipeline.rollout_side(config, rollout_mesh(config, mesh), mesh)
+  if config.parallel.rollout_layout != "auto":  # checked before the warm start trains
+    pipeline.rollout_side(config, rollout_mesh(config, mesh), mesh)
   log = _main_process_print
   run = prepare(config, workdir, log, task=task)
   programs, state = fresh_state(config, run, mesh)
+  side = pipeline.rollout_side(config, programs.rollout_mesh, mesh)
   log(mesh_lib.describe(mesh))
+  if side.moved and not side.apart:
+    log(f"rollouts decode a copy of the weights made once a step: "
+        f"{mesh_lib.describe(programs.rollout_mesh)}")
   merge = (relora.make_merge(programs.optimizer, programs.train_shardings,
                              programs.base_shardings)
            if config.model.lora_merge_every > 0 else None)
@@ -252,6 +257,7 @@ def run_step(loop: Loop, state: RunState, step: int,
     state = pipeline.decode(loop, state, params, version)
   else:
     state = pipeline.decode(loop, state, params, version)
+    del params  # the engine's copy (rollout_layout) is not kept beside the learn step
     state, learned = _learn(loop, state, batch, k_learn, step)
   state, stopped = pipeline.score_stopped(loop, state)
   learned = jax.device_get(learned)

@@ -29,6 +29,9 @@ What lives on the devices during a run:
                     starting weights; under LoRA the reference is the policy with its adapters
                     off, and without a KL term nothing reads one (`needs_reference`)
   a step's rollout  rows over the batch axes (`rows`)
+  the engine's copy of the policy (`parallel.rollout_layout` other than "learner"): the same
+                    devices as a mesh of the engine's layout (`rollout_mesh`), made once a step
+                    by `reshard` (`to_rollout`), so the decode loop never gathers a weight
 """
 
 import functools
@@ -45,6 +48,7 @@ from rl_curriculum import curriculum as cur
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.parallel import rollout_layout
 from rl_curriculum.sampling import continuous
 from rl_curriculum.sampling import sampler
 from rl_curriculum.train.durable import recovery
@@ -55,9 +59,9 @@ from rl_curriculum.train.setup import builders
 from rl_curriculum.train.state import RunState, init_train_state, init_value_head
 
 __all__ = ["Model", "TokenIds", "Programs", "needs_reference", "reference", "value_head",
-           "ProgramSpec", "program_spec", "build", "init_run_state", "shardings", "place", "abstract_tree", "abstract",
-           "place_reference",
-           "policy", "sample", "learn_inputs"]
+           "ProgramSpec", "program_spec", "build", "to_rollout", "init_run_state", "shardings",
+           "place", "abstract_tree", "abstract", "place_reference", "policy", "sample",
+           "learn_inputs"]
 
 # The fields of a RunState that hold device arrays (health is host-side).
 _ARRAY_FIELDS = ("train", "curriculum", "base", "prompts", "rollouts")
@@ -99,8 +103,11 @@ class Programs(NamedTuple):
   rows: Any                # a rollout's [R, ...] arrays: rows over the batch axes
   replicated: Any          # curriculum state, per-prompt statistics, metrics
   mesh: Any
-  rollout_mesh: Any = None     # where the engine decodes: `mesh`, or the rollout devices'
+  rollout_mesh: Any = None     # where the engine decodes: `mesh`, the same devices as a mesh
+                               # of the engine's layout, or the rollout devices'
   rollout_shardings: Any = None  # the policy's parameters on it (`policy`'s structure)
+  reshard: Any = None          # on the learner's devices in a layout of their own: the jitted
+                               # program(s) making the engine's copy (`to_rollout`), else None
 
 
 def needs_reference(config: ml_collections.ConfigDict) -> bool:
@@ -251,6 +258,8 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
   learn_config = builders.learn_config(config)
   spec = program_spec(config, model, pool, (train_shardings, rep, rep), mesh)
   select, learn = _jitted(spec)
+  rollout_shardings = mesh_lib.param_shardings(
+      forward.model_params(model.trainable, model.frozen), rollout_mesh)
   return Programs(
       graphdef=model.graphdef, optimizer=optimizer, curriculum=curriculum,
       select=functools.partial(select, traced=learn_config.curriculum), learn=learn,
@@ -266,9 +275,30 @@ def build(config: ml_collections.ConfigDict, model: Model, mesh, pool: cur.Promp
                       else mesh_lib.param_shardings(model.frozen, mesh)),
       ref_shardings=None if ref is None else mesh_lib.param_shardings(ref, mesh),
       rows=mesh_lib.batch_sharding(mesh, 2), replicated=rep, mesh=mesh,
-      rollout_mesh=rollout_mesh,
-      rollout_shardings=mesh_lib.param_shardings(
-          forward.model_params(model.trainable, model.frozen), rollout_mesh))
+      rollout_mesh=rollout_mesh, rollout_shardings=rollout_shardings,
+      reshard=_reshard(config, model, mesh, rollout_mesh, rollout_shardings))
+
+
+def _reshard(config: ml_collections.ConfigDict, model: Model, mesh, rollout_mesh,
+             rollout_shardings: Any) -> Any:
+  """The program(s) that make the engine's copy of the policy when it decodes on the learner's
+  devices in a layout of its own (`rollout_layout.reshard`: one for the whole policy, or under
+  LoRA one for the adapters and one for the frozen base); None otherwise."""
+  if rollout_mesh is mesh or set(rollout_mesh.devices.flat) != set(mesh.devices.flat):
+    return None
+  if model.frozen is None:
+    return rollout_layout.reshard(rollout_shardings, config.model.dtype)
+  return tuple(rollout_layout.reshard(s, config.model.dtype) for s in rollout_shardings)
+
+
+def to_rollout(programs: Programs, tree: Any, part: Optional[int] = None) -> Any:
+  """`tree` (the policy; under LoRA its `part`: 0 the adapters, 1 the frozen base) laid out where
+  the engine decodes: by the reshard program on the learner's devices (`Programs.reshard`), or
+  sent to rollout devices apart (their matrices then keep the learner's dtype)."""
+  shardings = programs.rollout_shardings if part is None else programs.rollout_shardings[part]
+  if programs.reshard is None:
+    return jax.device_put(tree, shardings)
+  return (programs.reshard if part is None else programs.reshard[part])(tree)
 
 
 def init_run_state(config: ml_collections.ConfigDict, programs: Programs, model: Model,

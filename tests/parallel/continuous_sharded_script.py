@@ -3,7 +3,8 @@
 Run by continuous_sharded_test.py as `python continuous_sharded_script.py OUT.json SHAPE...`; for
 each mesh shape (data,fsdp,tensor) it samples greedily and with per-row keys on the mesh (8
 slots), and with per-row keys on 16 slots halved twice as the rows run out ("shrunk"), against
-one device, and writes how far the results are apart and where the caches live.
+one device, and writes how far the results are apart and where the caches live; then the same
+on the engine's own copy of FSDP-split weights in each rollout layout ("layouts").
 """
 
 import json
@@ -22,6 +23,7 @@ from rl_curriculum.model import transformer  # pylint: disable=wrong-import-posi
 from rl_curriculum.model.config import ModelConfig  # pylint: disable=wrong-import-position
 from rl_curriculum.parallel import distributed  # pylint: disable=wrong-import-position
 from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=wrong-import-position
+from rl_curriculum.parallel import rollout_layout  # pylint: disable=wrong-import-position
 from rl_curriculum.sampling import continuous  # pylint: disable=wrong-import-position
 
 P, G, TP, N, V = 8, 2, 6, 7, 64
@@ -48,6 +50,30 @@ def _sample(params, graphdef, inputs, greedy, mesh=None, slots=8, shrink=0, **pa
                            max_new_tokens=N, eos_id=V, slots=slots, temperature=0.9,
                            greedy=greedy, group=G, mesh=mesh, active=active,
                            stop_after=stop_after, shrink=shrink, **paging)
+
+
+def _layouts(params, graphdef, inputs, refs):
+  """The engine on its own copy of the weights (`rollout_layout`): the learner's parameters
+  under FSDP over the 8 devices, resharded once to each layout's mesh of the same devices, then
+  sampled greedily and on a paged cache with per-row keys, against one device."""
+  learner = mesh_lib.make_mesh((1, 8, 1))
+  placed = distributed.place(params, mesh_lib.param_shardings(params, learner))
+  out = {}
+  for name, tensor in (("replicated", 1), ("tensor", 2)):
+    mesh = rollout_layout.layout_mesh(learner, name, tensor)
+    copy = rollout_layout.reshard(mesh_lib.param_shardings(params, mesh), jnp.float32)(placed)
+    out[name] = {"mesh": dict(mesh.shape),
+                 "same_devices": list(mesh.devices.flat) == list(learner.devices.flat),
+                 "weights_whole": all(x.sharding.is_fully_replicated
+                                      for x in jax.tree.leaves(copy))}
+    for mode, greedy, paging in (("greedy", True, {}), ("paged", False, dict(page_size=2))):
+      gen = _sample(copy, graphdef, inputs, greedy, mesh, 16, 2, **paging)
+      host, ref = jax.device_get(gen), refs[greedy]
+      out[name][mode] = {
+          "tokens_equal": bool((host.rollout.tokens == ref.rollout.tokens).all()),
+          "mask_equal": bool((host.rollout.mask == ref.rollout.mask).all()),
+          "logprobs_diff": float(np.abs(host.rollout.logprobs - ref.rollout.logprobs).max())}
+  return out
 
 
 def main(out_path, shapes):
@@ -77,6 +103,7 @@ def main(out_path, shapes):
           "slot_steps": int(host.slot_steps),
           "rows_sharded": not gen.rollout.tokens.sharding.is_fully_replicated}
     results["meshes"][",".join(map(str, shape))] = out
+  results["layouts"] = _layouts(params, graphdef, inputs, refs)
   state = continuous.start(graphdef, placed, *[distributed.place(jnp.asarray(x),
                                                                  mesh_lib.batch_sharding(
                                                                      mesh, x.ndim))

@@ -1,7 +1,8 @@
 """The continuous engine on 8 fake CPU devices equals it on one, with rows, prompts and decode
 slots split over the batch axes (continuous_sharded_script.py, run in a subprocess so that this
 process keeps one device), also with its slots halved as the rows run out, and on a paged cache
-of too few pages (rows restart) whose pages are split over the batch shards too."""
+of too few pages (rows restart) whose pages are split over the batch shards too; and on the
+engine's own copy of weights the learner splits by FSDP, resharded to each rollout layout."""
 
 import json
 import os
@@ -52,3 +53,17 @@ def test_pages_are_split_over_the_batch_shards(results):
   # A pool of pages [L, Pg, page_size, 2 Hkv, d]: each of the 4 batch shards holds its block.
   pages = results["pages"]
   assert pages["per_device"][1] * 4 == pages["global"][1]
+
+
+@pytest.mark.parametrize("layout", ["replicated", "tensor"])
+@pytest.mark.parametrize("mode", ["greedy", "paged"])
+def test_engine_on_its_own_layout_matches_one_device(results, layout, mode):
+  """FSDP over 8 devices for the learner; the engine's copy made once by the reshard program on
+  the same devices: whole on each (8 rows shards) or split over a tensor axis of 2 (4 shards)."""
+  r = results["layouts"][layout]
+  assert r["same_devices"]
+  assert r["mesh"] == ({"data": 8, "fsdp": 1, "tensor": 1} if layout == "replicated"
+                       else {"data": 4, "fsdp": 1, "tensor": 2})
+  assert r["weights_whole"] == (layout == "replicated")
+  assert r[mode]["tokens_equal"] and r[mode]["mask_equal"]
+  assert r[mode]["logprobs_diff"] <= 1e-5

@@ -3,10 +3,12 @@
   XLA_FLAGS=--xla_force_host_platform_device_count=N python split_mesh_script.py OUT.json WARM
 
 Runs the toy config with rollouts in flight (k = 1, each batch decoded to its end by one version)
-twice on the N fake devices: once on one data-parallel mesh of all N (the learner's devices
-sample too), once with N / 2 of them a rollout mesh apart (`parallel.rollout_devices`). Writes
-how far the parameters moved and the largest difference between the two runs', whether their
-token-level metrics are equal, and which devices the two meshes and the engine's state hold.
+three times on the N fake devices: once on one data-parallel mesh of all N (the learner's
+devices sample too), once with N / 2 of them a rollout mesh apart (`parallel.rollout_devices`),
+once with the learner's weights split by FSDP over all N and the engine decoding its own copy,
+split over a tensor axis of 2 (`parallel.rollout_layout`). Writes how far the parameters moved
+and the largest difference between the runs', whether their token-level metrics are equal, and
+which devices the meshes and the engine's state hold.
 The test asserts on them; this file only measures. (With partial rollouts the step that draws a
 token, hence the weights that draw it, depends on the slots a row runs in, so only a whole-batch
 schedule is comparable across layouts.)
@@ -31,7 +33,7 @@ TOKEN_METRICS = ("reward_mean", "correct_mean", "nonzero_adv_frac", "completion_
                  "staleness_max", "staleness_mean", "rollout/tokens")
 
 
-def config(rollout_devices: int):
+def config(rollout_devices: int, layout: str = "learner"):
   c = toy.get_config()
   c.rl.steps = 2                   # step 2 learns from a batch one version old
   c.eval.every = 100               # held-out evaluations before and after RL only
@@ -43,6 +45,10 @@ def config(rollout_devices: int):
   c.rl.off_policy_correction = "none"  # the split meshes are compared, not the correction
   c.rl.learning_rate = 1e-3        # parameters that move well above float rounding
   c.parallel.rollout_devices = rollout_devices
+  if layout != "learner":          # FSDP for the learner, the engine's own copy on its devices
+    c.parallel.mesh_shape = (1, -1, 1)
+    c.parallel.rollout_layout = layout
+    c.parallel.rollout_tensor = 2
   return c
 
 
@@ -55,15 +61,20 @@ def devices_of(tree) -> list:
 def main(out: str, warm: str):
   n = jax.device_count()
   runs = {}
-  for name, rollout_devices in (("one_mesh", 0), ("apart", n // 2)):
+  for name, rollout_devices, layout in (("one_mesh", 0, "learner"), ("apart", n // 2, "learner"),
+                                        ("own_layout", 0, "tensor")):
     workdir = os.path.join(os.path.dirname(out), name)
     shutil.copytree(warm, workdir)
-    c = config(rollout_devices)
+    c = config(rollout_devices, layout)
     loop.train_and_evaluate(c, workdir)
     run = prepare.prepare(c, workdir, log=lambda _: None)
     runs[name] = (read_jsonl(os.path.join(workdir, "metrics.jsonl"))[1:],
                   loop.restore_params(c, run, workdir)[1])
   (rows_a, params_a), (rows_b, params_b) = runs["one_mesh"], runs["apart"]
+  rows_c, params_c = runs["own_layout"]
+  c = config(0, "tensor")
+  own, _ = loop.fresh_state(c, prepare.prepare(c, workdir, log=lambda _: None),
+                            prepare.run_mesh(c))
   c = config(n // 2)
   programs, state = loop.fresh_state(c, prepare.prepare(c, workdir, log=lambda _: None),
                                      prepare.run_mesh(c))
@@ -79,7 +90,15 @@ def main(out: str, warm: str):
       "staleness_max": max(r["staleness_max"] for r in rows_b),
       "learner_mesh": devices_of(programs.train_shardings),
       "rollout_mesh": devices_of(programs.rollout_shardings),
-      "engine": devices_of(state.rollouts.engine)}
+      "engine": devices_of(state.rollouts.engine),
+      "own_layout": {
+          "params_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                             for a, b in zip(jax.tree.leaves(params_a),
+                                             jax.tree.leaves(params_c))),
+          "token_metrics_equal": all(a[m] == b[m] for a, b in zip(rows_a, rows_c)
+                                     for m in TOKEN_METRICS),
+          "steps": len(rows_c), "rollout_mesh": dict(own.rollout_mesh.shape),
+          "learner_mesh": dict(own.mesh.shape), "resharded": own.reshard is not None}}
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
 

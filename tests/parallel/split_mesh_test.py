@@ -1,7 +1,8 @@
 """Rollouts on a mesh of their own (parallel.rollout_devices) on 4 fake CPU devices: the learner
 and the engine hold disjoint halves of the devices (two each: each mesh is itself sharded), and
 the run equals one on a single mesh of all of them (same tokens, parameters to the module
-tolerance). (8 devices, four a mesh, ran the same code at 86 s against 75 s, and were dropped
+tolerance); so does a run whose learner splits its weights by FSDP over all four while the
+engine decodes a copy of its own, made each step, over a tensor axis of two. (8 devices, four a mesh, ran the same code at 86 s against 75 s, and were dropped
 for the suite's time.)
 
 The runs happen in a subprocess (split_mesh_script.py) that sees the fake devices.
@@ -35,3 +36,8 @@ def test_rollout_mesh_apart_equals_one_mesh(devices, tmp_path):
   assert r["token_metrics_equal"] and r["staleness_max"] == 1
   assert r["params_moved"] > 1e-3
   assert r["params_diff"] <= 1e-4
+  own = r["own_layout"]   # FSDP learner, the engine's copy over a tensor axis of 2
+  assert own["learner_mesh"] == {"data": 1, "fsdp": devices, "tensor": 1}
+  assert own["rollout_mesh"] == {"data": devices // 2, "fsdp": 1, "tensor": 2}
+  assert own["resharded"] and own["steps"] == 2
+  assert own["token_metrics_equal"] and own["params_diff"] <= 1e-4

@@ -264,7 +264,7 @@ def _other_values(path, value):
             "rl.off_policy_correction": ["none"], "model.attention": ["tpu"],
             "model.kv_dtype": ["float32"],
             "rl.rollback": ["minibatch"], "curriculum.horizon": ["linear"],
-            "rl.credit": ["turn"],
+            "rl.credit": ["turn"], "parallel.rollout_layout": ["replicated"],
             "task.held_out_split": ["validation"]}.get(path, [])
   if isinstance(value, tuple):
     return {"curriculum.band": [(0.2, 0.8)]}.get(path, [value[:-1]] if len(value) > 1 else [])

@@ -14,6 +14,7 @@ from typing import Sequence
 import ml_collections
 
 from rl_curriculum.curriculum import horizon as horizon_lib
+from rl_curriculum.parallel import rollout_layout
 from rl_curriculum.rl.credit import CREDITS
 from rl_curriculum.sampling import pages
 from rl_curriculum.sampling.continuous import ENGINES
@@ -86,6 +87,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not _whole(config.parallel.rollout_devices, 0):
     fail("parallel.rollout_devices", f"must be a whole number >= 0 (0 = the learner's devices "
          f"sample too), got {config.parallel.rollout_devices!r}")
+  _validate_layout(config.parallel)
   _validate_episode_fields(config)
   if not in_flight(config):
     return
@@ -102,6 +104,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
     fail("rl.temperature_target", "the adaptive temperature moves with every update, and a "
          "batch in flight was sampled at an older one than the learn step would read: use it "
          "with rl.max_staleness = rl.decode_budget = parallel.rollout_devices = 0")
+
+
+def _validate_layout(parallel: ml_collections.ConfigDict) -> None:
+  """The engine's layout of the weights on the learner's devices (`parallel.rollout_layout`)."""
+  if parallel.rollout_layout not in rollout_layout.LAYOUTS:
+    fail("parallel.rollout_layout", f"must be one of {rollout_layout.LAYOUTS}, got "
+         f"{parallel.rollout_layout!r}")
+  if not _whole(parallel.rollout_tensor, 1):
+    fail("parallel.rollout_tensor", f"must be a whole number >= 1 (devices of the engine's "
+         f"tensor axis), got {parallel.rollout_tensor!r}")
+  if parallel.rollout_devices and parallel.rollout_layout != "learner":
+    fail("parallel.rollout_layout", "a rollout mesh apart (parallel.rollout_devices > 0) is "
+         "data parallel over its own devices; the layout chooses among the learner's devices: "
+         "keep rollout_layout = 'learner' with rollout_devices")
 
 
 def _validate_off_policy(rl: ml_collections.ConfigDict) -> None:

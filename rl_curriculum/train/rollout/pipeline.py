@@ -99,10 +99,13 @@ class InFlight(NamedTuple):
 
 class Side(NamedTuple):
   """Where the rollouts decode."""
-  mesh: Any                 # the rollout mesh (the learner's own when not apart)
+  mesh: Any                 # the rollout mesh (the learner's own, the same devices in the
+                            # engine's layout, or devices apart)
   layout: batches.RowLayout  # a batch's rows over its batch axes
   apart: bool               # on devices of their own (parallel.rollout_devices > 0)
   sent: dict                # under LoRA: {"of": the base last sent, "base": its copy there}
+  moved: bool = False       # the engine decodes a copy of the policy (apart, or in a layout
+                            # of its own: `programs.to_rollout`)
 
 
 def generations(config: ml_collections.ConfigDict) -> int:
@@ -124,8 +127,9 @@ def rollout_side(config: ml_collections.ConfigDict, rollout_mesh, mesh) -> Side:
     ConfigError: the rows or the decode slots do not split over its batch axes.
   """
   rollout_checks.check_decode_slots(config, mesh_lib.batch_size_of(rollout_mesh))
-  return Side(mesh=rollout_mesh, layout=batches.row_layout(config, rollout_mesh),
-              apart=rollout_mesh is not mesh, sent={})
+  apart = set(rollout_mesh.devices.flat) != set(mesh.devices.flat)
+  return Side(mesh=rollout_mesh, layout=batches.row_layout(config, rollout_mesh), apart=apart,
+              sent={}, moved=rollout_mesh is not mesh)
 
 
 def empty_records(config: ml_collections.ConfigDict, width: int = 1) -> Records:
@@ -157,19 +161,20 @@ def _with_engine(state: RunState, engine) -> RunState:
 
 
 def rollout_policy(loop, state: RunState) -> Any:
-  """The policy's parameters where the rollouts decode: those of `state`, or on a rollout mesh
-  apart a copy sent there (under LoRA the adapters every step, the frozen base when it changed:
-  the first step, after a ReLoRA merge or a restore)."""
+  """The policy's parameters where the rollouts decode: those of `state`, or the engine's copy
+  (`programs.to_rollout`: resharded on the learner's devices, or sent to a rollout mesh apart;
+  under LoRA the adapters every step, the frozen base when it changed: the first step, after a
+  ReLoRA merge or a restore)."""
   params = programs_lib.policy(state)
-  side = loop.side
-  if not side.apart:
+  side, programs = loop.side, loop.programs
+  if not side.moved:
     return params
-  shardings = loop.programs.rollout_shardings
   if state.base is None:
-    return jax.device_put(params, shardings)
+    return programs_lib.to_rollout(programs, params)
   if side.sent.get("of") is not state.base:
-    side.sent.update({"of": state.base, "base": jax.device_put(state.base, shardings[1])})
-  return jax.device_put(state.train.params, shardings[0]), side.sent["base"]
+    side.sent.update({"of": state.base,
+                      "base": programs_lib.to_rollout(programs, state.base, 1)})
+  return programs_lib.to_rollout(programs, state.train.params, 0), side.sent["base"]
 
 
 def _temperature(config: ml_collections.ConfigDict, state: RunState) -> jax.Array:

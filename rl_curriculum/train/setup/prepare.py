@@ -19,8 +19,10 @@ import ml_collections
 from rl_curriculum.model import pretrained
 from rl_curriculum.model import transformer
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.parallel import rollout_layout as layout_lib
 from rl_curriculum.tasks.data import TaskPool
 from rl_curriculum.train import programs as programs_lib
+from rl_curriculum.train.learn import forward
 from rl_curriculum.train.rollout import checks as rollout_checks
 from rl_curriculum.train.rollout import episodes
 from rl_curriculum.train.setup import builders, data
@@ -55,11 +57,44 @@ def run_mesh(config: ml_collections.ConfigDict):
     raise validation.ConfigError(f"config.parallel.mesh_shape: {e}") from e
 
 
-def rollout_mesh(config: ml_collections.ConfigDict, mesh):
-  """The mesh the rollouts decode on: the learner's `mesh` itself, or with
-  `parallel.rollout_devices` > 0 a data-parallel mesh over those devices."""
+def rollout_layout(config: ml_collections.ConfigDict, mesh, model=None,
+                   device_bytes: Optional[int] = None) -> tuple[str, int]:
+  """(layout, tensor size) of the engine's copy of the weights on the learner's `mesh`
+  (`parallel.rollout_layout`; "auto" resolved by `rollout_layout.choose` from the copy's bytes,
+  which need `model` (arrays or shapes), and `device_bytes`, default what the first device
+  reports; "learner" with rollout devices apart)."""
+  parallel = config.parallel
+  if parallel.rollout_devices or parallel.rollout_layout == "learner":
+    return "learner", 1
+  if parallel.rollout_layout == "replicated":
+    return "replicated", 1
+  if parallel.rollout_layout == "tensor":
+    return "tensor", int(parallel.rollout_tensor)
+  if model is None:
+    raise ValueError("parallel.rollout_layout='auto' needs the model to size the engine's copy")
+  devices = list(mesh.devices.flat)
+  copy = layout_lib.copy_bytes(forward.model_params(model.trainable, model.frozen),
+                               config.model.dtype)
+  memory = layout_lib.device_memory(devices) if device_bytes is None else device_bytes
+  whole = mesh.shape["fsdp"] == 1 and mesh.shape["tensor"] == 1
+  return layout_lib.choose(copy, memory, len(devices), learner_whole=whole)
+
+
+def rollout_mesh(config: ml_collections.ConfigDict, mesh, model=None,
+                 device_bytes: Optional[int] = None):
+  """The mesh the rollouts decode on: with `parallel.rollout_devices` > 0 a data-parallel mesh
+  over those devices; otherwise the learner's devices as `rollout_layout` arranges them (the
+  learner's `mesh` itself under "learner").
+
+  Raises:
+    validation.ConfigError: a tensor axis that does not divide the learner's devices.
+  """
   if config.parallel.rollout_devices == 0:
-    return mesh
+    layout, tensor = rollout_layout(config, mesh, model, device_bytes)
+    try:
+      return layout_lib.layout_mesh(mesh, layout, tensor)
+    except ValueError as e:
+      raise validation.ConfigError(f"config.parallel.rollout_tensor: {e}") from e
   _, devices = rollout_checks.split_devices(config, jax.devices(), jax.process_count())
   return mesh_lib.make_mesh((-1, 1, 1), devices)
 

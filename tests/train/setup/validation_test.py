@@ -138,6 +138,11 @@ _IN_FLIGHT = dict(rl__engine="continuous", rl__max_staleness=1, rl__tis_cap=2.0)
     (dict(rl__decode_budget=-3), "config.rl.decode_budget: must be a whole number >= 0"),
     (dict(rl__admission="pace"), "config.rl.admission: must be one of ('wait', 'drop')"),
     (dict(parallel__rollout_devices=-1), "config.parallel.rollout_devices: must be a whole"),
+    (dict(parallel__rollout_layout="fsdp"), "config.parallel.rollout_layout: must be one of "
+     "('learner', 'replicated', 'tensor', 'auto')"),
+    (dict(parallel__rollout_tensor=0), "config.parallel.rollout_tensor: must be a whole number"),
+    (dict(_IN_FLIGHT, parallel__rollout_devices=1, parallel__rollout_layout="replicated"),
+     "config.parallel.rollout_layout: a rollout mesh apart"),
     (dict(rl__max_staleness=2), "config.rl.engine: rollouts in flight across steps"),
     (dict(rl__decode_budget=8), "config.rl.engine: rollouts in flight across steps"),
     (dict(_IN_FLIGHT, rl__admission="drop"), "config.rl.admission: 'drop' evicts"),
