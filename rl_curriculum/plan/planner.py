@@ -7,14 +7,16 @@ TPU slice or for CPU devices, without weights and without the hardware.
 `plan` builds the run's mesh over the target's devices (`targets.devices`: a TPU slice's from
 libtpu's topology, or CPU devices) and the run's programs with the loop's own builder
 (`programs.build`), describes every input of each program as an abstract array
-(`jax.ShapeDtypeStruct` with the sharding the loop places it with, `programs.abstract`), compiles
+(`jax.ShapeDtypeStruct` with the sharding the loop places it with, `programs.abstract`;
+`plan.abstract`), compiles
 it with `jit(...).lower(...).compile()` and reads the compiler's memory analysis and optimised HLO
 (`measure.measure`). Nothing is allocated and no checkpoint is read: the model's shape comes from
 `config.model.preset`, a named checkpoint's preset, or the `config.json` of an HF folder in
 `config.model.source`.
 
 The programs, in the order a step runs them: select (the curriculum picks the step's prompts),
-prefill and decode (the configured engine's two programs: the static sampler's prefill and decode
+reshard (the engine's copy of the weights, with `parallel.rollout_layout` other than the
+learner's: one program per array, their row summed), prefill and decode (the configured engine's two programs: the static sampler's prefill and decode
 loop; with the continuous engine, admit and a step's run, W = k + 1 generations), learn.
 
 Per program (all per device, GiB):
@@ -37,23 +39,23 @@ cost, its loops counted, and its roofline time on the target's chip: `roofline`,
 import dataclasses
 import json
 import os
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import nnx
 
-from rl_curriculum import curriculum as cur
 from rl_curriculum.model import hf_io
 from rl_curriculum.model import lora as lora_lib
 from rl_curriculum.model import transformer
 from rl_curriculum.model import pretrained
 from rl_curriculum.model.config import PRESETS, ModelConfig
 from rl_curriculum.parallel import mesh as mesh_lib
-from rl_curriculum.parallel import rollout_layout
 from rl_curriculum.plan import measure
+from rl_curriculum.plan.abstract import (Inputs, abstract_batch, abstract_inputs, engine_policy,
+                                         measure_program, not_compiled, row_array,
+                                         small_array)
 from rl_curriculum.plan import report as report_lib
 from rl_curriculum.plan import targets
 from rl_curriculum.sampling import continuous
@@ -61,11 +63,9 @@ from rl_curriculum.sampling import inflight
 from rl_curriculum.sampling import sampler
 from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train import state as state_lib
-from rl_curriculum.train.learn.rl_types import Batch
 from rl_curriculum.train.rollout import budget, pipeline
 from rl_curriculum.train.rollout import checks as rollout_checks
 from rl_curriculum.train.setup import builders
-from rl_curriculum.train.setup import prepare
 from rl_curriculum.train.setup import validation
 
 GIB = targets.GIB
@@ -112,96 +112,6 @@ def abstract_model(config: ml_collections.ConfigDict, shape: ModelConfig) -> pro
   return programs_lib.Model(graphdef=graphdef, trainable=params, frozen=None)
 
 
-def _pool(config: ml_collections.ConfigDict) -> cur.PromptPool:
-  """A stand-in RL pool: train_per_bin prompts in each of the config's arms, with one stand-in
-  feature per prompt (PCL's value model reads features; other curricula ignore them)."""
-  arms = builders.num_arms(config)
-  pool = cur.PromptPool.from_arms(np.repeat(np.arange(arms), config.task.train_per_bin))
-  return pool.with_features(np.zeros((len(pool.arms), 1), np.float32))
-
-
-class Inputs(NamedTuple):
-  """A planned run's abstract inputs (shapes and shardings, no values)."""
-  programs: programs_lib.Programs
-  state: Any         # the run state (`programs.abstract`)
-  ref: Any           # the KL reference's weights, or None
-  key: Any
-  prompt_len: int
-  chip: Optional[targets.Chip] = None   # the TPU chip compiled for (None: CPU devices)
-
-
-def abstract_inputs(config: ml_collections.ConfigDict, model: programs_lib.Model, mesh, *,
-                    prompt_len: int, chip: Optional[targets.Chip] = None,
-                    hbm_gib: Optional[float] = None) -> Inputs:
-  """The run's programs (`programs.build`, as the loop builds them, the rollout layout resolved
-  for devices of `hbm_gib`) and the abstract run state and reference they take, laid out as the
-  loop places them."""
-  pool = _pool(config)
-  device_bytes = None if hbm_gib is None else int(hbm_gib * GIB)
-  programs = programs_lib.build(config, model, mesh, pool,
-                                programs_lib.TokenIds(eos_id=1, pad_id=0),
-                                prepare.rollout_mesh(config, mesh, model, device_bytes))
-  state = jax.eval_shape(
-      lambda trainable, frozen: programs_lib.init_run_state(
-          config, programs, model._replace(trainable=trainable, frozen=frozen), pool,
-          jax.random.key(0))._replace(health=None),
-      model.trainable, model.frozen)
-  ref = programs_lib.reference(config, model)
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  return Inputs(programs=programs, state=programs_lib.abstract(programs, state),
-                ref=programs_lib.abstract_tree(ref, programs.ref_shardings),
-                key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=programs.replicated),
-                prompt_len=prompt_len, chip=chip)
-
-
-def _rows(inputs: Inputs, rows: int, *dims, dtype, mesh=None) -> jax.ShapeDtypeStruct:
-  """An abstract [rows, *dims] array with its rows over the batch axes of `mesh` (default: the
-  learner's)."""
-  mesh = inputs.programs.mesh if mesh is None else mesh
-  return jax.ShapeDtypeStruct((rows,) + dims, dtype, sharding=mesh_lib.batch_sharding(
-      mesh, 1 + len(dims)))
-
-
-def _small(inputs: Inputs, dims: tuple, dtype, mesh=None) -> jax.ShapeDtypeStruct:
-  sharding = (inputs.programs.replicated if mesh is None else mesh_lib.replicated(mesh))
-  return jax.ShapeDtypeStruct(dims, dtype, sharding=sharding)
-
-
-def engine_policy(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
-  """The abstract policy the engine decodes with: the run state's, or its copy in the engine's
-  layout (`programs.to_rollout`: on the learner's devices its matrices in the compute dtype)."""
-  programs = inputs.programs
-  policy = programs_lib.policy(inputs.state)
-  if programs.rollout_mesh is programs.mesh:
-    return policy
-  copy = programs_lib.abstract_tree(policy, programs.rollout_shardings)
-  if programs.reshard is None:
-    return copy
-  return rollout_layout.cast_shapes(copy, config.model.dtype)
-
-
-def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
-  """The learn step's abstract batch: S sampled prompts x G completion slots, P trained groups,
-  each turn's reward (H turns: the run's turn width; with rows in flight, each token's
-  version)."""
-  s, g, p = builders.sampled_prompts(config), budget.group_slots(config), config.rl.prompts_per_step
-  h = rollout_checks.turn_width(config, builders.build_task(config))
-  rows, n_new, tp = s * g, config.rl.max_new_tokens, inputs.prompt_len
-  row = lambda *dims, dtype: _rows(inputs, rows, *dims, dtype=dtype)
-  small = lambda dims, dtype: _small(inputs, dims, dtype)
-  return Batch(
-      prompt_tokens=row(tp, dtype=jnp.int32), prompt_mask=row(tp, dtype=jnp.bool_),
-      tokens=row(n_new, dtype=jnp.int32), mask=row(n_new, dtype=jnp.float32),
-      sampler_logprobs=row(n_new, dtype=jnp.float32),
-      prompt_ids=small((s,), jnp.int32), arms=small((s,), jnp.int32),
-      rewards=small((s, g), jnp.float32), correct=small((s, g), jnp.bool_),
-      valid=small((s, g), jnp.bool_), train_groups=small((p,), jnp.int32),
-      train_valid=small((p,), jnp.bool_), truncated=small((s, g), jnp.bool_),
-      baseline=(small((s,), jnp.float32) if config.rl.algorithm == "counterfactual" else None),
-      versions=row(n_new, dtype=jnp.int32) if pipeline.persists(config) else None,
-      turn_rewards=small((s, g, h), jnp.float32))
-
-
 def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
   """(static options, policy, abstract prompts, abstract mask, resident bytes) of the sampler.
   Resident while sampling: the run state and the reference, but for the policy when the engine
@@ -213,19 +123,9 @@ def _sampler_inputs(config: ml_collections.ConfigDict, inputs: Inputs):
   if inputs.programs.rollout_mesh is inputs.programs.mesh:
     resident -= mesh_lib.shard_bytes(policy)
   mesh = options["mesh"]
-  prompts = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.int32, mesh=mesh)
-  prompt_mask = _rows(inputs, rows, inputs.prompt_len, dtype=jnp.bool_, mesh=mesh)
+  prompts = row_array(inputs, rows, inputs.prompt_len, dtype=jnp.int32, mesh=mesh)
+  prompt_mask = row_array(inputs, rows, inputs.prompt_len, dtype=jnp.bool_, mesh=mesh)
   return options, policy, prompts, prompt_mask, resident
-
-
-def _measure(inputs: Inputs, name: str, lower, resident: int = 0, trips: float = 1.0):
-  row, compiled = measure.measure(lower, resident, chip=inputs.chip, trips=trips)
-  return {"program": name, **row}, compiled
-
-
-def _not_compiled(name: str, before: str) -> dict:
-  return {"program": name, "error": f"not compiled: it runs on what {before} returns, and "
-          f"{before} did not compile", "peak_gib": float("nan")}
 
 
 def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, first, second,
@@ -235,19 +135,19 @@ def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, 
   abstract prompts, then `second` (state, temperature -> state, its loop run `trips` times) on
   the state it returns; their rows and the KV cache per device."""
   graphdef = inputs.programs.graphdef
-  pre, pre_compiled = _measure(inputs, names[0], lambda: first.lower(
+  pre, pre_compiled = measure_program(inputs, names[0], lambda: first.lower(
       graphdef, policy, prompts, prompt_mask, inputs.key, *first_extra, **first_options),
       resident)
   out_state = jax.eval_shape(
       lambda p, t, m, k, *extra: first(graphdef, p, t, m, k, *extra, **first_options),
       policy, prompts, prompt_mask, inputs.key, *first_extra)
   if pre_compiled is None:
-    return {"prefill": pre, "decode": _not_compiled(names[1], names[0]), "cache_gib": None}
+    return {"prefill": pre, "decode": not_compiled(names[1], names[0]), "cache_gib": None}
   cache_bytes = mesh_lib.shard_bytes(programs_lib.abstract_tree(
       out_state.cache, pre_compiled.output_shardings.cache))
   out_state = programs_lib.abstract_tree(out_state, pre_compiled.output_shardings)
-  dec, _ = _measure(inputs, names[1], lambda: second.lower(
-      graphdef, policy, out_state, _small(inputs, (), jnp.float32, prompts.sharding.mesh),
+  dec, _ = measure_program(inputs, names[1], lambda: second.lower(
+      graphdef, policy, out_state, small_array(inputs, (), jnp.float32, prompts.sharding.mesh),
       **second_options),
       resident, trips)
   return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
@@ -287,7 +187,7 @@ def _plan_engines(config: ml_collections.ConfigDict, inputs: Inputs, names: tupl
          **inputs.programs.paging},
         {**loop, "group": options["group"], "shrink": config.rl.decode_shrink},
         ("continuous.start", "continuous.run"), _decode_trips(config, rows, "continuous"),
-        first_extra=(_small(inputs, (), jnp.float32, options["mesh"]),))
+        first_extra=(small_array(inputs, (), jnp.float32, options["mesh"]),))
   return out
 
 
@@ -305,18 +205,18 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
                             generations=config.rl.max_staleness + 1,
                             prompt_len=inputs.prompt_len, slots=config.rl.decode_slots,
                             chunk=options["prefill_chunk"], **inputs.programs.paging, **shared)
-  i32 = lambda: _small(inputs, (), jnp.int32, options["mesh"])
-  f32 = lambda: _small(inputs, (), jnp.float32, options["mesh"])
+  i32 = lambda: small_array(inputs, (), jnp.int32, options["mesh"])
+  f32 = lambda: small_array(inputs, (), jnp.float32, options["mesh"])
   stop_ids = tuple(sorted({options["eos_id"], *options["stop_ids"]}))
-  admit, _ = _measure(inputs, "inflight.admit", lambda: inflight.admit.lower(
+  admit, _ = measure_program(inputs, "inflight.admit", lambda: inflight.admit.lower(
       graphdef, policy, state, prompts, prompt_mask, inputs.key, i32(),
-      f32(), i32(), _rows(inputs, rows, dtype=jnp.bool_, mesh=options["mesh"]),
+      f32(), i32(), row_array(inputs, rows, dtype=jnp.bool_, mesh=options["mesh"]),
       chunk=options["prefill_chunk"], stop_ids=stop_ids, **shared), resident)
   budget = config.rl.decode_budget if pipeline.persists(config) else 0
   loop = dict(stop_ids=stop_ids, pad_id=options["pad_id"], group=options["group"],
               mesh=options["mesh"], shrink=0 if budget else config.rl.decode_shrink,
               fed=bool(budget) and config.rl.admission == "wait")
-  decode, _ = _measure(inputs, "continuous.run", lambda: continuous.run.lower(
+  decode, _ = measure_program(inputs, "continuous.run", lambda: continuous.run.lower(
       graphdef, policy, state, f32(), i32(),
       i32() if budget else None, None, **loop), resident,
       _decode_trips(config, rows, "continuous"))
@@ -361,11 +261,16 @@ def _checkpoint_tree(config: ml_collections.ConfigDict, inputs: Inputs) -> Any:
 
 
 def _plan_learn(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
-  """The run's learn step (every input is an argument: nothing else resident)."""
+  """The run's learn step (every input is an argument; resident beside it only the engine's
+  copy of a LoRA run's frozen base, kept between steps when the engine has a layout of its own:
+  the copy of the whole policy is dropped before the learn step)."""
   learn_args = programs_lib.learn_inputs(inputs.programs, inputs.state,
                                          abstract_batch(config, inputs),
                                          inputs.key, inputs.ref)
-  row, _ = _measure(inputs, "learn", lambda: inputs.programs.learn.lower(*learn_args))
+  resident = 0
+  if inputs.programs.reshard is not None and inputs.state.base is not None:
+    resident = mesh_lib.shard_bytes(engine_policy(config, inputs)[1])
+  row, _ = measure_program(inputs, "learn", lambda: inputs.programs.learn.lower(*learn_args), resident)
   row["argument_bytes"] = mesh_lib.shard_bytes(learn_args)
   return row
 
@@ -395,7 +300,7 @@ def _plan_reshard(inputs: Inputs) -> dict:
     for (program, x, _), output in zip(arrays, outputs):
       key = (program, x.shape, x.dtype, x.sharding)
       if key not in compiled:
-        compiled[key], _ = _measure(inputs, f"rollout_layout.{name}",
+        compiled[key], _ = measure_program(inputs, f"rollout_layout.{name}",
                                     lambda p=program, a=x: p.lower(a),
                                     resident - mesh_lib.shard_bytes(x) + copy - output)
       rows.append(compiled[key])
@@ -414,7 +319,7 @@ def _plan_select(inputs: Inputs) -> dict:
   select = inputs.programs.select   # functools.partial of the jitted program, options bound
   resident = (mesh_lib.shard_bytes(inputs.state) + mesh_lib.shard_bytes(inputs.ref)
               - mesh_lib.shard_bytes(inputs.state.curriculum))
-  row, _ = _measure(inputs, "select", lambda: select.func.lower(
+  row, _ = measure_program(inputs, "select", lambda: select.func.lower(
       inputs.state.curriculum, inputs.key, **select.keywords), resident)
   return row
 
