@@ -100,4 +100,8 @@ def attend(pool: jax.Array, index: PageIndex, q: jax.Array, k: jax.Array, v: jax
   args = (pool, index.table, index.length, q, k, v)
   if index.shard is None:
     return one_shard(*args)
+  tensor = getattr(index.shard, "tensor", 1)
+  if tensor > 1 and q.shape[1] % tensor == 0:  # each device its KV heads (`mesh.pool_sharding`)
+    return index.shard(one_shard, args, (1, 0, 0, 0, 0, 0), (0, 1),
+                       heads_in=(3, None, None, 1, 1, 1), heads_out=(1, 3))
   return index.shard(one_shard, args, (1, 0, 0, 0, 0, 0), (0, 1))

@@ -389,34 +389,56 @@ def describe(mesh: Mesh) -> str:
 
 
 def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
-  """None without a mesh; else `run(fn, args, in_axes, out_axes)`: fn applied on each device to
-  its block of every argument, each split over the batch axes at its axis in `in_axes` (the
-  outputs at `out_axes`), by `jax.shard_map` (`run.shards`: the batch shards). For kernels XLA
-  cannot partition (Pallas TPU calls): GSPMD would otherwise refuse them."""
+  """None without a mesh; else `run(fn, args, in_axes, out_axes, heads_in=None,
+  heads_out=None)`: fn applied on each device to its block of every argument, each split over
+  the batch axes at its axis in `in_axes` (the outputs at `out_axes`) and, where `heads_in` /
+  `heads_out` name an axis (None: none), over `tensor` at that one, by `jax.shard_map`
+  (`run.shards`: the batch shards; `run.tensor`: the tensor axis's size). For kernels XLA
+  cannot partition (Pallas TPU calls): GSPMD would otherwise refuse them. Split heads must
+  divide by `run.tensor`, and fn must not mix them (attention: each head on its own)."""
   if mesh is None:
     return None
   axes = _as_tuple(LOGICAL_AXIS_RULES["batch"])
+  tensor = mesh.shape["tensor"]
 
-  def spec(ndim, axis):
+  def spec(ndim, axis, head):
     dims = [None] * ndim
     dims[axis] = axes
+    if head is not None and tensor > 1:
+      dims[head] = "tensor"
     return PartitionSpec(*dims)
 
   shards = batch_size_of(mesh)
 
-  def local(x, axis):  # one device's block of x
+  def local(x, axis, head):  # one device's block of x
     shape = list(x.shape)
     shape[axis] //= shards
+    if head is not None:
+      shape[head] //= tensor
     return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
 
-  def run(fn, args, in_axes, out_axes):
-    shapes = jax.eval_shape(fn, *(local(x, a) for x, a in zip(args, in_axes)))
-    out_specs = jax.tree.map(lambda s, a: spec(len(s.shape), a), shapes, out_axes)
-    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec(x.ndim, a) for x, a in
-                                                        zip(args, in_axes)),
+  def run(fn, args, in_axes, out_axes, heads_in=None, heads_out=None):
+    heads_in = (None,) * len(args) if heads_in is None else heads_in
+    shapes = jax.eval_shape(fn, *(local(x, a, h) for x, a, h in zip(args, in_axes, heads_in)))
+    heads_out = jax.tree.map(lambda _: None, out_axes) if heads_out is None else heads_out
+    out_specs = jax.tree.map(lambda s, a, h: spec(len(s.shape), a, h), shapes, out_axes,
+                             heads_out, is_leaf=lambda x: x is None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec(x.ndim, a, h) for x, a, h in
+                                                        zip(args, in_axes, heads_in)),
                          out_specs=out_specs, check_vma=False)(*args)
   run.shards = shards  # the arguments' split axes must divide by it
+  run.tensor = tensor
   return run
+
+
+def pool_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
+  """The sharding of a paged KV pool [L, Pg, page_size, 2 Hkv, d] (keys and values interleaved
+  by head): pages over the batch axes, and the KV heads over `tensor` when Hkv divides by it (a
+  device then holds the keys and values of its heads only, as the heads of its queries)."""
+  tensor = mesh.shape["tensor"]
+  heads = "tensor" if tensor > 1 and (shape[3] // 2) % tensor == 0 else None
+  pages = _as_tuple(LOGICAL_AXIS_RULES["batch"]) if shape[1] % batch_size_of(mesh) == 0 else None
+  return NamedSharding(mesh, PartitionSpec(None, pages, None, heads, None))
 
 
 class RowLayout:

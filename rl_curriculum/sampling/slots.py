@@ -392,10 +392,12 @@ def constrain(state: EngineState, mesh) -> EngineState:
   """The state's row and slot arrays and cache over the mesh's batch axes (None: unchanged)."""
   if mesh is None:
     return state
-  if isinstance(state.cache, pages.PagedCache):  # pages on axis 1, the rest by shard or slot
+  if isinstance(state.cache, pages.PagedCache):  # pages on axis 1 (KV heads over tensor), the
+    # rest by shard or slot
     rest = {f: getattr(state.cache, f) for f in ("table", "prompts", "free", "count")}
-    cache = state.cache._replace(pool=mesh_lib.constrain_rows(state.cache.pool, mesh, 1),
-                                 **mesh_lib.constrain_rows(rest, mesh))
+    pool = state.cache.pool
+    pool = jax.lax.with_sharding_constraint(pool, mesh_lib.pool_sharding(mesh, pool.shape))
+    cache = state.cache._replace(pool=pool, **mesh_lib.constrain_rows(rest, mesh))
   else:
     scanned = not isinstance(state.cache.k, (tuple, list))
     cache = mesh_lib.constrain_rows(state.cache, mesh, 1 if scanned else 0)

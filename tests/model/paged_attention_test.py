@@ -214,6 +214,46 @@ def test_tpu_backend_compiles_for_a_tpu_slice():
   assert "tpu_custom_call" in text and "ragged_paged_attention_kernel" in text
 
 
+def test_tpu_decode_over_a_tensor_axis_reads_only_its_heads_pages():
+  """A decode step of the paged cache (`paged_cache.attend`) compiled for a v5e-4 laid out as
+  2 batch shards x a tensor axis of 2: the pool's pages split over the batch shards and its KV
+  heads over `tensor` (`mesh.pool_sharding`), the kernel run on each device's rows and heads
+  (`mesh.per_shard` with heads): no device gathers another's pages or heads."""
+  from rl_curriculum.model import paged_cache  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.model.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.parallel import rollout_layout  # pylint: disable=import-outside-toplevel
+  from rl_curriculum.plan import targets  # pylint: disable=import-outside-toplevel
+  config = ModelConfig.tiny(vocab_size=64, d_model=512, num_layers=2, num_heads=4,
+                            num_kv_heads=2, attention="tpu", dtype="bfloat16")
+  learner = Mesh(np.array(targets.devices(targets.parse("v5e-4"))).reshape(1, 4, 1),
+                 mesh_lib.MESH_AXES)
+  mesh = rollout_layout.layout_mesh(learner, "tensor", 2)
+  slots, per_slot, page_size, shards = 16, 8, 16, 2
+  pool_shape = (2, slots * per_slot, page_size, 4, 128)
+  rows = lambda *dims: NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *dims))
+  args = (jax.ShapeDtypeStruct(pool_shape, jnp.bfloat16,
+                               sharding=mesh_lib.pool_sharding(mesh, pool_shape)),
+          jax.ShapeDtypeStruct((shards, slots // shards, per_slot), jnp.int32, sharding=rows()),
+          jax.ShapeDtypeStruct((shards, slots // shards), jnp.int32, sharding=rows()),
+          jax.ShapeDtypeStruct((slots, 2, 2, 128), jnp.bfloat16, sharding=rows("tensor")),
+          jax.ShapeDtypeStruct((slots, 2, 128), jnp.bfloat16, sharding=rows("tensor")),
+          jax.ShapeDtypeStruct((slots, 2, 128), jnp.bfloat16, sharding=rows("tensor")))
+  shard = mesh_lib.per_shard(mesh)
+
+  def step(pool, table, length, q, k, v):
+    return paged_cache.attend(pool, paged_cache.PageIndex(table, length, 0, shard), q, k, v,
+                              config=config)
+
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(step).lower(*args).compile()
+  text = compiled.as_text()
+  assert "ragged_paged_attention_kernel" in text
+  assert "all-gather" not in text and "all-to-all" not in text
+  out, pool = compiled.output_shardings
+  assert pool.shard_shape(pool_shape) == (2, slots * per_slot // shards, page_size, 2, 128)
+
+
 @functools.lru_cache(maxsize=None)
 def _interpreted_kernel():
   """The "tpu" backend's output on the ragged case run by Pallas' TPU interpreter on this host,

@@ -49,10 +49,13 @@ def test_caches_are_split_over_the_batch_shards(results):
   assert cache["prompt_per_device"][1] == 2
 
 
-def test_pages_are_split_over_the_batch_shards(results):
-  # A pool of pages [L, Pg, page_size, 2 Hkv, d]: each of the 4 batch shards holds its block.
+def test_pages_are_split_over_the_batch_shards_and_their_heads_over_tensor(results):
+  # A pool of pages [L, Pg, page_size, 2 Hkv, d] on mesh 2,2,2: each of the 4 batch shards holds
+  # its block of pages, and each of the 2 tensor devices the keys and values of one of the 2 KV
+  # heads (interleaved: k0 v0 | k1 v1).
   pages = results["pages"]
   assert pages["per_device"][1] * 4 == pages["global"][1]
+  assert pages["per_device"][3] * 2 == pages["global"][3] == 4
 
 
 @pytest.mark.parametrize("layout", ["replicated", "tensor"])
