@@ -18,8 +18,11 @@ disjoint by construction (`Task.split_key`): no held-out product has a training 
 operands, no held-out game hides a number any training game hides; the third level of each
 environment is never trained on.
 
-Measured: see docs/results.md ("Multi-turn tool use") and benchmarks/results/episodes_smollm2/
-(three RL seeds from one warm start, paired intervals against it).
+Measured (three RL seeds from one warm start, 2026-12-07; docs/results.md, "Multi-turn tool
+use", and benchmarks/results/episodes_smollm2/): held-out calculator products 3.1% -> 100%, 0%
+and 15.6% by seed (a seed learns the tool once its rollouts find a rewarded calculator episode:
+at step 1, never, at step 16), every solved episode calling the tool; the guessing game at 1-64
+0% -> 14.6% [+3.9, +25.2] over the seeds.
 """
 
 from configs import quickstart

@@ -4,14 +4,14 @@ The learner keeps its parameters split as the mesh's logical rules say (under FS
 weight's `embed` dimension over `fsdp`). A decode loop that reads weights in that layout
 all-gathers every layer's weights again at each of its iterations: the learner's layout paid
 once per generated token. Here the engine gets a copy of its own for the whole rollout call,
-made once a step by one resharding program (`reshard`), over the same devices arranged as a mesh
-of their own (`layout_mesh`):
+made once a step by jitted programs, one per array (`reshard`), over the same devices arranged as
+a mesh of their own (`layout_mesh`):
 
   learner      the learner's mesh and layout (no copy; the decode loop gathers what it reads)
   replicated   every device holds the whole policy; rows split over all devices (data parallel)
   tensor       heads, key/value heads, MLP and vocabulary over a `tensor` axis of
                `parallel.rollout_tensor` devices (as far as the head counts divide), rows over
-               the rest
+               the rest; the paged KV pool keeps each device's KV heads (`mesh.pool_sharding`)
   auto         the learner's layout when it already holds every weight whole (no fsdp or
                tensor axis); else the first of replicated, tensor 2, 4, ... whose copy takes at
                most `COPY_SHARE` of a device's memory (`choose`); the learner's if none does
