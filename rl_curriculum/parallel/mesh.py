@@ -389,32 +389,23 @@ def describe(mesh: Mesh) -> str:
 
 
 def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
-  """None without a mesh; else `run(fn, args, in_axes, out_axes, heads_in=None,
-  heads_out=None)`: fn applied on each device to its block of every argument, each split over
-  the batch axes at its axis in `in_axes` (the outputs at `out_axes`) and, where `heads_in` /
-  `heads_out` name an axis (None: none), over `tensor` at that one, by `jax.shard_map`
-  (`run.shards`: the batch shards; `run.tensor`: the tensor axis's size). For kernels XLA
-  cannot partition (Pallas TPU calls): GSPMD would otherwise refuse them. Split heads must
-  divide by `run.tensor`, and fn must not mix them (attention: each head on its own)."""
+  """None without a mesh; else `run(fn, args, in_axes, out_axes, heads_in=None, heads_out=None)`:
+  fn on each device's block of every argument (`jax.shard_map`), split over the batch axes at
+  `in_axes` (outputs: `out_axes`) and over `tensor` at `heads_in` / `heads_out` where they name
+  an axis (heads fn treats each on its own, dividing by `run.tensor`; `run.shards`: the batch
+  shards). For kernels XLA cannot partition (Pallas TPU calls): GSPMD would refuse them."""
   if mesh is None:
     return None
-  axes = _as_tuple(LOGICAL_AXIS_RULES["batch"])
-  tensor = mesh.shape["tensor"]
+  axes, tensor, shards = _as_tuple(LOGICAL_AXIS_RULES["batch"]), mesh.shape["tensor"], \
+      batch_size_of(mesh)
 
   def spec(ndim, axis, head):
-    dims = [None] * ndim
-    dims[axis] = axes
-    if head is not None and tensor > 1:
-      dims[head] = "tensor"
-    return PartitionSpec(*dims)
-
-  shards = batch_size_of(mesh)
+    return PartitionSpec(*(axes if i == axis else "tensor" if i == head and tensor > 1 else None
+                           for i in range(ndim)))
 
   def local(x, axis, head):  # one device's block of x
-    shape = list(x.shape)
-    shape[axis] //= shards
-    if head is not None:
-      shape[head] //= tensor
+    shape = [n // (shards if i == axis else tensor if i == head else 1)
+             for i, n in enumerate(x.shape)]
     return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
 
   def run(fn, args, in_axes, out_axes, heads_in=None, heads_out=None):
@@ -426,15 +417,13 @@ def per_shard(mesh: Optional[Mesh]) -> Optional[Callable]:
     return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec(x.ndim, a, h) for x, a, h in
                                                         zip(args, in_axes, heads_in)),
                          out_specs=out_specs, check_vma=False)(*args)
-  run.shards = shards  # the arguments' split axes must divide by it
-  run.tensor = tensor
+  run.shards, run.tensor = shards, tensor  # the arguments' split axes must divide by them
   return run
 
 
 def pool_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
   """The sharding of a paged KV pool [L, Pg, page_size, 2 Hkv, d] (keys and values interleaved
-  by head): pages over the batch axes, and the KV heads over `tensor` when Hkv divides by it (a
-  device then holds the keys and values of its heads only, as the heads of its queries)."""
+  by head): pages over the batch axes, KV heads over `tensor` when Hkv divides by it."""
   tensor = mesh.shape["tensor"]
   heads = "tensor" if tensor > 1 and (shape[3] // 2) % tensor == 0 else None
   pages = _as_tuple(LOGICAL_AXIS_RULES["batch"]) if shape[1] % batch_size_of(mesh) == 0 else None
