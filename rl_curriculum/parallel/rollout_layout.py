@@ -116,16 +116,23 @@ def _is_matrix(x: Any) -> bool:
   return len(own) >= 2
 
 
-def _cast(params: Any, dtype: Any, to: Any) -> Any:
+def _cast_to(x: Any, dtype: Any) -> Optional[Any]:
+  """The dtype the engine's copy holds parameter `x` (an nnx.Variable) in: `dtype` for a
+  floating matrix wider than it, None (as it is) for anything else."""
   dtype = jnp.dtype(dtype)
+  if not _is_matrix(x):
+    return None
+  value = x.get_value() if hasattr(x, "get_value") else x.value
+  wider = jnp.issubdtype(value.dtype, jnp.floating) and value.dtype.itemsize > dtype.itemsize
+  return dtype if wider else None
 
+
+def _cast(params: Any, dtype: Any, to: Any) -> Any:
   def one(x):
-    if not isinstance(x, nnx.Variable) or not _is_matrix(x):
+    target = _cast_to(x, dtype) if isinstance(x, nnx.Variable) else None
+    if target is None:
       return x
-    value = x.get_value() if hasattr(x, "get_value") else x.value
-    if not jnp.issubdtype(value.dtype, jnp.floating) or value.dtype.itemsize <= dtype.itemsize:
-      return x
-    return x.replace(to(value, dtype))
+    return x.replace(to(x.get_value() if hasattr(x, "get_value") else x.value, target))
 
   return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
@@ -176,10 +183,8 @@ class Reshard:
       value = x.get_value() if hasattr(x, "get_value") else x.value
       if value is None:
         return x
-      cast_to = None
-      if (_is_matrix(x) and jnp.issubdtype(value.dtype, jnp.floating)
-          and value.dtype.itemsize > self.dtype.itemsize):
-        cast_to = self.dtype.name
+      target = _cast_to(x, self.dtype)
+      cast_to = None if target is None else target.name
       sharding = s.get_value() if hasattr(s, "get_value") else s.value
       made = jax.ShapeDtypeStruct(value.shape, cast_to or value.dtype, sharding=sharding)
       out.append((_leaf_program(sharding, cast_to), value, made))
