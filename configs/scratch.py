@@ -242,6 +242,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 25                 # RL steps between held-out evaluations (and at 0 and the end)
   c.eval.batch_size = 128           # prompts per greedy evaluation batch
+  c.eval.plan_bound = True          # on TPU chips: plan the step at start (one more compile of
+                                    # each program) and log its roofline bound beside each
+                                    # step's time
   c.eval.min_held_out = 50          # a bin whose problem space leaves it fewer held-out problems
                                     # is flagged "too few to compare" (one problem moves it 2+
                                     # points) and left out of the comparisons' mean gains

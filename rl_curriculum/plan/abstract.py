@@ -119,8 +119,10 @@ def abstract_batch(config: ml_collections.ConfigDict, inputs: Inputs) -> Batch:
       turn_rewards=small((s, g, h), jnp.float32))
 
 
-def measure_program(inputs: Inputs, name: str, lower, resident: int = 0, trips: float = 1.0):
-  row, compiled = measure.measure(lower, resident, chip=inputs.chip, trips=trips)
+def measure_program(inputs: Inputs, name: str, lower, resident: int = 0, trips: float = 1.0,
+                    kv_tokens: Optional[float] = None):
+  row, compiled = measure.measure(lower, resident, chip=inputs.chip, trips=trips,
+                                  kv_tokens=kv_tokens)
   return {"program": name, **row}, compiled
 
 

@@ -8,7 +8,8 @@ Row fields (per device; GiB and seconds): argument, output, alias (outputs writt
 inputs, counted once), temp (XLA's temporaries), resident (what the run keeps on the device
 besides the program's arguments), peak = argument + output - alias + temp + resident, compile_s,
 largest (the largest values of the optimised HLO), flops and bytes (`roofline.program_cost`, every
-loop counted; a loop of unknown trip count runs `trips` times), xla_flops (XLA's own count, each
+loop counted; a loop of unknown trip count runs `trips` times; a paged-attention kernel's
+sequences attend over `kv_tokens` keys on average), unknown_kernels (TPU kernels not counted), xla_flops (XLA's own count, each
 loop body once) and, for a TPU chip, bound_s (`roofline.bound_s`). A program XLA:TPU refuses for
 memory gives {"error": the compiler's line, "needs_gib": its temporaries, "peak_gib": the same}.
 """
@@ -70,8 +71,8 @@ def out_of_memory(error: Exception) -> Optional[dict]:
 
 
 def measure(lower: Callable[[], Any], resident_bytes: int = 0, *,
-            chip: Optional[targets.Chip] = None, trips: float = 1.0
-            ) -> tuple[dict, Optional[Any]]:
+            chip: Optional[targets.Chip] = None, trips: float = 1.0,
+            kv_tokens: Optional[float] = None) -> tuple[dict, Optional[Any]]:
   """(the row of the program `lower()` lowers, the compiled program or None when the compiler
   refused it for memory). Other compile errors propagate."""
   t0 = time.perf_counter()
@@ -90,14 +91,15 @@ def measure(lower: Callable[[], Any], resident_bytes: int = 0, *,
   alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
   peak = argument + output - alias + temp + resident_bytes
   text = compiled.as_text()
-  cost = roofline.program_cost(text, unknown_trips=trips)
+  cost = roofline.program_cost(text, unknown_trips=trips, kv_tokens=kv_tokens)
   xla = compiled.cost_analysis() or {}
   xla = xla[0] if isinstance(xla, (list, tuple)) else xla
   row = {"argument_gib": argument / GIB, "output_gib": output / GIB, "alias_gib": alias / GIB,
          "temp_gib": temp / GIB, "resident_gib": resident_bytes / GIB, "peak_gib": peak / GIB,
          "compile_s": compile_s, "largest": largest_values(text),
          "flops": cost.flops, "bytes": cost.bytes, "unknown_loops": cost.unknown_loops,
-         "trips": trips, "xla_flops": float(xla.get("flops", 0.0))}
+         "trips": trips, "unknown_kernels": cost.unknown_kernels,
+         "xla_flops": float(xla.get("flops", 0.0))}
   if chip is not None:
     row["bound_s"] = roofline.bound_s(cost, chip)
   return row, compiled

@@ -149,8 +149,14 @@ def _plan_programs(inputs: Inputs, policy, prompts, prompt_mask, resident: int, 
   dec, _ = measure_program(inputs, names[1], lambda: second.lower(
       graphdef, policy, out_state, small_array(inputs, (), jnp.float32, prompts.sharding.mesh),
       **second_options),
-      resident, trips)
+      resident, trips, _decode_context(inputs))
   return {"prefill": pre, "decode": dec, "cache_gib": cache_bytes / GIB}
+
+
+def _decode_context(inputs: Inputs) -> float:
+  """Keys a decoding row attends over on average when every completion runs to max_new_tokens:
+  its prompt and half its completion (what a paged-attention kernel reads, `kernels`)."""
+  return inputs.prompt_len + (inputs.programs.sampler["max_new_tokens"] + 1) / 2
 
 
 def _decode_trips(config: ml_collections.ConfigDict, rows: int, engine: str) -> float:
@@ -219,7 +225,7 @@ def _plan_in_flight(config: ml_collections.ConfigDict, inputs: Inputs) -> dict:
   decode, _ = measure_program(inputs, "continuous.run", lambda: continuous.run.lower(
       graphdef, policy, state, f32(), i32(),
       i32() if budget else None, None, **loop), resident,
-      _decode_trips(config, rows, "continuous"))
+      _decode_trips(config, rows, "continuous"), _decode_context(inputs))
   return {"prefill": admit, "decode": decode,
           "cache_gib": mesh_lib.shard_bytes(state.cache) / GIB}
 
@@ -334,7 +340,8 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
   Args:
     config: a run config (validated first).
     target: a `targets.Target` or its name ("v5e-8", "cpu:4", ...); None: the devices JAX
-      sees (`experiments.train --plan_only` on the machine that would run).
+      sees (`experiments.train --plan_only` on the machine that would run; on TPU chips
+      `targets.chip_of` knows, with their roofline bounds).
     hbm_gib: memory per device (default: the TPU chip's; required for CPU devices).
     prompt_len: Tp, prompt tokens per row (the data decides it in a run; pass the longest).
     vocab_size: the tiny preset's vocabulary (default: config.tokenizer.vocab_size).
@@ -361,7 +368,8 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
   validation.validate(config, check_source=False)
   if target is None:   # the devices this process sees, whatever their platform
     devices = jax.devices()
-    target = targets.Target(name=f"{devices[0].platform}:{len(devices)}", chips=len(devices))
+    target = targets.Target(name=f"{devices[0].platform}:{len(devices)}", chips=len(devices),
+                            chip=targets.chip_of(devices[0]))
   else:
     target = targets.parse(target) if isinstance(target, str) else target
     devices = targets.devices(target)
@@ -394,6 +402,9 @@ def plan(config: ml_collections.ConfigDict, *, target: Any = None,
                       "matmul_params": shape.num_params - (
                           0 if shape.tie_embeddings else shape.vocab_size * shape.d_model),
                       "attention_width": shape.num_heads * shape.head_dim,
+                      "kv_width": shape.num_kv_heads * shape.head_dim,
+                      "itemsize": jnp.dtype(shape.dtype).itemsize,
+                      "cache_itemsize": jnp.dtype(shape.cache_dtype).itemsize,
                       "dtype": shape.dtype, "param_dtype": shape.param_dtype,
                       "scan_layers": shape.scan_layers, "remat": shape.remat,
                       "attention": shape.attention, "attention_block": shape.attention_block,

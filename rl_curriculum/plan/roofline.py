@@ -25,8 +25,11 @@ every computation as often as it executes:
          runs `unknown_trips` times, later ones beside it none (the continuous engine's stages
          at halved slots only decode what the full-width stage left: for a lower bound, every
          token is decoded at full width), one nested in such a loop once.
-Bookkeeping instructions (parameters, constants, tuples, bitcasts) move no bytes; a custom call
-(a buffer allocation here; a kernel's own cost is not read) counts nothing. A dynamic-update-slice
+  kernels  a TPU kernel (a Pallas custom call: ragged paged attention, splash attention's
+         forward and backward) is counted by its shapes (`kernels`), as XLA reads no cost from
+         it; one that module does not know counts nothing and is counted in `unknown_kernels`.
+Bookkeeping instructions (parameters, constants, tuples, bitcasts) move no bytes; any other
+custom call (a buffer allocation) counts nothing. A dynamic-update-slice
 or a scatter (alone, or at the root of a fusion whose operand it updates) works in place: it
 moves its update's bytes, not the buffer's.
 
@@ -41,6 +44,7 @@ import dataclasses
 import re
 from typing import Optional
 
+from rl_curriculum.plan import kernels
 from rl_curriculum.plan import targets
 
 _ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "c64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
@@ -61,13 +65,15 @@ class Cost:
   flops: float = 0.0
   bytes: float = 0.0
   unknown_loops: int = 0   # loops of unknown trip count (each counted `unknown_trips` times)
+  unknown_kernels: int = 0  # TPU kernels (custom calls) `kernels` does not know: counted as 0
 
   def scaled(self, n: float) -> "Cost":
-    return Cost(self.flops * n, self.bytes * n, self.unknown_loops)
+    return Cost(self.flops * n, self.bytes * n, self.unknown_loops, self.unknown_kernels)
 
   def __add__(self, other: "Cost") -> "Cost":
     return Cost(self.flops + other.flops, self.bytes + other.bytes,
-                self.unknown_loops + other.unknown_loops)
+                self.unknown_loops + other.unknown_loops,
+                self.unknown_kernels + other.unknown_kernels)
 
 
 def _nbytes(shape_text: str) -> int:
@@ -142,8 +148,10 @@ def parse_module(hlo_text: str) -> dict:
       if line.startswith("ENTRY"):
         computations["__entry__"] = computations[current]
       continue
-    if current is None or line.startswith("}"):
-      if line.startswith("}"):
+    # A computation ends at a line "}"; a kernel's metadata may span lines of its own, one of
+    # which may start with "}" too (a JSON string's end): those are not instructions.
+    if current is None or not line.startswith(" "):
+      if line.rstrip() == "}":
         current = None
       continue
     inst = _parse_instruction(line)
@@ -191,9 +199,10 @@ def _dot_flops(inst: _Instruction, shapes: dict) -> float:
 class _Counter:
   """Costs of a parsed module's computations, memoised."""
 
-  def __init__(self, computations: dict, unknown_trips: float):
+  def __init__(self, computations: dict, unknown_trips: float, kv_tokens: Optional[float]):
     self.computations = computations
     self.unknown_trips = unknown_trips
+    self.kv_tokens = kv_tokens
     self.memo = {}
     self.shape_tables = {}
     self.fused_flops = {}
@@ -324,6 +333,9 @@ class _Counter:
         if called in self.computations:
           total = total + self.cost(called, in_unknown)
         continue
+      if op == "custom-call" and 'custom_call_target="tpu_custom_call"' in inst.attrs:
+        total = total + self.kernel(inst, shapes)
+        continue
       if op in _FREE or op.endswith("-done"):
         continue
       if op == "fusion":
@@ -340,6 +352,19 @@ class _Counter:
       total.bytes += sum(_nbytes(shapes.get(o, "")) for o in inst.operands) + _nbytes(inst.shape)
     self.memo[(name, in_unknown)] = total
     return total
+
+  def kernel(self, inst: _Instruction, shapes: dict) -> Cost:
+    """A TPU kernel's cost from its shapes (`kernels.cost`); an unknown one counts nothing and
+    is counted in `unknown_kernels`."""
+    arrays = lambda text: [([int(d) for d in dims.split(",") if d], _ITEMSIZE[kind])
+                           for kind, dims in _ARRAY.findall(text)]
+    # The operands' shapes as the kernel takes them (the values passed may be async copies'
+    # tuples); from the values themselves when the call does not list them.
+    listed = re.search(r"operand_layout_constraints=\{(.*?)\}, \w+=", inst.attrs)
+    operands = (arrays(listed.group(1)) if listed else
+                [next(iter(arrays(shapes.get(o, ""))), ([], 0)) for o in inst.operands])
+    counted = kernels.cost(inst.name, operands, arrays(inst.shape), self.kv_tokens)
+    return Cost(unknown_kernels=1) if counted is None else Cost(*counted)
 
   def _constant(self, computation: str, name: str) -> Optional[int]:
     """The integer value of `name` in `computation` when it is a constant (through copies)."""
@@ -389,15 +414,18 @@ class _Counter:
     return max(0, -(-(bound - start) // step)) if step > 0 else None
 
 
-def program_cost(hlo_text: str, unknown_trips: float = 1.0) -> Cost:
+def program_cost(hlo_text: str, unknown_trips: float = 1.0,
+                 kv_tokens: Optional[float] = None) -> Cost:
   """FLOPs and bytes per device of a compiled program's optimised HLO (`compiled.as_text()`),
-  every loop counted as often as it runs (module docstring)."""
+  every loop counted as often as it runs and every TPU attention kernel by its shapes
+  (`kernels.cost`; `kv_tokens`: the keys a paged-attention sequence attends over on average,
+  None for its page table's whole width) (module docstring)."""
   computations = parse_module(hlo_text)
   if "__entry__" not in computations:
     raise ValueError("no ENTRY computation in the HLO text")
   entry_name = next(name for name, value in computations.items()
                     if value is computations["__entry__"] and name != "__entry__")
-  return _Counter(computations, unknown_trips).cost(entry_name)
+  return _Counter(computations, unknown_trips, kv_tokens).cost(entry_name)
 
 
 def bound_s(cost: Cost, chip: targets.Chip) -> float:

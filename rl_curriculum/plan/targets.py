@@ -42,6 +42,17 @@ CHIPS = {
                 cores_per_chip=1, source="https://cloud.google.com/tpu/docs/v6e"),
 }
 
+# What JAX's TPU devices call each chip (`device.device_kind`).
+_DEVICE_KINDS = {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e",
+                 "TPU v5": "v5p", "TPU v5p": "v5p"}
+
+
+def chip_of(device) -> Optional[Chip]:
+  """The chip a JAX device is (by its device_kind), or None for any other device."""
+  name = _DEVICE_KINDS.get(getattr(device, "device_kind", ""))
+  return CHIPS[name] if name else None
+
+
 # Chip grids of the slice sizes a plan names (libtpu's topology names).
 _V5E_V6E_GRIDS = {4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
                   256: "16x16"}

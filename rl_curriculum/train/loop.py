@@ -27,6 +27,7 @@ import ml_collections
 
 from rl_curriculum.parallel import distributed
 from rl_curriculum.parallel import mesh as mesh_lib
+from rl_curriculum.plan import targets
 from rl_curriculum.train import programs as programs_lib
 from rl_curriculum.train.durable import checkpointing
 from rl_curriculum.train.durable import recovery
@@ -84,6 +85,7 @@ class Loop(NamedTuple):
   log: Callable[[str], None]  # prints on process 0
   workdir: str
   side: pipeline.Side        # where the rollouts decode (`pipeline.rollout_side`)
+  plan_bound_s: Optional[float] = None  # the planner's bound on a step (`plan_bound`), or None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -171,7 +173,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
               manager=checkpointing.make_manager(os.path.join(workdir, "checkpoints"),
                                                  max_to_keep=config.checkpoint.keep,
                                                  writer=True),
-              side=side)
+              side=side, plan_bound_s=plan_bound(config, run, log))
   start, state, before = _restore(loop, programs_lib.place(programs, state))
   if pipeline.persists(config) and start == 0:  # the batches of steps 1 .. k, selected before 1
     state = pipeline.restart(loop, state, pipeline.rollout_policy(loop, state), 1, 0)
@@ -180,6 +182,27 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   if before is None:
     before = summary.evaluate(config, run, programs_lib.policy(state), record=_record(loop, 0))
   return loop, state, start, before
+
+
+def plan_bound(config: ml_collections.ConfigDict, run: Prepared,
+               log: Callable[[str], None]) -> Optional[float]:
+  """On TPU chips the planner knows (`targets.chip_of`) and with `eval.plan_bound`: the
+  roofline bound on one step of this run, its programs compiled for these devices by the
+  planner (`planner.plan`, at the pool's prompt length), logged once with the step's physical
+  limit; each step's metrics then hold it beside the measured time. None elsewhere."""
+  if not config.eval.plan_bound or targets.chip_of(jax.devices()[0]) is None:
+    return None
+  from rl_curriculum.plan import planner  # pylint: disable=import-outside-toplevel
+  plan = planner.plan(config, prompt_len=int(run.pool.tokens.shape[1]))
+  bounds = plan["roofline"]
+  if bounds["step_s"] is None:
+    log("plan: a program did not compile for these devices; no bound on a step")
+    return None
+  limit = bounds["step_limit_s"]
+  log(f"plan on {plan['devices']} {plan['chip']['name']} chips: a step takes at least "
+      f"{bounds['step_s']:.3f} s by the compiler's counts (physical limit "
+      f"{'-' if limit is None else f'{limit:.3f}'} s); each step logs time/step_s beside it")
+  return bounds["step_s"]
 
 
 def _record(loop: Loop, step: int) -> Optional[str]:
@@ -271,6 +294,9 @@ def run_step(loop: Loop, state: RunState, step: int,
   metrics = {**learned, **stats, **pipeline.decode_stats(config, before, counters, t2 - t0),
              "time/sample_s": t1 - t0 - scoring, "time/score_s": scoring + stopped,
              "time/learn_s": t2 - t1 - stopped, "time/step_s": t2 - t0}
+  if loop.plan_bound_s:
+    metrics.update({"time/plan_bound_s": loop.plan_bound_s,
+                    "time/step_over_plan_bound": (t2 - t0) / loop.plan_bound_s})
   rollbacks = state.health.rollbacks
   state, after = _after_update(loop, state, step, metrics, log)
   if pipeline.persists(config) and state.health.rollbacks != rollbacks:

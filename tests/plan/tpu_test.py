@@ -239,6 +239,7 @@ def test_the_command_plans_the_quickstart_for_a_v5e_as_it_is(tmp_path):
   assert plan["programs"]["learn"]["peak_gib"] < 15.75
   assert plan["roofline"]["step_s"] > 0 and plan["roofline"]["learned_tokens_per_s_per_chip"] > 0
   assert "by XLA:TPU" in result.stdout and result.stdout.strip().endswith("FITS")
+  assert plan["roofline"]["step_ratio"] >= 1 and "physical limit" in result.stdout
   bad = run("--config", "configs/quickstart.py", "--target", "v5e-3")
   assert bad.returncode != 0 and "--target 'v5e-3'" in bad.stderr
 

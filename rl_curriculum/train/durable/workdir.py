@@ -39,8 +39,8 @@ CONFIG = "config.json"  # the config of the run the workdir's checkpoints belong
 # and saves, how much of the held-out sets it batches at once, and how its processes find each
 # other, never what a training step computes.
 SAFE_TO_CHANGE = frozenset({
-    "rl.steps", "eval.every", "eval.batch_size", "eval.min_held_out", "checkpoint.every",
-    "checkpoint.keep", "parallel.coordinator_address", "parallel.process_id",
+    "rl.steps", "eval.every", "eval.batch_size", "eval.min_held_out", "eval.plan_bound",
+    "checkpoint.every", "checkpoint.keep", "parallel.coordinator_address", "parallel.process_id",
     "parallel.check_replicated"})
 
 
