@@ -6,6 +6,8 @@ weights, and prints each program's memory per device and, on a TPU, its roofline
   python -m experiments.plan --config configs/quickstart.py --target v5e-4 --out plan.json
   python -m experiments.plan --config configs/scratch.py --target cpu:8 --hbm_gib 1 \
       --config.rl.microbatches=2                  # overrides as in experiments.train
+  python -m experiments.plan --config configs/sec_paper_countdown_qwen3b.py --target v5e-32 \
+      --search                                    # the fastest layout that fits
 
 Targets: v5e-N, v6e-N (N chips) and v5p-N (N TensorCores, two a chip) for the slice sizes Cloud
 TPU sells (v5e-8, v5p-8, v6e-8, v5e-16, v5p-32, ...; multi-host slices too), compiled by XLA:TPU
@@ -13,8 +15,11 @@ TPU sells (v5e-8, v5p-8, v6e-8, v5e-16, v5p-32, ...; multi-host slices too), com
 --hbm_gib). What the numbers are: per program, the compiler's memory per device (a program over
 the chip's memory is a row that says by how much); on a TPU, a roofline bound on its time: its
 FLOPs (matmuls) and HBM bytes, every loop counted, over the chip's published peaks. A bound is
-the least time the compiled program could take, not a measured time (rl_curriculum/plan/). Exit
-status 0 when every program fits, 1 when one does not (one line each), 2 for a bad config.
+the least time the compiled program could take, not a measured time (rl_curriculum/plan/); beside
+it, the program's physical limit (the model's own FLOPs and bytes at the same peaks). `--search`
+compiles candidate rollout layouts, decode slots, remat policies and microbatch counts and prints
+those that fit, fastest first, with the overrides that run the best. Exit status 0 when every
+program fits (a search: when a step fits), 1 when one does not, 2 for a bad config.
 """
 
 import os
@@ -63,6 +68,9 @@ def define_flags() -> None:
   flags.DEFINE_list("programs", ["select", "sampler", "learn"], "Programs to compile.")
   flags.DEFINE_integer("layers", 0, "Plan the model with this many layers (0: its own).")
   flags.DEFINE_bool("all_engines", False, "Also plan the engine the config does not use.")
+  flags.DEFINE_bool("search", False, "Search rollout layouts x decode slots and remat policies "
+                    "x microbatches for the fastest configuration that fits (a TPU target; "
+                    "rl_curriculum/plan/search.py); prints the overrides that run it.")
   flags.mark_flags_as_required(["config"])
 
 
@@ -79,6 +87,17 @@ def main(argv):
     raise app.UsageError(str(e))
   if not target.is_tpu and not FLAGS.hbm_gib:
     raise app.UsageError(f"--target {target.name}: pass --hbm_gib, the memory of a device")
+  if FLAGS.search:
+    from rl_curriculum.plan import search  # pylint: disable=import-outside-toplevel
+    try:
+      result = search.search(FLAGS.config, target=target, prompt_len=FLAGS.prompt_len,
+                             log=lambda line: print(line, flush=True))
+    except (validation.ConfigError, ValueError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    print(search.describe(result))
+    _write(result)
+    sys.exit(0 if result["step"] else 1)
   try:
     plan = planner.plan(FLAGS.config, target=target, hbm_gib=FLAGS.hbm_gib or None,
                         prompt_len=FLAGS.prompt_len, programs=tuple(FLAGS.programs),
@@ -87,11 +106,16 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(report.describe(plan))
+  _write(plan)
+  sys.exit(0 if plan["fits"] else 1)
+
+
+def _write(result: dict) -> None:
+  """The result as JSON at --out, when given."""
   if FLAGS.out:
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
     with open(FLAGS.out, "w") as f:
-      json.dump(plan, f, indent=1)
-  sys.exit(0 if plan["fits"] else 1)
+      json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
