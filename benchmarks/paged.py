@@ -2,6 +2,7 @@
 
   python -m benchmarks.paged              # SmolLM2-135M at 64 and 256 slots, then v5e-8 plans
   python -m benchmarks.paged --quick      # tiny model, small sizes, no plans: seconds
+  python -m benchmarks.paged --noplans    # the CPU comparison alone
 
 On CPU, for each slot count S, SmolLM2-135M-Instruct rolls out the same long-tailed rows
 (`benchmarks.rollout.long_tail`: completions cut at log-normal lengths, median N / 10) with
@@ -176,6 +177,7 @@ def define_flags() -> None:
   flags.DEFINE_list("slots", ["64", "256"], "decode slot counts of the dense engine")
   flags.DEFINE_integer("page_size", 16, "tokens a KV page")
   flags.DEFINE_integer("repeats", 1, "timed calls per engine after the compiling one")
+  flags.DEFINE_bool("plans", True, "also plan the paper setting's rollout programs on a v5e-8")
 
 
 def main(argv):
@@ -191,7 +193,7 @@ def main(argv):
   for slots in slot_counts:
     timing.log(f"{name}: {len(workload.tokens)} long-tailed rows, {slots} slots")
     results["cpu"][str(slots)] = compare(policy, workload, slots, page_size, FLAGS.repeats)
-  if not FLAGS.quick:
+  if FLAGS.plans and not FLAGS.quick:
     results["v5e8"] = plans(FLAGS.page_size)
   timing.write_results(FLAGS.out_dir, "paged_engine", results, markdown(results))
 

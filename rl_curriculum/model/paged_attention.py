@@ -118,9 +118,67 @@ def ragged_paged_attention(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array
   raise ValueError(f"backend {backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
 
 
+def _decode_reference(q, kv_pages, kv_lens, page_table, block_pages: int, bucket: int):
+  """The reference decode step reading only the pages the sequences hold. Sequences are sorted
+  by length and taken `bucket` at a time; each bucket runs an online softmax (Rabe & Staats
+  (2021), "Self-attention Does Not Need O(n^2) Memory", arXiv:2112.05682) over blocks of
+  `block_pages` pages of its sequences' tables, for as many blocks as its longest sequence fills
+  (a loop of that many trips), so a step reads about each sequence's own keys rounded up to its
+  bucket's longest, none for empty ones, not the table's width. q [S, Hkv, G, d] (float32
+  scores), kv_lens i32[S], page_table i32[S, Pp] -> [S, Hkv, G, d] float32, zeros for an empty
+  sequence."""
+  seqs = q.shape[0]
+  bucket = max(1, min(bucket, seqs))
+  pad = -seqs % bucket
+  order = jnp.argsort(jnp.pad(kv_lens, (0, pad)))                    # shortest first
+  sorted_ = lambda x: jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1))[order]
+  q_s, lens_s, table_s = sorted_(q), sorted_(kv_lens), sorted_(page_table)
+  outs = [_online_blocks(q_s[i:i + bucket], kv_pages, lens_s[i:i + bucket],
+                         table_s[i:i + bucket], block_pages)
+          for i in range(0, seqs + pad, bucket)]
+  out = jnp.zeros_like(outs[0], shape=(seqs + pad,) + q.shape[1:]).at[order].set(
+      jnp.concatenate(outs))
+  return out[:seqs]
+
+
+def _online_blocks(q, kv_pages, kv_lens, page_table, block_pages: int):
+  """`_decode_reference` for one bucket of sequences: the online softmax over the page blocks
+  its longest sequence fills."""
+  seqs, num_kv, group, head_dim = q.shape
+  page_size = kv_pages.shape[1]
+  width = page_table.shape[1]
+  blocks = -(-width // block_pages)
+  table = jnp.pad(page_table, ((0, 0), (0, blocks * block_pages - width)))
+  span = block_pages * page_size
+  trips = pages_needed(jnp.max(kv_lens), span)
+  scale = head_dim ** -0.5
+
+  def block(j, carry):
+    run_max, run_sum, acc = carry
+    ids = jax.lax.dynamic_slice_in_dim(table, j * block_pages, block_pages, axis=1)
+    kv = kv_pages[ids].reshape(seqs, span, num_kv, 2, head_dim)      # [S, span, Hkv, 2, d]
+    scores = jnp.einsum("skgd,sjkd->skgj", q, kv[:, :, :, 0],
+                        preferred_element_type=jnp.float32) * scale  # [S, Hkv, G, span]
+    seen = (j * span + jnp.arange(span, dtype=jnp.int32))[None, :] < kv_lens[:, None]
+    scores = jnp.where(seen[:, None, None, :], scores, _MASK_VALUE)
+    new_max = jnp.maximum(run_max, scores.max(axis=-1))
+    probs = jnp.where(seen[:, None, None, :], jnp.exp(scores - new_max[..., None]), 0.0)
+    rescale = jnp.exp(run_max - new_max)
+    acc = rescale[..., None] * acc + jnp.einsum(
+        "skgj,sjkd->skgd", probs.astype(kv.dtype), kv[:, :, :, 1],
+        preferred_element_type=jnp.float32)
+    return new_max, rescale * run_sum + probs.sum(axis=-1), acc
+
+  stats = jnp.full((seqs, num_kv, group), _MASK_VALUE, jnp.float32)
+  init = (stats, jnp.zeros_like(stats), jnp.zeros(q.shape, jnp.float32))
+  _, run_sum, acc = jax.lax.fori_loop(0, trips, block, init)
+  return acc / jnp.where(run_sum > 0, run_sum, 1.0)[..., None]
+
+
 def decode_attention(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array,
                      page_table: jax.Array, *, backend: str, dtype,
-                     num_kv_pages_per_block=None, num_queries_per_block=None) -> jax.Array:
+                     num_kv_pages_per_block=None, num_queries_per_block=None,
+                     block_pages: int = 4, bucket: int = 16) -> jax.Array:
   """Attention of one query per sequence (a decode step) over its paged keys and values.
 
   Args:
@@ -131,11 +189,18 @@ def decode_attention(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array,
     page_table: i32[S, Pp] each sequence's pages.
     backend, num_kv_pages_per_block, num_queries_per_block: as `ragged_paged_attention`.
     dtype: the output's dtype.
+    block_pages, bucket: the reference's pages a sequence per loop step, and sequences a
+      bucket (`_decode_reference`: each bucket of sequences of like length reads the blocks its
+      longest fills, not the whole table).
 
   Returns:
     [S, Hkv, G, d] in `dtype`, with scale 1 / sqrt(d); an empty slot (kv_len 0) gets zeros.
   """
   seqs, num_kv, group, head_dim = q.shape
+  if backend == "reference":
+    out = _decode_reference(q.astype(kv_pages.dtype), kv_pages, kv_lens.astype(jnp.int32),
+                            page_table.astype(jnp.int32), block_pages, bucket).astype(dtype)
+    return jnp.where(kv_lens[:, None, None, None] > 0, out, jnp.zeros((), dtype))
   out = ragged_paged_attention(
       q.reshape(seqs, num_kv * group, head_dim).astype(kv_pages.dtype), kv_pages,
       kv_lens.astype(jnp.int32), page_table.astype(jnp.int32),

@@ -89,14 +89,18 @@ def test_reference_honours_num_seqs():
 
 
 @test_util.JIT
-def test_decode_attention_equals_dense_attention_gqa(use_jit):
+@pytest.mark.parametrize("block_pages,bucket", [(4, 16), (1, 3), (2, 1)])
+def test_decode_attention_equals_dense_attention_gqa(use_jit, block_pages, bucket):
+  """The reference decode step against dense attention: in one bucket, in buckets of 3 slots
+  (the 4 sequences sorted by length and padded to 6), one slot a bucket; blocks of 1, 2, 4
+  pages (the table's 3 pages padded)."""
   seqs, kv_heads, group, head_dim = 4, 2, 3, 8
   kv_pages = _random((10, PAGE, 2 * kv_heads, head_dim), 2)
   page_table = np.array([[7, 2, 5], [1, 1, 1], [7, 2, 0], [9, 4, 6]], np.int32)
   kv_lens = np.array([10, 0, 6, 12], np.int32)  # sequence 1 is an empty decode slot
   q = _random((seqs, kv_heads, group, head_dim), 3)
   fn = test_util.maybe_jit(paged_attention.decode_attention, use_jit, backend="reference",
-                           dtype=jnp.float32)
+                           dtype=jnp.float32, block_pages=block_pages, bucket=bucket)
   got = np.asarray(fn(jnp.asarray(q), jnp.asarray(kv_pages), jnp.asarray(kv_lens),
                       jnp.asarray(page_table)))
   keys, values = _gathered(kv_pages, page_table)
