@@ -71,6 +71,8 @@ def define_flags() -> None:
   flags.DEFINE_bool("search", False, "Search rollout layouts x decode slots and remat policies "
                     "x microbatches for the fastest configuration that fits (a TPU target; "
                     "rl_curriculum/plan/search.py); prints the overrides that run it.")
+  flags.DEFINE_list("search_families", ["learn", "rollout"], "With --search: the families "
+                    "to search (learn, rollout); both bound a step.")
   flags.mark_flags_as_required(["config"])
 
 
@@ -91,13 +93,15 @@ def main(argv):
     from rl_curriculum.plan import search  # pylint: disable=import-outside-toplevel
     try:
       result = search.search(FLAGS.config, target=target, prompt_len=FLAGS.prompt_len,
-                             log=lambda line: print(line, flush=True))
+                             log=lambda line: print(line, flush=True),
+                             families=tuple(FLAGS.search_families))
     except (validation.ConfigError, ValueError) as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     print(search.describe(result))
     _write(result)
-    sys.exit(0 if result["step"] else 1)
+    found = all(result[family] for family in FLAGS.search_families)
+    sys.exit(0 if found else 1)
   try:
     plan = planner.plan(FLAGS.config, target=target, hbm_gib=FLAGS.hbm_gib or None,
                         prompt_len=FLAGS.prompt_len, programs=tuple(FLAGS.programs),

@@ -9,8 +9,9 @@ inputs, counted once), temp (XLA's temporaries), resident (what the run keeps on
 besides the program's arguments), peak = argument + output - alias + temp + resident, compile_s,
 largest (the largest values of the optimised HLO), flops and bytes (`roofline.program_cost`, every
 loop counted; a loop of unknown trip count runs `trips` times; a paged-attention kernel's
-sequences attend over `kv_tokens` keys on average), unknown_kernels (TPU kernels not counted), xla_flops (XLA's own count, each
-loop body once) and, for a TPU chip, bound_s (`roofline.bound_s`). A program XLA:TPU refuses for
+sequences attend over `kv_tokens` keys on average), unknown_kernels (TPU kernels not counted),
+xla_flops (XLA's own count, each loop body once) and, for a TPU chip, bound_s
+(`roofline.bound_s`). A program XLA:TPU refuses for
 memory gives {"error": the compiler's line, "needs_gib": its temporaries, "peak_gib": the same}.
 """
 

@@ -20,7 +20,7 @@ bandwidth, whichever is longer, every chip taking an equal share:
             weights (in the compute dtype) once
   decode    FLOPs 2 N per new token plus attention over its context; bytes: the weights once per
             decode iteration (the planned trips) and every new token's context from the KV cache
-  learn     FLOPs `model_flops` (bytes are far below them)
+  learn     FLOPs `model_flops`; bytes: the weights read by the forward and the backward pass
   select, reshard: none (choosing prompts and copying weights are not the model's work)
 and the step's: their sum; `step_ratio` = step_s over it (1 is the chip's limit).
 And two efficiency figures (any target):
@@ -78,7 +78,8 @@ def physical(plan: dict) -> dict:
   attention = 4 * m["layers"] * m["attention_width"]        # forward FLOPs per query-key pair
   kv_token = 2 * m["layers"] * m["kv_width"] * m["cache_itemsize"]
   tp, n, prompts, rows = w["prompt_len"], w["new_tokens"], w["prompts"], w["rows"]
-  out = {"select": 0.0, "reshard": 0.0, "reshard_base": 0.0, "learn": seconds(model_flops(plan), 0)}
+  out = {"select": 0.0, "reshard": 0.0, "reshard_base": 0.0,
+         "learn": seconds(model_flops(plan), 2 * weights)}
   out["prefill"] = seconds(2 * m["matmul_params"] * prompts * tp
                            + attention * prompts * _pairs(tp, 0, 0), weights)
   decode = plan["programs"].get("decode", {})

@@ -14,11 +14,14 @@ searched on its own, compiling only its programs (`planner.plan(programs=...)`):
 
 Cheapest first, stopping where nothing can improve. Memory falls as microbatches rise and rises
 with decode slots; FLOPs rise with recomputation and decode iterations fall with slots. So:
-  learn     for each remat policy, the fewest microbatches that fit, by bisection (a count that
-            does not fit rules out every smaller one); a policy that recomputes more is tried only
-            below the fewest microbatches found so far, where alone it could run faster
-  rollout   for each layout, the most decode slots that fit, by bisection
-Each candidate is one plan (a compiler's out-of-memory is a row, not an error). The best of each
+  learn     for each remat policy, the fewest microbatches that fit: the most tried first (when
+            it does not fit, no count does), then bisection (a count that does not fit rules out
+            every smaller one); a policy that recomputes more is tried only below the fewest
+            microbatches found so far, where alone it could run faster
+  rollout   for each layout, the most decode slots that fit, the fewest tried first, then
+            bisection
+Each candidate is one plan (a compiler's out-of-memory is a row, not an error; so is a candidate
+the config checks refuse). The best of each
 family together make the step; its bound is `report.roofline` of their programs with the
 config's select. A family with no fitting candidate is named with the least memory any of its
 candidates needed.
@@ -36,6 +39,7 @@ from rl_curriculum.plan import targets
 from rl_curriculum.sampling import pages
 from rl_curriculum.train.rollout import budget
 from rl_curriculum.train.setup import builders
+from rl_curriculum.train.setup import validation
 
 REMAT_ORDER = ("none", "dots", "block")   # least recomputation first
 
@@ -99,8 +103,10 @@ def layout_choices(config: ml_collections.ConfigDict, devices: int, kv_heads: in
 
 def _bisect(choices: list, fits: Callable[[Any], bool]) -> Optional[Any]:
   """The first of `choices` that fits, when fitting is monotone (every choice after one that
-  fits fits too), by bisection; None when the last does not fit."""
-  lo, hi, found = 0, len(choices) - 1, None
+  fits fits too): the last tried first (when it does not fit, none does), then bisection."""
+  if not choices or not fits(choices[-1]):
+    return None
+  lo, hi, found = 0, len(choices) - 2, choices[-1]
   while lo <= hi:
     mid = (lo + hi) // 2
     if fits(choices[mid]):
@@ -118,8 +124,15 @@ class _Runner:
     self.rows = []
 
   def plan(self, family: str, overrides: dict, programs: tuple) -> dict:
-    plan = planner.plan(with_overrides(self.config, overrides), target=self.target,
-                        prompt_len=self.prompt_len, programs=programs)
+    try:
+      plan = planner.plan(with_overrides(self.config, overrides), target=self.target,
+                          prompt_len=self.prompt_len, programs=programs)
+    except validation.ConfigError as e:   # a candidate the config checks refuse
+      row = {"family": family, "overrides": overrides, "fits": False, "bound_s": None,
+             "peak_gib": float("nan"), "error": str(e)}
+      self.rows.append(row)
+      self.log(f"{family} {overrides}: not a valid config ({e})")
+      return row
     names = {"learn": ("learn",), "rollout": tuple(n for n in plan["programs"]
                                                    if n != "select")}[family]
     rows = {n: plan["programs"][n] for n in names}
@@ -127,6 +140,8 @@ class _Runner:
     bound = (sum(r["bound_s"] for n, r in rows.items() if n != "reshard_base")
              if ok and all("bound_s" in r for r in rows.values()) else None)
     peak = max((r.get("peak_gib", float("nan")) for r in rows.values()), default=float("nan"))
+    peak = max((r.get("peak_gib", float("nan")) for r in rows.values()
+                if r.get("peak_gib") == r.get("peak_gib")), default=peak)   # NaN-free
     row = {"family": family, "overrides": overrides, "fits": ok, "bound_s": bound,
            "peak_gib": peak, "plan": plan}
     self.rows.append(row)
@@ -181,9 +196,11 @@ def _search_rollout(run: _Runner, devices: int, rows: int, kv_heads: int) -> Opt
 
 
 def search(config: ml_collections.ConfigDict, *, target: Any, prompt_len: int = 256,
-           log: Callable[[str], None] = lambda line: None) -> dict:
+           log: Callable[[str], None] = lambda line: None,
+           families: tuple = ("learn", "rollout")) -> dict:
   """Searches the candidates of the module docstring for `target` (a TPU slice's name or
-  `targets.Target`).
+  `targets.Target`); `families` the ones to search (both to bound a step; one alone, e.g. each
+  in a process of its own, gives that family's best).
 
   Returns:
     {"target", "candidates": every candidate planned (family, overrides, fits, bound_s,
@@ -199,16 +216,18 @@ def search(config: ml_collections.ConfigDict, *, target: Any, prompt_len: int = 
   run = _Runner(config, target, prompt_len, log)
   shape = planner.model_shape(config)
   rows = builders.sampled_prompts(config) * budget.group_slots(config)
-  rollout = _search_rollout(run, target.chips, rows, shape.num_kv_heads)
-  learn = _search_learn(run)
+  learn = _search_learn(run) if "learn" in families else None
+  rollout = (_search_rollout(run, target.chips, rows, shape.num_kv_heads)
+             if "rollout" in families else None)
   out = {"target": target.name, "learn": learn and _public(learn),
          "rollout": rollout and _public(rollout),
          "candidates": [_public(r) for r in run.rows], "step": None, "overrides": [],
          "unfit": {}}
   for family, best in (("learn", learn), ("rollout", rollout)):
-    if best is None:
+    if best is None and family in families:
       tried = [r for r in run.rows if r["family"] == family]
-      out["unfit"][family] = min((r["peak_gib"] for r in tried), default=float("nan"))
+      out["unfit"][family] = min((r["peak_gib"] for r in tried
+                                  if r["peak_gib"] == r["peak_gib"]), default=float("nan"))
   if learn and rollout:
     chosen = {**rollout["overrides"], **learn["overrides"]}
     select = planner.plan(with_overrides(config, chosen), target=target, prompt_len=prompt_len,
@@ -229,7 +248,9 @@ def describe(result: dict) -> str:
   """The search as lines for a terminal: the fitting candidates of each family, fastest first,
   then the best step and its overrides, or what cannot fit."""
   lines = [f"search on {result['target']}:"]
-  for family in ("rollout", "learn"):
+  for family in ("learn", "rollout"):
+    if not any(r["family"] == family for r in result["candidates"]):
+      continue
     fitting = sorted((r for r in result["candidates"] if r["family"] == family and r["fits"]),
                      key=lambda r: r["bound_s"])
     tried = sum(r["family"] == family for r in result["candidates"])
