@@ -174,13 +174,13 @@ def _search_learn(run: _Runner) -> Optional[dict]:
 
 def _search_rollout(run: _Runner, devices: int, rows: int, kv_heads: int) -> Optional[dict]:
   best = None
+  shape = list(run.config.parallel.mesh_shape)
+  if -1 in shape:
+    shape[shape.index(-1)] = devices // -math.prod(shape)
+  learner = shape[0] * shape[1]     # the learner mesh's data x fsdp
   for layout, tensor in layout_choices(run.config, devices, kv_heads):
-    shards = devices // tensor if layout == "tensor" else devices
-    if layout == "learner":   # the learner mesh's data x fsdp
-      shape = list(run.config.parallel.mesh_shape)
-      if -1 in shape:
-        shape[shape.index(-1)] = devices // -math.prod(shape)
-      shards = shape[0] * shape[1]
+    # Slots and pages split over the batch shards of both meshes (the config checks ask both).
+    shards = math.lcm(learner, devices // tensor if layout == "tensor" else devices)
     found = {}
 
     def fits(slots, layout=layout, tensor=tensor, shards=shards, found=found):
