@@ -69,6 +69,22 @@ SHARED = "RL_CURRICULUM_TEST_SHARED"
 P, G, TP, T, V = 4, 4, 5, 3, 16
 
 
+def small_plan_config(**fields):
+  """The scratch config at a size the planner compiles in seconds: 8 prompts x 4, 32 new tokens,
+  one minibatch and microbatch, no KL, scanned layers without remat, FSDP over every device;
+  `fields` as section__field=value."""
+  c = scratch.get_config()
+  c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
+  c.rl.minibatches, c.rl.microbatches, c.rl.epochs = 1, 1, 1
+  c.rl.kl_coef, c.rl.max_kl = 0.0, 0.0
+  c.model.scan_layers, c.model.remat, c.model.lora_rank = True, "none", 0
+  c.parallel.mesh_shape = (1, -1, 1)
+  for key, value in fields.items():
+    section, field = key.split("__")
+    setattr(getattr(c, section), field, value)
+  return c
+
+
 def tiny_model(dtype: str = "float32"):
   """(graphdef, params) of a one-layer transformer over the V-token vocabulary, seed 0."""
   config = ModelConfig.tiny(vocab_size=V, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,

@@ -4,24 +4,14 @@ is a known function of the settings, and one real search compiled for a v5e-4.""
 
 import pytest
 
-from configs import scratch
 from rl_curriculum.plan import search
+import test_util
 
 HBM = 10.0
 
 
 def _small(**fields):
-  c = scratch.get_config()
-  c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
-  c.rl.minibatches, c.rl.microbatches, c.rl.epochs = 1, 1, 1
-  c.rl.kl_coef, c.rl.max_kl = 0.0, 0.0
-  c.rl.engine, c.rl.decode_slots = "continuous", 8
-  c.model.scan_layers, c.model.remat, c.model.lora_rank = True, "none", 0
-  c.parallel.mesh_shape = (1, -1, 1)
-  for key, value in fields.items():
-    section, field = key.split("__")
-    setattr(getattr(c, section), field, value)
-  return c
+  return test_util.small_plan_config(rl__engine="continuous", rl__decode_slots=8, **fields)
 
 
 def test_candidates_are_the_settings_validation_accepts():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from configs import scratch
 from rl_curriculum.plan import measure, planner, report, roofline, targets
+import test_util
 
 ROWS, D, LAYERS = 512, 1024, 6
 
@@ -143,17 +143,7 @@ def test_an_out_of_memory_compile_is_a_row(v5e):
   assert not report.fits(row, 15.75)
 
 
-def _small(**rl):
-  c = scratch.get_config()
-  c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
-  c.rl.minibatches, c.rl.microbatches, c.rl.epochs = 1, 1, 1
-  c.rl.kl_coef, c.rl.max_kl = 0.0, 0.0
-  c.model.scan_layers, c.model.remat, c.model.lora_rank = True, "none", 0
-  c.parallel.mesh_shape = (1, -1, 1)
-  for key, value in rl.items():
-    section, field = key.split("__")
-    setattr(getattr(c, section), field, value)
-  return c
+_small = test_util.small_plan_config
 
 
 @pytest.mark.slow
