@@ -249,3 +249,24 @@ def test_with_the_tpu_compiler_installed_a_host_without_a_tpu_runs_quietly_on_th
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.split() == ["cpu", "1"]
   assert "TPU" not in result.stderr, result.stderr[-2000:]
+
+
+def test_a_padded_window_that_meets_one_input_element_counts_one_tap():
+  """A projection XLA:TPU wrote as a convolution (from a remat's backward pass on a v5e-8): the
+  16 heads are a window of 16 over one input element padded by 15 on each side, so each output
+  meets one tap; counted as 16 (the window), the learn step's FLOPs came out twice the model's."""
+  hlo = """HloModule m
+
+ENTRY %main (a: bf16[2,1024,2048,1], b: bf16[2048,16,128,1]) -> bf16[2,1024,16,128] {
+  %a = bf16[2,1024,2048,1]{2,1,3,0} parameter(0)
+  %b = bf16[2048,16,128,1]{0,2,1,3} parameter(1)
+  ROOT %convolution.354 = bf16[2,1024,16,128]{1,3,2,0} convolution(%a, %b), window={size=1x16 pad=0_0x15_15 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
+}
+"""
+  assert roofline.program_cost(hlo).flops == 2 * (2 * 1024 * 16 * 128) * 2048
+  strided = hlo.replace("pad=0_0x15_15", "pad=0_0x0_0").replace(
+      "b: bf16[2048,16,128,1]", "b: bf16[2048,16,128,1]").replace(
+      "a: bf16[2,1024,2048,1]", "a: bf16[2,1024,2048,16]").replace(
+      "%a = bf16[2,1024,2048,1]", "%a = bf16[2,1024,2048,16]").replace(
+      "bf16[2,1024,16,128]{1,3,2,0} convolution", "bf16[2,1024,1,128]{1,3,2,0} convolution")
+  assert roofline.program_cost(strided).flops == 2 * (2 * 1024 * 1 * 128) * 2048 * 16
