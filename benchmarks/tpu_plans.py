@@ -3,6 +3,7 @@ bound beside its physical limit.
 
   python -m benchmarks.tpu_plans                              # v5e-8, v6e-8, v5p-8; 7B on v5p-32
   python -m benchmarks.tpu_plans --targets=v5e-8 --seven=     # one slice, no 7B
+  python -m benchmarks.tpu_plans --recount                    # the saved plans' figures again
 
 Compiles every program of a step of configs/sec_paper_countdown_qwen3b.py (Qwen2.5-3B) for each
 `--targets` slice, and of the same config with `--config.model.preset=qwen2_5_7b` for each
@@ -74,19 +75,28 @@ def define_flags() -> None:
   flags.DEFINE_list("targets", ["v5e-8", "v6e-8", "v5p-8"], "slices for Qwen2.5-3B")
   flags.DEFINE_list("seven", ["v5p-32"], "slices for Qwen2.5-7B")
   flags.DEFINE_string("out_dir", "benchmarks/results/tpu_plans/step", "where the results go")
+  flags.DEFINE_bool("recount", False, "compile nothing: recompute each saved plan's bounds, "
+                    "limits and ratios from its programs' rows (`report.roofline`)")
 
 
 def main(argv):
   del argv
+  from rl_curriculum.plan import report  # pylint: disable=import-outside-toplevel
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   plans = []
   for preset, label, names in (("qwen2_5_3b", "Qwen2.5-3B", FLAGS.targets),
                                ("qwen2_5_7b", "Qwen2.5-7B", FLAGS.seven)):
     for target in names:
-      timing.log(f"{label} on {target}")
-      plan = plan_one(preset, target)
       short = label.split("-")[1].lower()
-      with open(os.path.join(FLAGS.out_dir, f"qwen{short}_{target}.json"), "w") as f:
+      path = os.path.join(FLAGS.out_dir, f"qwen{short}_{target}.json")
+      if FLAGS.recount:
+        with open(path) as f:
+          plan = json.load(f)
+        plan["roofline"] = report.roofline(plan)
+      else:
+        timing.log(f"{label} on {target}")
+        plan = plan_one(preset, target)
+      with open(path, "w") as f:
         json.dump(plan, f, indent=1)
       plans.append((label, plan))
       timing.log(row(label, plan))

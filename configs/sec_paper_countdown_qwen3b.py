@@ -25,7 +25,7 @@ logits and the head gradient of its share of the vocabulary). The engine decodes
 of the weights, split over a tensor axis of 2 and made once a step (`parallel.rollout_layout=
 auto`: no weight gathered in the decode loop), and the old policy's log-probs are the sampler's
 (`rl.proximal=loglinear`, on-policy: no old-policy pass). The step's bound on a v5e-8, every
-kernel counted: 117.5 s (decode 53.4, learn 63.8), against a physical limit of 37.6 s.
+kernel counted: 115.3 s (decode 53.4, learn 61.7), against a physical limit of 37.5 s.
 
 Not measured: nothing in this file has been run at this size (the planner compiles it for TPU
 slices on a CPU host);

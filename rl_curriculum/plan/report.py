@@ -16,8 +16,9 @@ measured time:
 Beside each bound, the program's physical limit on the target's chips (`physical`): the least
 time the model's own work takes, its FLOPs at the chips' peak or the bytes it must read at their
 bandwidth, whichever is longer, every chip taking an equal share:
-  prefill   FLOPs 2 N per prompt token, each prompt once, plus causal attention; bytes: the
-            weights (in the compute dtype) once
+  prefill   FLOPs 2 N per prompt token (the output head at each prompt's last position only),
+            each prompt once, plus causal attention; bytes: the weights (in the compute dtype)
+            once
   decode    FLOPs 2 N per new token plus attention over its context; bytes: the weights once per
             decode iteration (the planned trips) and every new token's context from the KV cache
   learn     FLOPs `model_flops`; bytes: the weights read by the forward and the backward pass
@@ -80,7 +81,8 @@ def physical(plan: dict) -> dict:
   tp, n, prompts, rows = w["prompt_len"], w["new_tokens"], w["prompts"], w["rows"]
   out = {"select": 0.0, "reshard": 0.0, "reshard_base": 0.0,
          "learn": seconds(model_flops(plan), 2 * weights)}
-  out["prefill"] = seconds(2 * m["matmul_params"] * prompts * tp
+  head = m["vocab"] * m["d_model"]                          # the output head, last position only
+  out["prefill"] = seconds(2 * (m["matmul_params"] - head) * prompts * tp + 2 * head * prompts
                            + attention * prompts * _pairs(tp, 0, 0), weights)
   decode = plan["programs"].get("decode", {})
   if "trips" in decode:

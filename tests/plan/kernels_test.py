@@ -101,7 +101,8 @@ def _plan(chip="v5e", trips=64.0, programs=("select", "prefill", "decode", "lear
   return {"chip": {"name": chip, "bf16_flops": 100e12, "hbm_bytes_per_s": 1e12},
           "devices": 2, "programs": rows,
           "model": {"matmul_params": 1_000_000, "layers": 2, "attention_width": 256,
-                    "kv_width": 128, "itemsize": 2, "cache_itemsize": 2},
+                    "kv_width": 128, "itemsize": 2, "cache_itemsize": 2, "vocab": 1000,
+                    "d_model": 100},
           "workload": {"prompts": 4, "group": 8, "rows": 32, "prompt_len": 16, "new_tokens": 8,
                        "trained_prompts": 4, "epochs": 1}}
 
