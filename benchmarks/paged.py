@@ -27,7 +27,7 @@ Then, unless --quick, the planner compiles the SEC paper setting's rollout progr
 dense engine holds in a chip's 15.75 GiB, and the paged engine (JAX's ragged paged attention
 kernel) at twice as many on a pool of the same tokens; per plan the programs' peak memory per
 chip and the decode iteration's bytes accessed over the bytes it must read (weights and the KV
-cache; the kernel's own reads are not counted: the planner reads no custom call's cost).
+cache; the kernel's own reads counted from its shapes, `plan.kernels`).
 Writes benchmarks/results/paged_engine.json and .md (`--out_dir`).
 """
 
