@@ -39,6 +39,7 @@ IO-Awareness", arXiv:2205.14135 (the forward and backward passes' matmuls and re
 arXiv:2309.06180 (attention over pages).
 """
 
+import math
 from typing import Optional
 
 
@@ -61,14 +62,16 @@ def ragged_paged_attention(operands: list, outputs: list, kv_tokens: Optional[fl
   Args:
     operands, outputs: the call's operand and output shapes as (dims, itemsize) pairs, in the
       kernel's order.
-    kv_tokens: keys a sequence attends over on average (None: its page table's whole width).
+    kv_tokens: keys a sequence attends over on average (None, or more than its page table
+      holds: the table's whole width).
   """
   (seqs,), _ = operands[0]
   (_, pages_per_seq), table_item = operands[1]
   q_dims, q_item = operands[5]
   (_, page_size, combined, head_dim), kv_item = operands[6]
   tokens, heads = q_dims[0], q_dims[1]
-  k = float(kv_tokens) if kv_tokens else float(pages_per_seq * page_size)
+  k = float(pages_per_seq * page_size)                     # the table's whole width
+  k = min(k, float(kv_tokens)) if kv_tokens else k
   flops = 4.0 * tokens * heads * head_dim * k
   read = (tokens * heads * head_dim * q_item + seqs * k * combined * head_dim * kv_item
           + seqs * pages_per_seq * table_item)
@@ -95,10 +98,7 @@ def splash(kind: str, operands: list, outputs: list) -> tuple:
 
 
 def _size(dims: list) -> int:
-  n = 1
-  for d in dims:
-    n *= d
-  return n
+  return math.prod(dims)
 
 
 def kind_of(name: str) -> Optional[str]:
