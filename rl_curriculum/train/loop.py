@@ -193,7 +193,12 @@ def plan_bound(config: ml_collections.ConfigDict, run: Prepared,
   if not config.eval.plan_bound or targets.chip_of(jax.devices()[0]) is None:
     return None
   from rl_curriculum.plan import planner  # pylint: disable=import-outside-toplevel
-  plan = planner.plan(config, prompt_len=int(run.pool.tokens.shape[1]))
+  try:
+    plan = planner.plan(config, prompt_len=int(run.pool.tokens.shape[1]))
+  except Exception as e:  # pylint: disable=broad-except  (a log line must not stop the run)
+    log(f"plan: could not plan this run's step ({type(e).__name__}: {str(e)[:200]}); no bound "
+        "is logged beside its steps")
+    return None
   bounds = plan["roofline"]
   if bounds["step_s"] is None:
     log("plan: a program did not compile for these devices; no bound on a step")

@@ -160,5 +160,10 @@ def test_a_run_on_known_chips_logs_its_plans_bound(monkeypatch):
   monkeypatch.setattr(loop.targets, "chip_of", lambda device: targets.CHIPS["v5e"])
   bound = loop.plan_bound(config, run, lines.append)
   assert bound > 0 and len(lines) == 1 and "physical limit" in lines[0], lines
+  monkeypatch.setattr(loop.targets, "chip_of", lambda device: targets.CHIPS["v5e"])
+  broken = types.SimpleNamespace(pool=types.SimpleNamespace(tokens=np.zeros((4, 0), np.int32)))
+  config.rl.prefill_chunk = 16   # longer than a prompt of 0 tokens: the planner refuses it
+  assert loop.plan_bound(config, broken, lines.append) is None
+  assert len(lines) == 2 and "could not plan" in lines[1], lines
   config.eval.plan_bound = False
-  assert loop.plan_bound(config, run, lines.append) is None and len(lines) == 1
+  assert loop.plan_bound(config, run, lines.append) is None and len(lines) == 2
