@@ -44,8 +44,7 @@ import dataclasses
 import re
 from typing import Optional
 
-import numpy as np
-
+from rl_curriculum.plan import convolution
 from rl_curriculum.plan import kernels
 from rl_curriculum.plan import targets
 
@@ -188,35 +187,8 @@ def _dot_flops(inst: _Instruction, shapes: dict) -> float:
   if not rhs or not labels or "i" not in labels.group(2):
     return 0.0
   lhs = _dims(shapes.get(inst.operands[0], ""))
-  return 2.0 * out * rhs[labels.group(2).index("i")] * _taps(
+  return 2.0 * out * rhs[labels.group(2).index("i")] * convolution.taps(
       inst.attrs, labels.group(1), labels.group(3), lhs, _dims(inst.shape))
-
-
-def _taps(attrs: str, lhs_labels: str, out_labels: str, lhs: list, out: list) -> float:
-  """The mean over a convolution's output positions of the window taps that land on input
-  elements (not on padding, nor between the elements of a dilated input)."""
-  window = re.search(r"window=\{([^}]*)\}", attrs)
-  if not window:
-    return 1.0
-  field = lambda key, default: ([[int(v) for v in x.split("_")] if "_" in x else int(x)
-                                 for x in m.group(1).split("x")]
-                                if (m := re.search(key + r"=([\d_x]+)", window.group(1)))
-                                else default)
-  sizes = field("size", [])
-  n = len(sizes)
-  pads, strides = field("pad", [[0, 0]] * n), field("stride", [1] * n)
-  lhs_dilate, rhs_dilate = field("lhs_dilate", [1] * n), field("rhs_dilate", [1] * n)
-  taps = 1.0
-  for d in range(n):
-    if str(d) not in lhs_labels or str(d) not in out_labels:
-      return float(np.prod(sizes))
-    size, outputs = lhs[lhs_labels.index(str(d))], out[out_labels.index(str(d))]
-    position = (np.arange(outputs)[:, None] * strides[d]
-                + np.arange(sizes[d])[None, :] * rhs_dilate[d] - pads[d][0])
-    real = ((position >= 0) & (position <= (size - 1) * lhs_dilate[d])
-            & (position % lhs_dilate[d] == 0))
-    taps *= real.sum() / outputs
-  return taps
 
 
 class _Counter:
