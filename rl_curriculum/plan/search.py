@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 
 import ml_collections
 
+from rl_curriculum.parallel import mesh as mesh_lib
 from rl_curriculum.parallel import rollout_layout
 from rl_curriculum.plan import planner
 from rl_curriculum.plan import report as report_lib
@@ -176,10 +177,8 @@ def _search_learn(run: _Runner) -> Optional[dict]:
 
 def _search_rollout(run: _Runner, devices: int, rows: int, kv_heads: int) -> Optional[dict]:
   best = None
-  shape = list(run.config.parallel.mesh_shape)
-  if -1 in shape:
-    shape[shape.index(-1)] = devices // -math.prod(shape)
-  learner = shape[0] * shape[1]     # the learner mesh's data x fsdp
+  data, fsdp, _ = mesh_lib.resolve_mesh_shape(run.config.parallel.mesh_shape, devices)
+  learner = data * fsdp             # the learner mesh's batch shards
   for layout, tensor in layout_choices(run.config, devices, kv_heads):
     # Slots and pages split over the batch shards of both meshes (the config checks ask both).
     shards = math.lcm(learner, devices // tensor if layout == "tensor" else devices)

@@ -11,7 +11,8 @@ HBM = 10.0
 
 
 def _small(**fields):
-  return test_util.small_plan_config(rl__engine="continuous", rl__decode_slots=8, **fields)
+  return test_util.small_plan_config(**{"rl__engine": "continuous", "rl__decode_slots": 8,
+                                        **fields})
 
 
 def test_candidates_are_the_settings_validation_accepts():
@@ -112,12 +113,14 @@ def test_a_real_search_on_a_v5e_finds_the_fewest_microbatches_that_fit():
   recomputation; no recomputing policy is tried (none could be faster below one microbatch);
   every candidate logged, each with its bound."""
   lines = []
-  result = search.search(_small(), target="v5e-4", prompt_len=32, log=lines.append,
+  config = _small(rl__prompts_per_step=2, rl__group_size=2, rl__decode_slots=4)
+  assert search.microbatch_choices(config) == [1, 2, 4]
+  result = search.search(config, target="v5e-4", prompt_len=32, log=lines.append,
                          families=("learn",))
   assert result["learn"]["overrides"] == {"model.remat": "none", "rl.microbatches": 1}
   tried = [r["overrides"] for r in result["candidates"]]
-  assert tried[0]["rl.microbatches"] == search.microbatch_choices(_small())[-1]
+  assert [o["rl.microbatches"] for o in tried] == [4, 1]   # the most, then bisection
   assert {o["model.remat"] for o in tried} == {"none"}
   assert all(r["fits"] and r["bound_s"] > 0 for r in result["candidates"])
   assert result["rollout"] is None and result["step"] is None and result["unfit"] == {}
-  assert len(lines) == len(result["candidates"]) <= 4
+  assert len(lines) == len(result["candidates"])
